@@ -1,0 +1,49 @@
+#include "model/adamw.h"
+
+#include <cmath>
+
+#include "common/check.h"
+
+namespace xd {
+
+template <typename T>
+AdamW<T>::AdamW(size_t n, AdamWConfig config, std::vector<std::pair<size_t, size_t>> no_decay)
+    : config_(config), m_(n, T(0)), v_(n, T(0)), decay_(n, 1) {
+  for (auto [b, e] : no_decay) {
+    XD_CHECK(b <= e && e <= n);
+    for (size_t i = b; i < e; ++i) decay_[i] = 0;
+  }
+}
+
+template <typename T>
+double AdamW<T>::step(T* params, T* grads, double lr, double grad_norm_sq) {
+  const size_t n = m_.size();
+  if (grad_norm_sq < 0) {
+    grad_norm_sq = 0;
+    for (size_t i = 0; i < n; ++i) grad_norm_sq += (double)grads[i] * grads[i];
+  }
+  const double norm = std::sqrt(grad_norm_sq);
+  const double clip = (config_.grad_clip > 0 && norm > config_.grad_clip) ? config_.grad_clip / norm : 1.0;
+  ++step_count_;
+  const double b1 = config_.beta1, b2 = config_.beta2;
+  const double c1 = 1.0 - std::pow(b1, (double)step_count_);
+  const double c2 = 1.0 - std::pow(b2, (double)step_count_);
+  for (size_t i = 0; i < n; ++i) {
+    const double g = grads[i] * clip;
+    grads[i] = static_cast<T>(g);
+    const double m = b1 * m_[i] + (1 - b1) * g;
+    const double v = b2 * v_[i] + (1 - b2) * g * g;
+    m_[i] = static_cast<T>(m);
+    v_[i] = static_cast<T>(v);
+    double p = params[i];
+    if (decay_[i]) p -= lr * config_.weight_decay * p;
+    p -= lr * (m / c1) / (std::sqrt(v / c2) + config_.eps);
+    params[i] = static_cast<T>(p);
+  }
+  return norm;
+}
+
+template class AdamW<float>;
+template class AdamW<double>;
+
+}  // namespace xd

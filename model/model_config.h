@@ -1,0 +1,62 @@
+// ModelConfig: the shape and the routing/connectivity choices of one MoE transformer.
+// Plain data; validate() names the first offending field. The same struct is what
+// config.json (HF Mixtral style) round-trips, see model/checkpoint.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace xd {
+
+enum class Gating : int { kSoftmaxTopK = 0, kSigmoidTopK = 1, kExpertChoice = 2 };
+
+// Which inputs of layer k skip ahead (DESIGN.md, FarSkip). kRegular is pre-norm.
+enum class Connectivity : int {
+  kRegular = 0,
+  kFarSkip = 1,           // attention input partial, MoE input outdated
+  kFarSkipAttention = 2,  // attention input partial only
+  kFarSkipMoe = 3,        // MoE input outdated only
+};
+
+struct ModelConfig {
+  int vocab_size = 256;
+  int hidden_size = 64;          // d
+  int num_layers = 2;
+  int num_heads = 4;
+  int num_kv_heads = 4;          // < num_heads: grouped KV heads
+  int max_seq_len = 64;
+  int num_experts = 4;           // E
+  int top_k = 2;
+  int expert_intermediate_size = 128;  // SwiGLU hidden of one routed expert
+  int num_shared_experts = 0;
+  int shared_intermediate_size = 128;
+  Gating gating = Gating::kSoftmaxTopK;
+  // Expert capacity = ceil(capacity_factor * tokens * top_k / E); 0 = dropless.
+  // Expert-choice gating uses it too (0 there means factor 1).
+  double capacity_factor = 0.0;
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  double init_std = 0.02;
+  std::vector<Connectivity> connectivity;  // one per layer; empty = all regular
+
+  int head_dim() const { return hidden_size / num_heads; }
+  Connectivity layer_connectivity(int layer) const {
+    return connectivity.empty() ? Connectivity::kRegular : connectivity[layer];
+  }
+  Status validate() const;
+};
+
+const char* gating_name(Gating g);
+Expected<Gating> parse_gating(const std::string& s);
+const char* connectivity_name(Connectivity c);
+Expected<Connectivity> parse_connectivity(const std::string& s);
+
+// Capacity of one expert for `tokens` routed tokens under the config.
+int expert_capacity(const ModelConfig& cfg, int tokens);
+
+}  // namespace xd

@@ -1,0 +1,249 @@
+#include "model/moe_transformer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/detail/rng.h"
+#include "model/ops.h"
+
+namespace xd {
+
+template <typename T>
+struct MoeTransformer<T>::LayerCache {
+  std::vector<T> attn_in;            // (N, d) o_{k-1} (- r_{k-1} under FarSkip attention)
+  std::vector<T> norm1, rstd1;       // (N, d), (N)
+  std::vector<T> q, k, v;            // post-RoPE, (N, H*hd), (N, KVH*hd) x2
+  std::vector<T> probs;              // (B, H, T, T)
+  std::vector<T> context;            // (N, H*hd)
+  std::vector<T> attn_out;           // a_k (N, d)
+  std::vector<T> moe_in;             // (N, d)
+  std::vector<T> norm2, rstd2;
+  std::vector<T> shared_out, routed_out;  // s_k, r_k (N, d)
+  MoeCache<T> moe;
+};
+
+namespace {
+bool farskip_attention(Connectivity c) {
+  return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipAttention;
+}
+bool farskip_moe(Connectivity c) {
+  return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipMoe;
+}
+}  // namespace
+
+template <typename T>
+MoeTransformer<T>::MoeTransformer(const ParamLayout& layout)
+    : layout_(layout), params_(layout.size(), T(0)), grads_(layout.size(), T(0)) {
+  XD_CHECK(layout_.config().validate().is_ok());
+  w_ = layout_.bind(params_.data());
+  g_ = layout_.bind(grads_.data());
+  local_exchange_ = std::make_unique<LocalExpertExchange<T>>(layout_.config().num_experts);
+}
+
+template <typename T>
+MoeTransformer<T>::~MoeTransformer() = default;
+
+template <typename T>
+void MoeTransformer<T>::init(uint64_t seed) {
+  const double stddev = config().init_std;
+  for (const TensorSlot& s : layout_.slots()) {
+    T* p = params_.data() + s.offset;
+    const bool is_norm = s.shape.size() == 1;
+    if (is_norm) {
+      std::fill(p, p + s.numel(), T(1));
+      continue;
+    }
+    detail::Rng rng(detail::hash_string(s.name, seed));
+    for (size_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(rng.normal() * stddev);
+  }
+}
+
+template <typename T>
+void MoeTransformer<T>::zero_grad() {
+  std::fill(grads_.begin(), grads_.end(), T(0));
+}
+
+template <typename T>
+MoeWeights<T> MoeTransformer<T>::moe_weights(int l, const ExpertExchange<T>& ex) const {
+  const ModelConfig& cfg = config();
+  const size_t d = cfg.hidden_size, ff = cfg.expert_intermediate_size;
+  const size_t sff = cfg.shared_intermediate_size;
+  const LayerWeights<T>& W = w_.layers[l];
+  const LayerWeights<T>& G = g_.layers[l];
+  MoeWeights<T> mw;
+  mw.router = W.router;
+  mw.drouter = G.router;
+  for (int e : ex.computed_experts()) {
+    const int j = e - layout_.first_expert();
+    if (j >= 0 && j < layout_.num_local_experts()) {
+      const size_t o = (size_t)j * ff * d;
+      mw.computed.push_back({W.w1 + o, W.w3 + o, W.w2 + o, G.w1 + o, G.w3 + o, G.w2 + o});
+    } else {
+      XD_CHECK_MSG(resolver_, "exchange computes an expert this worker neither owns nor resolves");
+      mw.computed.push_back(resolver_(l, e));
+    }
+  }
+  for (int s = 0; s < cfg.num_shared_experts; ++s) {
+    const size_t o = (size_t)s * sff * d;
+    mw.shared.push_back({W.shared_w1 + o, W.shared_w3 + o, W.shared_w2 + o, G.shared_w1 + o,
+                         G.shared_w3 + o, G.shared_w2 + o});
+  }
+  return mw;
+}
+
+template <typename T>
+LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targets, int batch,
+                                     int seq, ExpertExchange<T>* exchange) {
+  const ModelConfig& cfg = config();
+  XD_CHECK(seq <= cfg.max_seq_len && batch > 0 && seq > 0);
+  if (!exchange) exchange = local_exchange_.get();
+  last_exchange_ = exchange;
+  batch_ = batch;
+  seq_ = seq;
+  const int N = batch * seq, d = cfg.hidden_size, L = cfg.num_layers, V = cfg.vocab_size;
+  const int H = cfg.num_heads, KVH = cfg.num_kv_heads, hd = cfg.head_dim();
+  const size_t Nd = (size_t)N * d;
+  inputs_.assign(inputs, inputs + N);
+  if (targets) targets_.assign(targets, targets + N); else targets_.clear();
+
+  residual_.assign(L + 1, std::vector<T>(Nd));
+  layers_.resize(L);
+  embedding_forward(residual_[0].data(), inputs, w_.embed_tokens, N, d);
+  LossStats stats;
+  const std::vector<T> zeros(Nd, T(0));
+  const T* prev_routed = zeros.data();  // r_{k-1}; r_0 = 0
+  for (int l = 0; l < L; ++l) {
+    LayerCache& c = layers_[l];
+    const LayerWeights<T>& W = w_.layers[l];
+    const Connectivity conn = cfg.layer_connectivity(l);
+    const T* o_prev = residual_[l].data();
+
+    c.attn_in.assign(o_prev, o_prev + Nd);
+    if (farskip_attention(conn))
+      for (size_t j = 0; j < Nd; ++j) c.attn_in[j] -= prev_routed[j];
+    c.norm1.resize(Nd);
+    c.rstd1.resize(N);
+    rmsnorm_forward(c.norm1.data(), c.rstd1.data(), c.attn_in.data(), W.input_layernorm, N, d,
+                    cfg.rms_norm_eps);
+    c.q.resize((size_t)N * H * hd);
+    c.k.resize((size_t)N * KVH * hd);
+    c.v.resize((size_t)N * KVH * hd);
+    linear_forward(c.q.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
+    linear_forward(c.k.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
+    linear_forward(c.v.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
+    rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
+    rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
+    c.probs.resize((size_t)batch * H * seq * seq);
+    c.context.resize((size_t)N * H * hd);
+    attention_forward(c.context.data(), c.probs.data(), c.q.data(), c.k.data(), c.v.data(),
+                      AttentionDims{batch, seq, H, KVH, hd});
+    c.attn_out.resize(Nd);
+    linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
+
+    c.moe_in.assign(o_prev, o_prev + Nd);
+    if (!farskip_moe(conn))
+      for (size_t j = 0; j < Nd; ++j) c.moe_in[j] += c.attn_out[j];
+    c.norm2.resize(Nd);
+    c.rstd2.resize(N);
+    rmsnorm_forward(c.norm2.data(), c.rstd2.data(), c.moe_in.data(), W.post_attention_layernorm,
+                    N, d, cfg.rms_norm_eps);
+    c.shared_out.resize(Nd);
+    c.routed_out.resize(Nd);
+    moe_forward(c.shared_out.data(), c.routed_out.data(), &c.moe, c.norm2.data(),
+                moe_weights(l, *exchange), exchange, cfg,
+                MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l});
+    stats.aux_loss += c.moe.gate.aux_loss;
+    stats.z_loss += c.moe.gate.z_loss;
+    stats.dropped += c.moe.plan.dropped;
+
+    T* o = residual_[l + 1].data();
+    for (size_t j = 0; j < Nd; ++j)
+      o[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j] + c.routed_out[j];
+    prev_routed = c.routed_out.data();
+  }
+
+  final_normed_.resize(Nd);
+  final_rstd_.resize(N);
+  rmsnorm_forward(final_normed_.data(), final_rstd_.data(), residual_[L].data(), w_.final_norm, N,
+                  d, cfg.rms_norm_eps);
+  logits_.resize((size_t)N * V);
+  linear_forward(logits_.data(), final_normed_.data(), w_.lm_head, N, d, V);
+  if (targets) {
+    stats.ce_loss = cross_entropy_forward_backward<T>(nullptr, logits_.data(), targets, N, V, 1.0);
+    stats.loss = stats.ce_loss + cfg.aux_loss_coef * stats.aux_loss + cfg.z_loss_coef * stats.z_loss;
+  }
+  return stats;
+}
+
+template <typename T>
+void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
+  const ModelConfig& cfg = config();
+  XD_CHECK_MSG(!targets_.empty(), "backward needs a forward with targets");
+  if (!exchange) exchange = last_exchange_;
+  const int N = batch_ * seq_, d = cfg.hidden_size, L = cfg.num_layers, V = cfg.vocab_size;
+  const int H = cfg.num_heads, KVH = cfg.num_kv_heads, hd = cfg.head_dim();
+  const size_t Nd = (size_t)N * d;
+
+  std::vector<T> dlogits((size_t)N * V);
+  cross_entropy_forward_backward<T>(dlogits.data(), logits_.data(), targets_.data(), N, V, 1.0);
+  std::vector<T> dnormed(Nd, T(0));
+  linear_backward(dnormed.data(), g_.lm_head, dlogits.data(), final_normed_.data(), w_.lm_head, N,
+                  d, V);
+  std::vector<T> dres(Nd, T(0));  // d loss / d o_k, walking k down
+  rmsnorm_backward(dres.data(), g_.final_norm, dnormed.data(), residual_[L].data(), w_.final_norm,
+                   final_rstd_.data(), N, d);
+
+  std::vector<T> drouted_extra(Nd, T(0));  // from layer k+1's partial attention input
+  std::vector<T> da(Nd), drouted(Nd), dnorm2(Nd), dmoe_in(Nd), dctx, dq, dk, dv, dnorm1(Nd),
+      dattn_in(Nd);
+  for (int l = L - 1; l >= 0; --l) {
+    LayerCache& c = layers_[l];
+    const LayerWeights<T>& W = w_.layers[l];
+    const LayerWeights<T>& G = g_.layers[l];
+    const Connectivity conn = cfg.layer_connectivity(l);
+
+    // o_k = o_{k-1} + a + s + r: every summand sees d o_k; r also feeds layer k+1.
+    for (size_t j = 0; j < Nd; ++j) drouted[j] = dres[j] + drouted_extra[j];
+    std::fill(dnorm2.begin(), dnorm2.end(), T(0));
+    moe_backward(dnorm2.data(), dres.data(), drouted.data(), &c.moe, c.norm2.data(),
+                 moe_weights(l, *exchange), exchange, cfg,
+                 MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l}, 1.0);
+    std::fill(dmoe_in.begin(), dmoe_in.end(), T(0));
+    rmsnorm_backward(dmoe_in.data(), G.post_attention_layernorm, dnorm2.data(), c.moe_in.data(),
+                     W.post_attention_layernorm, c.rstd2.data(), N, d);
+    da = dres;
+    for (size_t j = 0; j < Nd; ++j) {
+      dres[j] += dmoe_in[j];  // moe_in contains o_{k-1} in both connectivities
+      if (!farskip_moe(conn)) da[j] += dmoe_in[j];
+    }
+
+    dctx.assign((size_t)N * H * hd, T(0));
+    linear_backward(dctx.data(), G.o_proj, da.data(), c.context.data(), W.o_proj, N, H * hd, d);
+    dq.assign(c.q.size(), T(0));
+    dk.assign(c.k.size(), T(0));
+    dv.assign(c.v.size(), T(0));
+    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), c.probs.data(), c.q.data(),
+                       c.k.data(), c.v.data(), AttentionDims{batch_, seq_, H, KVH, hd});
+    rope_backward(dq.data(), batch_, seq_, H, hd, cfg.rope_theta);
+    rope_backward(dk.data(), batch_, seq_, KVH, hd, cfg.rope_theta);
+    std::fill(dnorm1.begin(), dnorm1.end(), T(0));
+    linear_backward(dnorm1.data(), G.q_proj, dq.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
+    linear_backward(dnorm1.data(), G.k_proj, dk.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
+    linear_backward(dnorm1.data(), G.v_proj, dv.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
+    std::fill(dattn_in.begin(), dattn_in.end(), T(0));
+    rmsnorm_backward(dattn_in.data(), G.input_layernorm, dnorm1.data(), c.attn_in.data(),
+                     W.input_layernorm, c.rstd1.data(), N, d);
+    const bool partial = farskip_attention(conn);
+    for (size_t j = 0; j < Nd; ++j) {
+      dres[j] += dattn_in[j];
+      drouted_extra[j] = partial ? -dattn_in[j] : T(0);
+    }
+  }
+  embedding_backward(g_.embed_tokens, dres.data(), inputs_.data(), N, d);
+}
+
+template class MoeTransformer<float>;
+template class MoeTransformer<double>;
+
+}  // namespace xd

@@ -1,0 +1,80 @@
+// MoeTransformer: decoder-only MoE transformer in the HF Mixtral layout, with
+// hand-written forward and backward on OpenBLAS (docs/model.md is the spec).
+// Owns one contiguous parameter block and one gradient block (ParamLayout).
+// forward() keeps the activations that backward() consumes; backward()
+// accumulates into the gradient block. Not thread-safe. T is float for
+// training and double for gradient checks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/expert_exchange.h"
+#include "model/model_config.h"
+#include "model/moe_layer.h"
+#include "model/param_layout.h"
+
+namespace xd {
+
+struct LossStats {
+  double loss = 0;      // ce + aux_loss_coef * aux + z_loss_coef * z (what backward differentiates)
+  double ce_loss = 0;   // mean next-token cross entropy, nats
+  double aux_loss = 0;  // load-balancing loss summed over layers (before its coefficient)
+  double z_loss = 0;    // router z-loss summed over layers (before its coefficient)
+  int64_t dropped = 0;  // assignments dropped by expert capacity
+};
+
+template <typename T>
+class MoeTransformer {
+ public:
+  // Resolves the weights of an expert this worker computes but does not own
+  // (a gathered HybridEP replica). The default handles only owned experts.
+  using ExpertResolver = std::function<ExpertParams<T>(int layer, int expert)>;
+
+  explicit MoeTransformer(const ParamLayout& layout);
+  ~MoeTransformer();
+  MoeTransformer(const MoeTransformer&) = delete;
+  MoeTransformer& operator=(const MoeTransformer&) = delete;
+
+  // Deterministic init: each tensor draws from its own stream keyed by (seed,
+  // tensor name), so an expert's weights do not depend on which worker owns it.
+  void init(uint64_t seed);
+
+  // inputs/targets are (batch, seq) tokens. targets may be null (no loss).
+  LossStats forward(const int32_t* inputs, const int32_t* targets, int batch, int seq,
+                    ExpertExchange<T>* exchange = nullptr);
+  // Backward of the last forward, which must have had targets.
+  void backward(ExpertExchange<T>* exchange = nullptr);
+  void zero_grad();
+
+  const std::vector<T>& logits() const { return logits_; }  // (batch*seq, V)
+  std::vector<T>& params() { return params_; }
+  std::vector<T>& grads() { return grads_; }
+  const ParamLayout& layout() const { return layout_; }
+  const ModelConfig& config() const { return layout_.config(); }
+  ModelWeights<T>& weights() { return w_; }
+  ModelWeights<T>& grad_weights() { return g_; }
+  void set_expert_resolver(ExpertResolver r) { resolver_ = std::move(r); }
+
+ private:
+  struct LayerCache;
+  MoeWeights<T> moe_weights(int layer, const ExpertExchange<T>& exchange) const;
+
+  ParamLayout layout_;
+  std::vector<T> params_, grads_;
+  ModelWeights<T> w_, g_;
+  ExpertResolver resolver_;
+  std::unique_ptr<LocalExpertExchange<T>> local_exchange_;
+
+  // Activations of the last forward.
+  int batch_ = 0, seq_ = 0;
+  std::vector<int32_t> inputs_, targets_;
+  std::vector<std::vector<T>> residual_;  // (L+1) x (N, d): o_0..o_L
+  std::vector<LayerCache> layers_;
+  std::vector<T> final_normed_, final_rstd_, logits_;
+  ExpertExchange<T>* last_exchange_ = nullptr;
+};
+
+}  // namespace xd

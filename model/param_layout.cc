@@ -1,0 +1,77 @@
+#include "model/param_layout.h"
+
+namespace xd {
+
+size_t TensorSlot::numel() const {
+  size_t n = 1;
+  for (int64_t s : shape) n *= static_cast<size_t>(s);
+  return n;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& cfg, int first_expert, int num_local_experts)
+    : cfg_(cfg),
+      first_expert_(first_expert),
+      num_local_experts_(num_local_experts < 0 ? cfg.num_experts : num_local_experts) {
+  XD_CHECK(first_expert_ >= 0 && first_expert_ + num_local_experts_ <= cfg.num_experts);
+  const int64_t d = cfg.hidden_size, V = cfg.vocab_size, hd = cfg.head_dim();
+  const int64_t q = cfg.num_heads * hd, kv = cfg.num_kv_heads * hd;
+  const int64_t ff = cfg.expert_intermediate_size, sff = cfg.shared_intermediate_size;
+
+  auto add = [&](std::string name, std::vector<int64_t> shape, int layer = -1,
+                 int expert = -1) {
+    TensorSlot s;
+    s.name = std::move(name);
+    s.offset = size_;
+    s.shape = std::move(shape);
+    s.layer = layer;
+    s.expert = expert;
+    size_ += s.numel();
+    slots_.push_back(std::move(s));
+    return slots_.back().offset;
+  };
+
+  embed_ = add("model.embed_tokens.weight", {V, d});
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string moe = p + "block_sparse_moe.";
+    LayerOffsets o{};
+    o.f[0] = add(p + "input_layernorm.weight", {d}, l);
+    o.f[1] = add(p + "self_attn.q_proj.weight", {q, d}, l);
+    o.f[2] = add(p + "self_attn.k_proj.weight", {kv, d}, l);
+    o.f[3] = add(p + "self_attn.v_proj.weight", {kv, d}, l);
+    o.f[4] = add(p + "self_attn.o_proj.weight", {d, q}, l);
+    o.f[5] = add(p + "post_attention_layernorm.weight", {d}, l);
+    o.f[6] = add(moe + "gate.weight", {cfg.num_experts, d}, l);
+    // Each projection of all local experts is contiguous: (E_local, rows, cols).
+    const char* proj[3] = {"w1", "w3", "w2"};
+    for (int which = 0; which < 3; ++which) {
+      std::vector<int64_t> shape = which == 2 ? std::vector<int64_t>{d, ff}
+                                              : std::vector<int64_t>{ff, d};
+      size_t first = size_;
+      for (int j = 0; j < num_local_experts_; ++j) {
+        int e = first_expert_ + j;
+        add(moe + "experts." + std::to_string(e) + "." + proj[which] + ".weight", shape, l, e);
+      }
+      o.f[7 + which] = first;
+    }
+    for (int which = 0; which < 3; ++which) {
+      std::vector<int64_t> shape = which == 2 ? std::vector<int64_t>{d, sff}
+                                              : std::vector<int64_t>{sff, d};
+      size_t first = size_;
+      for (int j = 0; j < cfg.num_shared_experts; ++j)
+        add(moe + "shared_experts." + std::to_string(j) + "." + proj[which] + ".weight", shape, l);
+      o.f[10 + which] = first;
+    }
+    layer_offsets_.push_back(o);
+  }
+  final_norm_ = add("model.norm.weight", {d});
+  lm_head_ = add("lm_head.weight", {V, d});
+}
+
+const TensorSlot* ParamLayout::find(const std::string& name) const {
+  for (const TensorSlot& s : slots_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+}  // namespace xd

@@ -1,0 +1,97 @@
+// ParamLayout: where every parameter tensor lives inside one contiguous block.
+// Parameters, gradients and both AdamW moments share this layout, so one offset
+// table serves all four. Routed experts of a layer are contiguous (E, ., .) so a
+// worker can own a slice of them. Pure arithmetic; no allocation of tensor data.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace xd {
+
+// One named tensor inside the block, in HF Mixtral naming.
+struct TensorSlot {
+  std::string name;            // e.g. "model.layers.0.self_attn.q_proj.weight"
+  size_t offset = 0;           // in elements from the block start
+  std::vector<int64_t> shape;  // row-major
+  size_t numel() const;
+  bool is_routed_expert() const { return expert >= 0; }
+  int layer = -1;              // -1 for embeddings, final norm, lm head
+  int expert = -1;             // global routed expert id, or -1
+};
+
+template <typename T>
+struct LayerWeights {
+  T* input_layernorm;           // (d)
+  T* q_proj;                    // (H*hd, d)
+  T* k_proj;                    // (KVH*hd, d)
+  T* v_proj;                    // (KVH*hd, d)
+  T* o_proj;                    // (d, H*hd)
+  T* post_attention_layernorm;  // (d)
+  T* router;                    // (E, d)
+  T* w1;                        // (E_local, ff, d)  gate projection
+  T* w3;                        // (E_local, ff, d)  up projection
+  T* w2;                        // (E_local, d, ff)  down projection
+  T* shared_w1;                 // (S, sff, d)
+  T* shared_w3;                 // (S, sff, d)
+  T* shared_w2;                 // (S, d, sff)
+};
+
+template <typename T>
+struct ModelWeights {
+  T* embed_tokens;  // (V, d)
+  std::vector<LayerWeights<T>> layers;
+  T* final_norm;    // (d)
+  T* lm_head;       // (V, d)
+};
+
+class ParamLayout {
+ public:
+  // Holds routed experts [first_expert, first_expert + num_local_experts) of every
+  // layer; the defaults hold all of them (single process).
+  explicit ParamLayout(const ModelConfig& cfg, int first_expert = 0, int num_local_experts = -1);
+
+  size_t size() const { return size_; }  // total elements
+  const std::vector<TensorSlot>& slots() const { return slots_; }
+  const TensorSlot* find(const std::string& name) const;
+  int first_expert() const { return first_expert_; }
+  int num_local_experts() const { return num_local_experts_; }
+  const ModelConfig& config() const { return cfg_; }
+
+  template <typename T>
+  ModelWeights<T> bind(T* base) const;
+
+ private:
+  ModelConfig cfg_;
+  int first_expert_;
+  int num_local_experts_;
+  size_t size_ = 0;
+  std::vector<TensorSlot> slots_;
+  // Offsets of the bound pointers, same order as LayerWeights fields.
+  struct LayerOffsets { size_t f[13]; };
+  std::vector<LayerOffsets> layer_offsets_;
+  size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
+};
+
+template <typename T>
+ModelWeights<T> ParamLayout::bind(T* base) const {
+  ModelWeights<T> w;
+  w.embed_tokens = base + embed_;
+  w.final_norm = base + final_norm_;
+  w.lm_head = base + lm_head_;
+  w.layers.resize(layer_offsets_.size());
+  for (size_t l = 0; l < layer_offsets_.size(); ++l) {
+    const size_t* f = layer_offsets_[l].f;
+    LayerWeights<T>& L = w.layers[l];
+    T** fields[13] = {&L.input_layernorm, &L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj,
+                      &L.post_attention_layernorm, &L.router, &L.w1, &L.w3, &L.w2,
+                      &L.shared_w1, &L.shared_w3, &L.shared_w2};
+    for (int i = 0; i < 13; ++i) *fields[i] = base + f[i];
+  }
+  return w;
+}
+
+}  // namespace xd

@@ -1,0 +1,34 @@
+// SwiGLU expert MLP on a batch of token rows: y = w2(silu(w1 x) * w3 x)
+// (HF Mixtral MixtralBlockSparseTop2MLP). Forward fills the cache the backward
+// needs; backward accumulates into dx, dw1, dw3, dw2. Stateless, thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace xd {
+
+template <typename T>
+struct ExpertParams {
+  const T* w1;  // (ff, d)
+  const T* w3;  // (ff, d)
+  const T* w2;  // (d, ff)
+  T* dw1;       // (ff, d) gradients, accumulated
+  T* dw3;
+  T* dw2;
+};
+
+template <typename T>
+struct ExpertCache {
+  std::vector<T> h1, h3, gated;  // (n, ff) each
+};
+
+template <typename T>
+void swiglu_expert_forward(T* out, ExpertCache<T>* cache, const T* in, const ExpertParams<T>& p,
+                           int n, int d, int ff);
+template <typename T>
+void swiglu_expert_backward(T* din, const T* dout, const T* in, const ExpertCache<T>& cache,
+                            const ExpertParams<T>& p, int n, int d, int ff);
+
+}  // namespace xd

@@ -1,0 +1,172 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "grad_check.h"
+#include "model/detail/rng.h"
+#include "model/gemm.h"
+#include "model/ops.h"
+#include "model/swiglu_expert.h"
+
+namespace xd {
+namespace {
+
+using testing::all_entries;
+using testing::gradient_relative_error;
+
+std::vector<double> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
+  detail::Rng rng(seed);
+  std::vector<double> v(n);
+  for (double& x : v) x = rng.normal() * scale;
+  return v;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+TEST(Gemm, BlasMatchesTheNaiveReferenceForEveryTransposeCombination) {
+  const int m = 7, n = 5, k = 9;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = random_vector(m * k, 1), b = random_vector(k * n, 2);
+      std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+      std::vector<float> c1(m * n, 1.f), c2(m * n, 1.f);
+      const int lda = ta ? m : k, ldb = tb ? k : n;
+      gemm<float>(ta, tb, m, n, k, 0.5f, af.data(), lda, bf.data(), ldb, 2.f, c1.data(), n);
+      gemm_reference<float>(ta, tb, m, n, k, 0.5f, af.data(), lda, bf.data(), ldb, 2.f, c2.data(), n);
+      for (int i = 0; i < m * n; ++i) EXPECT_NEAR(c1[i], c2[i], 1e-4) << ta << tb << i;
+    }
+}
+
+TEST(Linear, GradientsMatchFiniteDifferences) {
+  const int n = 3, in = 5, out = 4;
+  auto x = random_vector(n * in, 1), w = random_vector(out * in, 2), r = random_vector(n * out, 3);
+  std::vector<double> y(n * out);
+  auto loss = [&] { linear_forward(y.data(), x.data(), w.data(), n, in, out); return dot(y, r); };
+  std::vector<double> dx(x.size(), 0), dw(w.size(), 0);
+  linear_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), n, in, out);
+  EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, w.data(), dw.data(), all_entries(w.size())), 1e-7);
+}
+
+TEST(RmsNorm, GradientsMatchFiniteDifferences) {
+  const int n = 3, d = 8;
+  auto x = random_vector(n * d, 1), w = random_vector(d, 2), r = random_vector(n * d, 3);
+  std::vector<double> y(n * d), rstd(n);
+  auto loss = [&] { rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, d, 1e-5); return dot(y, r); };
+  loss();
+  std::vector<double> dx(x.size(), 0), dw(w.size(), 0);
+  rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), n, d);
+  EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, w.data(), dw.data(), all_entries(w.size())), 1e-7);
+}
+
+TEST(Rope, RotationPreservesNormAndBackwardIsTheTransposedRotation) {
+  const int B = 2, T = 5, H = 3, hd = 8;
+  auto x = random_vector(B * T * H * hd, 1), r = random_vector(B * T * H * hd, 2);
+  std::vector<double> y;
+  auto loss = [&] { y = x; rope_forward(y.data(), B, T, H, hd, 10000.0); return dot(y, r); };
+  loss();
+  EXPECT_NEAR(dot(y, y), dot(x, x), 1e-9);
+  // Position 0 is the identity.
+  for (int i = 0; i < hd; ++i) EXPECT_DOUBLE_EQ(y[i], x[i]);
+  std::vector<double> dx = r;
+  rope_backward(dx.data(), B, T, H, hd, 10000.0);
+  EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+}
+
+TEST(Attention, BlasPathMatchesTheNaiveReferenceWithGroupedKvHeads) {
+  AttentionDims dm{2, 6, 4, 2, 8};
+  const size_t qn = (size_t)dm.batch * dm.seq * dm.heads * dm.head_dim;
+  const size_t kvn = (size_t)dm.batch * dm.seq * dm.kv_heads * dm.head_dim;
+  auto q = random_vector(qn, 1), k = random_vector(kvn, 2), v = random_vector(kvn, 3);
+  std::vector<double> o1(qn), o2(qn), p1((size_t)dm.batch * dm.heads * dm.seq * dm.seq), p2(p1.size());
+  attention_forward(o1.data(), p1.data(), q.data(), k.data(), v.data(), dm);
+  attention_forward_reference(o2.data(), p2.data(), q.data(), k.data(), v.data(), dm);
+  for (size_t i = 0; i < qn; ++i) EXPECT_NEAR(o1[i], o2[i], 1e-12);
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_NEAR(p1[i], p2[i], 1e-12);
+}
+
+TEST(Attention, GradientsMatchFiniteDifferencesWithGroupedKvHeads) {
+  AttentionDims dm{2, 5, 4, 2, 6};
+  const size_t qn = (size_t)dm.batch * dm.seq * dm.heads * dm.head_dim;
+  const size_t kvn = (size_t)dm.batch * dm.seq * dm.kv_heads * dm.head_dim;
+  auto q = random_vector(qn, 1), k = random_vector(kvn, 2), v = random_vector(kvn, 3);
+  auto r = random_vector(qn, 4);
+  std::vector<double> o(qn), p((size_t)dm.batch * dm.heads * dm.seq * dm.seq);
+  auto loss = [&] { attention_forward(o.data(), p.data(), q.data(), k.data(), v.data(), dm); return dot(o, r); };
+  loss();
+  std::vector<double> dq(qn, 0), dk(kvn, 0), dv(kvn, 0);
+  attention_backward(dq.data(), dk.data(), dv.data(), r.data(), p.data(), q.data(), k.data(), v.data(), dm);
+  EXPECT_LT(gradient_relative_error(loss, q.data(), dq.data(), all_entries(qn)), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, k.data(), dk.data(), all_entries(kvn)), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, v.data(), dv.data(), all_entries(kvn)), 1e-7);
+}
+
+TEST(Attention, OutputAtPositionTDependsOnlyOnPositionsUpToT) {
+  AttentionDims dm{1, 6, 2, 2, 4};
+  const size_t n = (size_t)dm.seq * dm.heads * dm.head_dim;
+  auto q = random_vector(n, 1), k = random_vector(n, 2), v = random_vector(n, 3);
+  std::vector<double> o1(n), o2(n), p((size_t)dm.heads * dm.seq * dm.seq);
+  attention_forward(o1.data(), p.data(), q.data(), k.data(), v.data(), dm);
+  const size_t last = (size_t)(dm.seq - 1) * dm.heads * dm.head_dim;
+  for (size_t i = last; i < n; ++i) { k[i] += 1.0; v[i] -= 2.0; }
+  attention_forward(o2.data(), p.data(), q.data(), k.data(), v.data(), dm);
+  for (size_t i = 0; i < last; ++i) EXPECT_DOUBLE_EQ(o1[i], o2[i]);
+}
+
+TEST(SwiGlu, GradientsMatchFiniteDifferences) {
+  const int n = 20;
+  auto a = random_vector(n, 1, 2.0), b = random_vector(n, 2), r = random_vector(n, 3);
+  std::vector<double> y(n);
+  auto loss = [&] { swiglu_forward(y.data(), a.data(), b.data(), n); return dot(y, r); };
+  std::vector<double> da(n, 0), db(n, 0);
+  swiglu_backward(da.data(), db.data(), r.data(), a.data(), b.data(), n);
+  EXPECT_LT(gradient_relative_error(loss, a.data(), da.data(), all_entries(n)), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, b.data(), db.data(), all_entries(n)), 1e-7);
+}
+
+TEST(SwiGluExpert, GradientsMatchFiniteDifferences) {
+  const int n = 4, d = 6, ff = 10;
+  auto x = random_vector(n * d, 1), w1 = random_vector(ff * d, 2, 0.5), w3 = random_vector(ff * d, 3, 0.5),
+       w2 = random_vector(d * ff, 4, 0.5), r = random_vector(n * d, 5);
+  std::vector<double> dw1(w1.size(), 0), dw3(w3.size(), 0), dw2(w2.size(), 0), dx(x.size(), 0), y(n * d);
+  ExpertParams<double> p{w1.data(), w3.data(), w2.data(), dw1.data(), dw3.data(), dw2.data()};
+  ExpertCache<double> cache;
+  auto loss = [&] { swiglu_expert_forward(y.data(), &cache, x.data(), p, n, d, ff); return dot(y, r); };
+  loss();
+  swiglu_expert_backward(dx.data(), r.data(), x.data(), cache, p, n, d, ff);
+  EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, w1.data(), dw1.data(), all_entries(w1.size())), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, w3.data(), dw3.data(), all_entries(w3.size())), 1e-7);
+  EXPECT_LT(gradient_relative_error(loss, w2.data(), dw2.data(), all_entries(w2.size())), 1e-7);
+}
+
+TEST(CrossEntropy, GradientsMatchFiniteDifferencesAndUniformLogitsGiveLogV) {
+  const int n = 3, V = 7;
+  std::vector<int32_t> t = {0, 3, 6};
+  std::vector<double> zero(n * V, 0.0);
+  EXPECT_NEAR(cross_entropy_forward_backward<double>(nullptr, zero.data(), t.data(), n, V, 1.0), std::log(7.0), 1e-12);
+  auto x = random_vector(n * V, 1);
+  auto loss = [&] { return cross_entropy_forward_backward<double>(nullptr, x.data(), t.data(), n, V, 1.0); };
+  std::vector<double> dx(x.size());
+  cross_entropy_forward_backward<double>(dx.data(), x.data(), t.data(), n, V, 1.0);
+  EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+}
+
+TEST(Embedding, BackwardAccumulatesRowsOfRepeatedTokens) {
+  const int d = 3;
+  std::vector<double> table(4 * d, 0.0), dout = {1, 2, 3, 10, 20, 30};
+  std::vector<int32_t> tok = {2, 2};
+  embedding_backward(table.data(), dout.data(), tok.data(), 2, d);
+  EXPECT_DOUBLE_EQ(table[2 * d + 0], 11);
+  EXPECT_DOUBLE_EQ(table[2 * d + 2], 33);
+  EXPECT_DOUBLE_EQ(table[0], 0);
+}
+
+}  // namespace
+}  // namespace xd
