@@ -1,0 +1,237 @@
+#include "model/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace xd {
+
+TrainConfig default_train_config() {
+  TrainConfig c;
+  ModelConfig& m = c.model;
+  m.vocab_size = 256;
+  m.hidden_size = 128;
+  m.num_layers = 4;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.max_seq_len = 64;
+  m.num_experts = 8;
+  m.top_k = 2;
+  m.expert_intermediate_size = 256;
+  m.num_shared_experts = 1;
+  m.shared_intermediate_size = 256;
+  return c;
+}
+
+Status TrainConfig::validate() const {
+  XD_RETURN_IF_ERROR(model.validate());
+  auto bad = [](const std::string& k, const std::string& why) {
+    return Status::invalid_argument(k + ": " + why);
+  };
+  if (steps <= 0) return bad("train.steps", "must be positive");
+  if (batch_size <= 0) return bad("train.batch_size", "must be positive");
+  if (seq_len <= 0 || seq_len > model.max_seq_len)
+    return bad("train.seq_len", "must be in 1..model.max_seq_len (" +
+                                    std::to_string(model.max_seq_len) + ")");
+  if (!(optimizer.learning_rate > 0)) return bad("train.learning_rate", "must be positive");
+  if (!(min_learning_rate >= 0) || min_learning_rate > optimizer.learning_rate)
+    return bad("train.min_learning_rate", "must be in [0, learning_rate]");
+  if (warmup_steps < 0) return bad("train.warmup_steps", "must be >= 0");
+  if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1)) return bad("train.beta1", "must be in [0, 1)");
+  if (!(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) return bad("train.beta2", "must be in [0, 1)");
+  if (!(optimizer.eps > 0)) return bad("train.eps", "must be positive");
+  if (!(optimizer.weight_decay >= 0)) return bad("train.weight_decay", "must be >= 0");
+  if (log_every <= 0) return bad("train.log_every", "must be positive");
+  if (eval_every < 0) return bad("train.eval_every", "must be >= 0");
+  if (eval_batches <= 0) return bad("train.eval_batches", "must be positive");
+  if (checkpoint_every < 0) return bad("train.checkpoint_every", "must be >= 0");
+  if (model.vocab_size < 256) return bad("model.vocab_size", "must be >= 256 for byte tokens");
+  if (!(data.validation_fraction >= 0 && data.validation_fraction < 0.5))
+    return bad("data.validation_fraction", "must be in [0, 0.5)");
+  if (data.source == "builtin" && data.builtin_bytes < 4096)
+    return bad("data.builtin_bytes", "must be at least 4096");
+  return Status::ok();
+}
+
+double TrainConfig::learning_rate_at(int64_t step) const {
+  const double peak = optimizer.learning_rate;
+  if (step < warmup_steps) return peak * (step + 1) / warmup_steps;
+  const double progress =
+      steps > warmup_steps ? double(step - warmup_steps) / double(steps - warmup_steps) : 1.0;
+  return min_learning_rate + 0.5 * (peak - min_learning_rate) * (1 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+namespace {
+
+// Reads YAML scalars into typed fields, remembering the first error with the
+// file:line of the offending node.
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  std::string where(const YAML::Node& n) const {
+    return source_ + ":" + std::to_string(n.Mark().line + 1);
+  }
+  void fail(const YAML::Node& n, const std::string& key, const std::string& why) {
+    if (status_.is_ok()) status_ = Status::invalid_argument(where(n) + ": " + key + ": " + why);
+  }
+
+  // Visits every key of `map`, dispatching to `field`; unknown keys are errors.
+  template <typename F>
+  void section(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& keys,
+               F field) {
+    if (!map) return;
+    if (!map.IsMap()) return fail(map, prefix, "must be a mapping");
+    for (const auto& kv : map) {
+      const std::string key = kv.first.as<std::string>();
+      if (!keys.count(key)) {
+        std::string known;
+        for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
+        return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
+      }
+      field(key, kv.second, prefix + "." + key);
+      if (!status_.is_ok()) return;
+    }
+  }
+
+  template <typename T>
+  void get(const YAML::Node& n, const std::string& key, T* out) {
+    try {
+      *out = n.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(n, key, std::string("expected ") + type_name<T>() + ", got '" +
+                       (n.IsScalar() ? n.Scalar() : std::string("a non-scalar")) + "'");
+    }
+  }
+
+  const Status& status() const { return status_; }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "a boolean";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+  std::string source_;
+  Status status_;
+};
+
+void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
+  static const std::set<std::string> keys = {
+      "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len",
+      "num_experts", "top_k", "expert_intermediate_size", "num_shared_experts",
+      "shared_intermediate_size", "gating", "capacity_factor", "aux_loss_coef", "z_loss_coef",
+      "rope_theta", "rms_norm_eps", "init_std", "connectivity"};
+  r.section(node, "model", keys, [&](const std::string& k, const YAML::Node& v, const std::string& key) {
+    if (k == "vocab_size") r.get(v, key, &m->vocab_size);
+    else if (k == "hidden_size") r.get(v, key, &m->hidden_size);
+    else if (k == "num_layers") r.get(v, key, &m->num_layers);
+    else if (k == "num_heads") r.get(v, key, &m->num_heads);
+    else if (k == "num_kv_heads") r.get(v, key, &m->num_kv_heads);
+    else if (k == "max_seq_len") r.get(v, key, &m->max_seq_len);
+    else if (k == "num_experts") r.get(v, key, &m->num_experts);
+    else if (k == "top_k") r.get(v, key, &m->top_k);
+    else if (k == "expert_intermediate_size") r.get(v, key, &m->expert_intermediate_size);
+    else if (k == "num_shared_experts") r.get(v, key, &m->num_shared_experts);
+    else if (k == "shared_intermediate_size") r.get(v, key, &m->shared_intermediate_size);
+    else if (k == "capacity_factor") r.get(v, key, &m->capacity_factor);
+    else if (k == "aux_loss_coef") r.get(v, key, &m->aux_loss_coef);
+    else if (k == "z_loss_coef") r.get(v, key, &m->z_loss_coef);
+    else if (k == "rope_theta") r.get(v, key, &m->rope_theta);
+    else if (k == "rms_norm_eps") r.get(v, key, &m->rms_norm_eps);
+    else if (k == "init_std") r.get(v, key, &m->init_std);
+    else if (k == "gating") {
+      std::string s;
+      r.get(v, key, &s);
+      auto g = parse_gating(s);
+      if (!g) r.fail(v, key, g.status().message()); else m->gating = *g;
+    } else if (k == "connectivity") {
+      // One name for every layer, or a list with one name per layer.
+      m->connectivity.clear();
+      std::vector<YAML::Node> items;
+      if (v.IsSequence()) for (const auto& item : v) items.push_back(item);
+      else items.push_back(v);
+      for (const auto& item : items) {
+        std::string s;
+        r.get(item, key, &s);
+        auto c = parse_connectivity(s);
+        if (!c) return r.fail(item, key, c.status().message());
+        m->connectivity.push_back(*c);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_argument(source + ":" + std::to_string(e.mark.line + 1) +
+                                    ": YAML syntax error: " + e.msg);
+  }
+  TrainConfig c = default_train_config();
+  Reader r(source);
+  if (root && !root.IsNull() && !root.IsMap())
+    return Status::invalid_argument(source + ": the top level must be a mapping");
+  r.section(root, "config", {"model", "train", "data"},
+            [&](const std::string& k, const YAML::Node& v, const std::string&) {
+    if (k == "model") read_model(r, v, &c.model);
+    else if (k == "data") {
+      r.section(v, "data", {"source", "builtin_bytes", "builtin_seed", "validation_fraction"},
+                [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
+        if (k2 == "source") r.get(v2, key, &c.data.source);
+        else if (k2 == "builtin_bytes") r.get(v2, key, &c.data.builtin_bytes);
+        else if (k2 == "builtin_seed") r.get(v2, key, &c.data.builtin_seed);
+        else r.get(v2, key, &c.data.validation_fraction);
+      });
+    } else {
+      static const std::set<std::string> keys = {
+          "steps", "batch_size", "seq_len", "learning_rate", "min_learning_rate",
+          "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed",
+          "log_every", "eval_every", "eval_batches", "checkpoint_every", "checkpoint_dir"};
+      r.section(v, "train", keys, [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
+        if (k2 == "steps") r.get(v2, key, &c.steps);
+        else if (k2 == "batch_size") r.get(v2, key, &c.batch_size);
+        else if (k2 == "seq_len") r.get(v2, key, &c.seq_len);
+        else if (k2 == "learning_rate") r.get(v2, key, &c.optimizer.learning_rate);
+        else if (k2 == "min_learning_rate") r.get(v2, key, &c.min_learning_rate);
+        else if (k2 == "warmup_steps") r.get(v2, key, &c.warmup_steps);
+        else if (k2 == "beta1") r.get(v2, key, &c.optimizer.beta1);
+        else if (k2 == "beta2") r.get(v2, key, &c.optimizer.beta2);
+        else if (k2 == "eps") r.get(v2, key, &c.optimizer.eps);
+        else if (k2 == "weight_decay") r.get(v2, key, &c.optimizer.weight_decay);
+        else if (k2 == "grad_clip") r.get(v2, key, &c.optimizer.grad_clip);
+        else if (k2 == "seed") r.get(v2, key, &c.seed);
+        else if (k2 == "log_every") r.get(v2, key, &c.log_every);
+        else if (k2 == "eval_every") r.get(v2, key, &c.eval_every);
+        else if (k2 == "eval_batches") r.get(v2, key, &c.eval_batches);
+        else if (k2 == "checkpoint_every") r.get(v2, key, &c.checkpoint_every);
+        else r.get(v2, key, &c.checkpoint_dir);
+      });
+    }
+  });
+  XD_RETURN_IF_ERROR(r.status());
+  if (c.model.connectivity.size() == 1 && c.model.num_layers > 1)
+    c.model.connectivity.assign(c.model.num_layers, c.model.connectivity[0]);
+  Status v = c.validate();
+  if (!v.is_ok()) return v.with_context(source);
+  return c;
+}
+
+Expected<TrainConfig> load_train_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::io_error("cannot read config '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_train_config(ss.str(), path);
+}
+
+}  // namespace xd

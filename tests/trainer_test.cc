@@ -1,0 +1,169 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "model/checkpoint.h"
+#include "model/trainer.h"
+
+namespace xd {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig small_config() {
+  TrainConfig c = default_train_config();
+  c.model.hidden_size = 64;
+  c.model.num_layers = 2;
+  c.model.num_experts = 4;
+  c.model.expert_intermediate_size = 128;
+  c.model.shared_intermediate_size = 128;
+  c.model.max_seq_len = 32;
+  c.model.connectivity.assign(2, Connectivity::kFarSkip);
+  c.seq_len = 32;
+  c.batch_size = 8;
+  c.steps = 150;
+  c.warmup_steps = 10;
+  c.data.builtin_bytes = 256 * 1024;
+  c.eval_every = 0;
+  return c;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("xdmoe_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+TEST(Training, LossFallsWellBelowTheUnigramBaselineOnTheBuiltinCorpus) {
+  auto trainer = Trainer::create(small_config());
+  ASSERT_TRUE(trainer) << trainer.status().to_string();
+  Status st = (*trainer)->run([](const std::string&) {});
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  const double unigram = (*trainer)->baseline_unigram_loss();
+  const double first = (*trainer)->history().front().loss.ce_loss;
+  const double held_out = (*trainer)->evaluate();
+  std::printf("[train] first ce %.4f, held-out ce after 150 steps %.4f, unigram %.4f\n", first,
+              held_out, unigram);
+  EXPECT_GT(first, unigram);  // starts near ln(256)
+  EXPECT_LT(held_out, unigram - 1.0);
+}
+
+TEST(Training, TwoRunsWithTheSameSeedGiveBitIdenticalLosses) {
+  TrainConfig c = small_config();
+  c.steps = 5;
+  auto a = Trainer::create(c), b = Trainer::create(c);
+  ASSERT_TRUE(a && b);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ((*a)->step()->loss.loss, (*b)->step()->loss.loss);
+}
+
+TEST(Checkpoint, SaveThenLoadGivesABitIdenticalForward) {
+  TrainConfig c = small_config();
+  auto t = Trainer::create(c);
+  ASSERT_TRUE(t);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*t)->step());
+  fs::path dir = temp_dir("roundtrip");
+  ASSERT_TRUE((*t)->save_checkpoint(dir.string()).is_ok());
+  auto ck = load_checkpoint(dir.string());
+  ASSERT_TRUE(ck) << ck.status().to_string();
+  ParamLayout layout(ck->config);
+  MoeTransformer<float> loaded(layout);
+  loaded.params() = ck->params;
+  std::vector<int32_t> tokens(32);
+  for (int i = 0; i < 32; ++i) tokens[i] = (i * 37) % 256;
+  (*t)->model().forward(tokens.data(), nullptr, 1, 32);
+  loaded.forward(tokens.data(), nullptr, 1, 32);
+  EXPECT_EQ((*t)->model().logits(), loaded.logits());
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ResumingGivesTheSameNextLossesAsAnUninterruptedRun) {
+  TrainConfig c = small_config();
+  c.steps = 12;
+  auto straight = Trainer::create(c);
+  ASSERT_TRUE(straight);
+  std::vector<double> expected;
+  for (int i = 0; i < 12; ++i) expected.push_back((*straight)->step()->loss.loss);
+
+  fs::path dir = temp_dir("resume");
+  {
+    auto first = Trainer::create(c);
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE((*first)->step());
+    ASSERT_TRUE((*first)->save_checkpoint(dir.string()).is_ok());
+  }
+  auto resumed = Trainer::create(c);
+  ASSERT_TRUE((*resumed)->resume(dir.string()).is_ok());
+  EXPECT_EQ((*resumed)->current_step(), 6);
+  for (int i = 6; i < 12; ++i) EXPECT_EQ((*resumed)->step()->loss.loss, expected[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+TEST(Training, NonFiniteLossStopsBeforeTheUpdateWithAClearError) {
+  TrainConfig c = small_config();
+  auto t = Trainer::create(c);
+  ASSERT_TRUE(t);
+  std::vector<float> before = (*t)->model().params();
+  (*t)->model().weights().lm_head[0] = std::nanf("");
+  before[(*t)->model().layout().find("lm_head.weight")->offset] = std::nanf("");
+  auto s = (*t)->step();
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.status().message().find("loss is"), std::string::npos) << s.status().message();
+  EXPECT_EQ((*t)->current_step(), 0);
+  // Parameters other than the poisoned one are untouched.
+  const std::vector<float>& after = (*t)->model().params();
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (!std::isnan(before[i])) {
+      ASSERT_EQ(before[i], after[i]) << i;
+    }
+  }
+}
+
+TEST(TrainConfig, ErrorsNameTheFileLineAndKey) {
+  auto bad_key = parse_train_config("model:\n  hidden_size: 64\n  num_expertz: 4\n", "cfg.yaml");
+  ASSERT_FALSE(bad_key);
+  EXPECT_NE(bad_key.status().message().find("cfg.yaml:3"), std::string::npos) << bad_key.status().message();
+  EXPECT_NE(bad_key.status().message().find("model.num_expertz"), std::string::npos);
+
+  auto bad_type = parse_train_config("train:\n  steps: lots\n", "cfg.yaml");
+  ASSERT_FALSE(bad_type);
+  EXPECT_NE(bad_type.status().message().find("train.steps"), std::string::npos) << bad_type.status().message();
+  EXPECT_NE(bad_type.status().message().find("cfg.yaml:2"), std::string::npos);
+
+  auto bad_value = parse_train_config("model:\n  top_k: 9\n", "cfg.yaml");
+  ASSERT_FALSE(bad_value);
+  EXPECT_NE(bad_value.status().message().find("model.top_k"), std::string::npos) << bad_value.status().message();
+
+  auto bad_enum = parse_train_config("model:\n  gating: softmx\n", "cfg.yaml");
+  ASSERT_FALSE(bad_enum);
+  EXPECT_NE(bad_enum.status().message().find("softmx"), std::string::npos);
+
+  auto bad_yaml = parse_train_config("model: [unclosed\n", "cfg.yaml");
+  ASSERT_FALSE(bad_yaml);
+  EXPECT_NE(bad_yaml.status().message().find("YAML syntax"), std::string::npos);
+}
+
+TEST(TrainConfig, TheShippedExampleEqualsTheBuiltinDefault) {
+  auto ex = load_train_config(std::string(XD_SOURCE_DIR) + "/examples/tiny.yaml");
+  ASSERT_TRUE(ex) << ex.status().to_string();
+  TrainConfig d = default_train_config();
+  EXPECT_EQ(ex->model.hidden_size, d.model.hidden_size);
+  EXPECT_EQ(ex->model.num_layers, d.model.num_layers);
+  EXPECT_EQ(ex->model.num_experts, d.model.num_experts);
+  EXPECT_EQ(ex->steps, d.steps);
+  EXPECT_EQ(ex->optimizer.learning_rate, d.optimizer.learning_rate);
+}
+
+TEST(TrainConfig, ASingleConnectivityAppliesToEveryLayerAndAListPerLayer) {
+  auto one = parse_train_config("model:\n  num_layers: 3\n  connectivity: farskip\n");
+  ASSERT_TRUE(one) << one.status().to_string();
+  EXPECT_EQ(one->model.connectivity, std::vector<Connectivity>(3, Connectivity::kFarSkip));
+  auto list = parse_train_config("model:\n  num_layers: 2\n  connectivity: [farskip_moe, regular]\n");
+  ASSERT_TRUE(list) << list.status().to_string();
+  EXPECT_EQ(list->model.connectivity[0], Connectivity::kFarSkipMoe);
+  auto wrong = parse_train_config("model:\n  num_layers: 3\n  connectivity: [farskip, regular]\n");
+  EXPECT_FALSE(wrong);
+}
+
+}  // namespace
+}  // namespace xd
