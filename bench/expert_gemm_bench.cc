@@ -326,6 +326,20 @@ Result run_shape(const Shape& s, const Options& o) {
   return r;
 }
 
+// First three fields of /proc/loadavg, "?" where it does not exist. A loaded
+// machine shows up as medians far below the bests; interleaving keeps the ratio fair.
+std::string loadavg() {
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return "?";
+  char buf[64] = {};
+  double a = 0, b = 0, c = 0;
+  const bool ok = std::fgets(buf, sizeof buf, f) && std::sscanf(buf, "%lf %lf %lf", &a, &b, &c) == 3;
+  std::fclose(f);
+  if (!ok) return "?";
+  std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
+  return buf;
+}
+
 void print_header() {
   const char* cfg = openblas_get_config();
   const char* core = openblas_get_corename();
@@ -335,6 +349,7 @@ void print_header() {
   std::printf("OpenBLAS core   : %s\n", core ? core : "?");
   std::printf("OpenBLAS threads: %d (OPENBLAS_NUM_THREADS=%s), procs %d\n",
               openblas_get_num_threads(), env ? env : "unset", openblas_get_num_procs());
+  std::printf("load average    : %s (at start)\n", loadavg().c_str());
 }
 
 void print_table(const std::vector<Result>& rs, const Options& o) {
@@ -446,6 +461,7 @@ int main(int argc, char** argv) {
   }
   print_table(results, o);
   if (o.breakdown) print_breakdown(results);
+  std::printf("\nload average    : %s (at end)\n", loadavg().c_str());
   if (csv) {
     if (!write_csv(csv, results)) {
       std::fprintf(stderr, "expert_gemm_bench: cannot write CSV to '%s': %s\n", o.csv.c_str(),

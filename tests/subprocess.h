@@ -1,0 +1,67 @@
+// Spawning real processes from tests: fork/exec with extra environment, wait
+// with a deadline (then SIGKILL), and capture of stdout+stderr into a file.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace xd::testing {
+
+struct Child {
+  pid_t pid = -1;
+  std::string log_path;
+};
+
+inline Child spawn(const std::vector<std::string>& argv, const std::string& log_path,
+                   const std::vector<std::string>& env = {}) {
+  Child c;
+  c.log_path = log_path;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    FILE* f = std::fopen(log_path.c_str(), "w");
+    if (f) {
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+    }
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    std::perror("execv");
+    ::_exit(127);
+  }
+  return c;
+}
+
+// Exit code, or -signal, or -1000 after killing it at the deadline.
+inline int wait_for(const Child& c, std::chrono::seconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(c.pid, SIGKILL);
+  ::waitpid(c.pid, &status, 0);
+  return -1000;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace xd::testing

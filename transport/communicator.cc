@@ -1,0 +1,303 @@
+#include "transport/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace xd {
+
+namespace {
+std::vector<size_t> offsets_of(const std::vector<size_t>& sizes) {
+  std::vector<size_t> off(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) off[i + 1] = off[i] + sizes[i];
+  return off;
+}
+
+// A frame that points into the caller's buffer; the collective waits for its
+// Completion before returning, so no owner is needed.
+OutFrame borrowed(const void* data, size_t bytes) {
+  OutFrame f;
+  f.data = data;
+  f.size = bytes;
+  return f;
+}
+
+Status wait_all(std::vector<std::shared_ptr<Completion>>& sends, std::chrono::milliseconds t) {
+  Status first;
+  for (auto& c : sends) {
+    Status st = c->wait(t);
+    if (!st.is_ok() && first.is_ok()) first = st;
+  }
+  sends.clear();
+  return first;
+}
+}  // namespace
+
+Communicator::Communicator(Transport* transport, std::vector<int> ranks,
+                           std::chrono::milliseconds timeout)
+    : transport_(transport), ranks_(std::move(ranks)), timeout_(timeout) {
+  auto it = std::find(ranks_.begin(), ranks_.end(), transport_->rank());
+  XD_CHECK_MSG(it != ranks_.end(), "a communicator's group must contain its own rank");
+  index_ = static_cast<int>(it - ranks_.begin());
+}
+
+Tag Communicator::wire_tag(MessageKind kind, const CollectiveTag& t, uint32_t sub,
+                           uint32_t round) const {
+  // chunk = sub-operation (8 bits) | round (24 bits), so the steps of one
+  // composite collective never match each other.
+  return Tag{kind, t.step, t.layer, t.phase, (sub << 24) | (round & 0xFFFFFF)};
+}
+
+Expected<IncomingMessage> Communicator::wait_from(const std::shared_ptr<RecvSlot>& slot,
+                                                  int member, const char* what) const {
+  auto m = slot->wait(timeout_);
+  if (!m) return m.status().with_context(std::string(what) + " from rank " +
+                                         std::to_string(ranks_[member]));
+  return m;
+}
+
+template <typename F>
+CollectiveHandle Communicator::launch(F body) {
+  auto status = std::make_shared<Status>();
+  std::thread t([status, body = std::move(body)]() mutable { *status = body(); });
+  return CollectiveHandle(std::move(t), status);
+}
+
+Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
+                                     const std::vector<size_t>& send_bytes, uint8_t* recv,
+                                     const std::vector<size_t>* recv_bytes,
+                                     std::vector<std::vector<uint8_t>>* recv_blocks) {
+  const int n = size();
+  if ((int)send_bytes.size() != n || (recv_bytes && (int)recv_bytes->size() != n))
+    return Status::invalid_argument("all_to_allv: need one size per member");
+  const auto soff = offsets_of(send_bytes);
+  std::vector<size_t> roff = recv_bytes ? offsets_of(*recv_bytes) : std::vector<size_t>();
+  std::vector<std::shared_ptr<RecvSlot>> slots(n);
+  for (int i = 0; i < n; ++i)
+    slots[i] = transport_->recv(ranks_[i], wire_tag(MessageKind::kAllToAll, tag, 0, 0));
+  std::vector<std::shared_ptr<Completion>> sends;
+  const uint8_t* s = static_cast<const uint8_t*>(send);
+  for (int k = 0; k < n; ++k) {  // staggered, so members do not all hit one peer
+    const int i = (index_ + k) % n;
+    sends.push_back(transport_->send(ranks_[i], wire_tag(MessageKind::kAllToAll, tag, 0, 0),
+                                     {borrowed(s + soff[i], send_bytes[i])}));
+  }
+  if (recv_blocks) recv_blocks->assign(n, {});
+  Status result;
+  for (int k = 0; k < n; ++k) {
+    const int i = (index_ - k + n) % n;
+    auto m = wait_from(slots[i], i, "all_to_allv");
+    if (!m) { result = m.status(); break; }
+    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+    const void* src = m->num_tensors() ? m->tensor_data(0) : nullptr;
+    if (recv_blocks) {
+      (*recv_blocks)[i].assign(static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + got);
+    } else {
+      if (got != (*recv_bytes)[i]) {
+        result = Status::invalid_argument("all_to_allv: rank " + std::to_string(ranks_[i]) + " sent " +
+                                          std::to_string(got) + " bytes, expected " +
+                                          std::to_string((*recv_bytes)[i]));
+        break;
+      }
+      if (got) std::memcpy(recv + roff[i], src, got);
+    }
+  }
+  Status sent = wait_all(sends, timeout_);
+  return result.is_ok() ? sent : result;
+}
+
+CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void* send,
+                                           std::vector<size_t> send_bytes, void* recv,
+                                           std::vector<size_t> recv_bytes) {
+  return launch([=, this, sb = std::move(send_bytes), rb = std::move(recv_bytes)] {
+    return all_to_allv_now(tag, send, sb, static_cast<uint8_t*>(recv), &rb, nullptr);
+  });
+}
+
+CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void* send,
+                                           std::vector<size_t> send_bytes,
+                                           std::vector<std::vector<uint8_t>>* recv) {
+  return launch([=, this, sb = std::move(send_bytes)] {
+    return all_to_allv_now(tag, send, sb, nullptr, nullptr, recv);
+  });
+}
+
+Status Communicator::all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind,
+                                     void* data, const std::vector<size_t>& bytes) {
+  const int n = size();
+  if ((int)bytes.size() != n) return Status::invalid_argument("all_gatherv: need one size per member");
+  const auto off = offsets_of(bytes);
+  uint8_t* buf = static_cast<uint8_t*>(data);
+  std::vector<std::shared_ptr<RecvSlot>> slots(n);
+  for (int i = 0; i < n; ++i)
+    if (i != index_) slots[i] = transport_->recv(ranks_[i], wire_tag(kind, tag, sub, 0));
+  std::vector<std::shared_ptr<Completion>> sends;
+  for (int k = 1; k < n; ++k) {
+    const int i = (index_ + k) % n;
+    sends.push_back(transport_->send(ranks_[i], wire_tag(kind, tag, sub, 0),
+                                     {borrowed(buf + off[index_], bytes[index_])}));
+  }
+  Status result;
+  for (int k = 1; k < n && result.is_ok(); ++k) {
+    const int i = (index_ - k + n) % n;
+    auto m = wait_from(slots[i], i, "all_gather");
+    if (!m) { result = m.status(); break; }
+    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+    if (got != bytes[i]) {
+      result = Status::invalid_argument("all_gather: rank " + std::to_string(ranks_[i]) + " sent " +
+                                        std::to_string(got) + " bytes, expected " + std::to_string(bytes[i]));
+      break;
+    }
+    if (got) std::memcpy(buf + off[i], m->tensor_data(0), got);
+  }
+  Status sent = wait_all(sends, timeout_);
+  return result.is_ok() ? sent : result;
+}
+
+CollectiveHandle Communicator::all_gatherv(const CollectiveTag& tag, const void* send, void* recv,
+                                           std::vector<size_t> recv_bytes) {
+  return launch([=, this, rb = std::move(recv_bytes)] {
+    const auto off = offsets_of(rb);
+    if ((int)rb.size() != size()) return Status::invalid_argument("all_gatherv: need one size per member");
+    if (rb[index_] && send != static_cast<uint8_t*>(recv) + off[index_])
+      std::memmove(static_cast<uint8_t*>(recv) + off[index_], send, rb[index_]);
+    return all_gatherv_now(tag, 0, MessageKind::kAllGather, recv, rb);
+  });
+}
+
+CollectiveHandle Communicator::all_gather(const CollectiveTag& tag, const void* send, size_t bytes,
+                                          void* recv) {
+  return all_gatherv(tag, send, recv, std::vector<size_t>(size(), bytes));
+}
+
+Status Communicator::reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, float* data,
+                                        const std::vector<size_t>& counts) {
+  // Ring: at round r, member i sends its partial sum of block (i - r - 1) to
+  // the right and adds the left neighbour's partial of block (i - r - 2).
+  // After n-1 rounds, block i holds the full sum at member i.
+  const int n = size();
+  if ((int)counts.size() != n) return Status::invalid_argument("reduce_scatter: need one count per member");
+  if (n == 1) return Status::ok();
+  const auto off = offsets_of(counts);
+  const int right = (index_ + 1) % n, left = (index_ - 1 + n) % n;
+  std::vector<std::shared_ptr<Completion>> sends;
+  for (int r = 0; r < n - 1; ++r) {
+    const int send_block = ((index_ - r - 1) % n + n) % n;
+    const int recv_block = ((index_ - r - 2) % n + n) % n;
+    const Tag t = wire_tag(MessageKind::kReduceScatter, tag, sub, r);
+    auto slot = transport_->recv(ranks_[left], t);
+    sends.push_back(transport_->send(ranks_[right], t,
+                                     {borrowed(data + off[send_block], counts[send_block] * sizeof(float))}));
+    auto m = wait_from(slot, left, "reduce_scatter");
+    if (!m) { wait_all(sends, timeout_); return m.status(); }
+    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+    if (got != counts[recv_block] * sizeof(float)) {
+      wait_all(sends, timeout_);
+      return Status::invalid_argument("reduce_scatter: block size mismatch from rank " +
+                                      std::to_string(ranks_[left]));
+    }
+    // The block we add into is sent only in a later round, so no send in
+    // flight reads it.
+    float* dst = data + off[recv_block];
+    const float* src = static_cast<const float*>(m->tensor_data(0));
+    for (size_t j = 0; j < counts[recv_block]; ++j) dst[j] += src[j];
+  }
+  return wait_all(sends, timeout_);
+}
+
+CollectiveHandle Communicator::reduce_scatter(const CollectiveTag& tag, const float* data,
+                                              std::vector<size_t> counts, float* out) {
+  return launch([=, this, c = std::move(counts)] {
+    if ((int)c.size() != size()) return Status::invalid_argument("reduce_scatter: need one count per member");
+    const auto off = offsets_of(c);
+    std::vector<float> work(data, data + off.back());
+    Status st = reduce_scatter_now(tag, 0, work.data(), c);
+    if (st.is_ok() && c[index_]) std::memcpy(out, work.data() + off[index_], c[index_] * sizeof(float));
+    return st;
+  });
+}
+
+Status Communicator::ring_all_reduce_now(const CollectiveTag& tag, uint32_t sub, float* data,
+                                         size_t count) {
+  const int n = size();
+  if (n == 1) return Status::ok();
+  std::vector<size_t> counts(n, count / n);
+  for (size_t i = 0; i < count % n; ++i) counts[i]++;
+  XD_RETURN_IF_ERROR(reduce_scatter_now(tag, 2 * sub, data, counts));
+  std::vector<size_t> bytes(n);
+  for (int i = 0; i < n; ++i) bytes[i] = counts[i] * sizeof(float);
+  return all_gatherv_now(tag, 2 * sub + 1, MessageKind::kAllReduce, data, bytes);
+}
+
+CollectiveHandle Communicator::all_reduce(const CollectiveTag& tag, float* data, size_t count) {
+  return launch([=, this] { return ring_all_reduce_now(tag, 0, data, count); });
+}
+
+CollectiveHandle Communicator::broadcast(const CollectiveTag& tag, void* data, size_t bytes,
+                                         int root) {
+  return launch([=, this]() -> Status {
+    if (root < 0 || root >= size()) return Status::invalid_argument("broadcast: bad root");
+    const Tag t = wire_tag(MessageKind::kBroadcast, tag, 0, 0);
+    if (index_ == root) {
+      std::vector<std::shared_ptr<Completion>> sends;
+      for (int i = 0; i < size(); ++i)
+        if (i != root) sends.push_back(transport_->send(ranks_[i], t, {borrowed(data, bytes)}));
+      return wait_all(sends, timeout_);
+    }
+    auto m = wait_from(transport_->recv(ranks_[root], t), root, "broadcast");
+    if (!m) return m.status();
+    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+    if (got != bytes) return Status::invalid_argument("broadcast: size mismatch");
+    if (got) std::memcpy(data, m->tensor_data(0), got);
+    return Status::ok();
+  });
+}
+
+CollectiveHandle Communicator::barrier(const CollectiveTag& tag) {
+  return launch([=, this]() -> Status {
+    // Dissemination barrier: ceil(log2 n) rounds of empty messages.
+    const int n = size();
+    std::vector<std::shared_ptr<Completion>> sends;
+    for (int dist = 1, round = 0; dist < n; dist *= 2, ++round) {
+      const Tag t = wire_tag(MessageKind::kBarrier, tag, 0, round);
+      auto slot = transport_->recv(ranks_[(index_ - dist + n) % n], t);
+      sends.push_back(transport_->send(ranks_[(index_ + dist) % n], t, {}));
+      auto m = wait_from(slot, (index_ - dist + n) % n, "barrier");
+      if (!m) return m.status();
+    }
+    return wait_all(sends, timeout_);
+  });
+}
+
+CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
+                                         const CollectiveTag& tag, float* data, size_t count) {
+  auto status = std::make_shared<Status>();
+  std::thread t([=] {
+    const int n = inner->size();
+    std::vector<size_t> counts(n, count / n);
+    for (size_t i = 0; i < count % n; ++i) counts[i]++;
+    std::vector<size_t> off(n + 1, 0), bytes(n);
+    for (int i = 0; i < n; ++i) {
+      off[i + 1] = off[i] + counts[i];
+      bytes[i] = counts[i] * sizeof(float);
+    }
+    Status st = inner->reduce_scatter_now(tag, 10, data, counts);
+    if (st.is_ok()) st = outer->ring_all_reduce_now(tag, 6, data + off[inner->index()], counts[inner->index()]);
+    if (st.is_ok()) st = inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);
+    *status = st;
+  });
+  return CollectiveHandle(std::move(t), status);
+}
+
+std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank) {
+  // Location coordinate l of rank m is floor(m / prod_{j>l} SF^j) mod SF^l.
+  int stride = 1;
+  for (size_t j = level + 1; j < level_sizes.size(); ++j) stride *= level_sizes[j];
+  const int coord = (rank / stride) % level_sizes[level];
+  const int base = rank - coord * stride;
+  std::vector<int> out;
+  for (int c = 0; c < level_sizes[level]; ++c) out.push_back(base + c * stride);
+  return out;
+}
+
+}  // namespace xd

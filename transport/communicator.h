@@ -1,0 +1,119 @@
+// Communicator: collectives over a Transport among an ordered group of ranks
+// (the whole world, or the ranks along one level of a multilevel layout).
+// Every collective starts asynchronously and returns a CollectiveHandle; its
+// buffers must stay untouched until wait() returns. Concurrent collectives are
+// kept apart by their CollectiveTag, which all members must pass alike.
+// Zero-size blocks and ranks with nothing to send are normal cases. A peer
+// that never answers turns into a timeout Status, not a hang. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace xd {
+
+struct CollectiveTag {
+  uint32_t step = 0;
+  uint16_t layer = kNoLayer;
+  uint16_t phase = 0;
+};
+
+// The running collective; wait() joins it and returns its Status.
+class CollectiveHandle {
+ public:
+  CollectiveHandle() = default;
+  explicit CollectiveHandle(std::thread t, std::shared_ptr<Status> status)
+      : thread_(std::move(t)), status_(std::move(status)) {}
+  CollectiveHandle(CollectiveHandle&&) = default;
+  CollectiveHandle& operator=(CollectiveHandle&&) = default;
+  ~CollectiveHandle() {
+    if (thread_.joinable()) thread_.join();
+  }
+  Status wait() {
+    if (thread_.joinable()) thread_.join();
+    return status_ ? *status_ : Status::ok();
+  }
+
+ private:
+  std::thread thread_;
+  std::shared_ptr<Status> status_;
+};
+
+class Communicator {
+ public:
+  // `ranks` lists the group's members in order; it must contain this rank.
+  Communicator(Transport* transport, std::vector<int> ranks,
+               std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  int index() const { return index_; }  // this rank's position in the group
+  const std::vector<int>& ranks() const { return ranks_; }
+  Transport* transport() const { return transport_; }
+
+  // Block i of `send` (send_bytes[i] bytes, back to back) goes to member i;
+  // member i's block lands in `recv` at the running offset of recv_bytes. A
+  // block whose size differs from recv_bytes[i] fails the collective.
+  CollectiveHandle all_to_allv(const CollectiveTag& tag, const void* send,
+                               std::vector<size_t> send_bytes, void* recv,
+                               std::vector<size_t> recv_bytes);
+  // Same, when receivers do not know the sizes: block i arrives in (*recv)[i].
+  CollectiveHandle all_to_allv(const CollectiveTag& tag, const void* send,
+                               std::vector<size_t> send_bytes,
+                               std::vector<std::vector<uint8_t>>* recv);
+  // Member i contributes recv_bytes[i] bytes; everyone gets all, in order.
+  CollectiveHandle all_gatherv(const CollectiveTag& tag, const void* send, void* recv,
+                               std::vector<size_t> recv_bytes);
+  CollectiveHandle all_gather(const CollectiveTag& tag, const void* send, size_t bytes,
+                              void* recv);
+  // Sums `data` (counts[i] floats for member i, back to back) and leaves the
+  // sum of block i in member i's `out` (counts[index()] floats).
+  CollectiveHandle reduce_scatter(const CollectiveTag& tag, const float* data,
+                                  std::vector<size_t> counts, float* out);
+  // In-place sum over the group, ring algorithm.
+  CollectiveHandle all_reduce(const CollectiveTag& tag, float* data, size_t count);
+  CollectiveHandle broadcast(const CollectiveTag& tag, void* data, size_t bytes, int root_index);
+  CollectiveHandle barrier(const CollectiveTag& tag);
+
+  // Blocking forms of the steps above, for use inside other collectives.
+  Status ring_all_reduce_now(const CollectiveTag& tag, uint32_t sub, float* data, size_t count);
+  Status reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, float* data,
+                            const std::vector<size_t>& counts);
+  Status all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, void* data,
+                         const std::vector<size_t>& bytes);
+
+ private:
+  template <typename F>
+  CollectiveHandle launch(F body);
+  Tag wire_tag(MessageKind kind, const CollectiveTag& t, uint32_t sub, uint32_t round) const;
+  Expected<IncomingMessage> wait_from(const std::shared_ptr<RecvSlot>& slot, int member,
+                                      const char* what) const;
+  Status all_to_allv_now(const CollectiveTag& tag, const void* send,
+                         const std::vector<size_t>& send_bytes, uint8_t* recv,
+                         const std::vector<size_t>* recv_bytes,
+                         std::vector<std::vector<uint8_t>>* recv_blocks);
+
+  Transport* transport_;
+  std::vector<int> ranks_;
+  int index_ = -1;
+  std::chrono::milliseconds timeout_;
+};
+
+// Hierarchical all-reduce for a two-level layout: reduce-scatter inside the
+// `inner` group (fast links), all-reduce each shard across `outer` (the ranks at
+// the same inner position in the other groups, slow links), then all-gather
+// inside `inner`. Slow links carry 1/|inner| of the data.
+CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
+                                         const CollectiveTag& tag, float* data, size_t count);
+
+// Ranks that differ from `rank` only in coordinate `level` of a layout whose
+// level sizes are `level_sizes` (outermost first), in coordinate order.
+std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank);
+
+}  // namespace xd

@@ -1,0 +1,116 @@
+// Internals of Transport: the link table, the match table and the I/O thread.
+// Only transport/*.cc include this.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+#include "common/mailbox.h"
+#include "transport/transport.h"
+
+namespace xd {
+
+double steady_seconds();
+
+struct PendingSend {
+  FrameHeader header;
+  std::string meta;
+  std::vector<OutFrame> frames;
+  std::shared_ptr<Completion> completion;
+  double enqueued_at = 0;  // steady seconds
+  double release_at = 0;   // steady seconds, set when transmission starts
+};
+
+// One directed link to a peer. Socket and queue belong to the I/O thread; the
+// counters are shared with callers and ZeroMQ's release callbacks.
+struct Link {
+  int peer = 0;
+  int link_class = 0;
+  std::unique_ptr<zmq::socket_t> dealer;  // I/O thread only
+  // Shaping is a two-stage pipeline: `queue` waits for the link to transmit
+  // (bandwidth), `in_flight` has been transmitted and waits out the latency.
+  // A shaping change applies from the next message to transmit.
+  std::deque<PendingSend> queue;           // I/O thread only
+  std::deque<PendingSend> in_flight;       // I/O thread only
+  double busy_until = 0, last_release = 0; // I/O thread only
+  bool blocked = false;                    // ZeroMQ said EAGAIN, I/O thread only
+
+  std::atomic<uint64_t> bytes_sent{0}, messages_sent{0}, bytes_received{0}, messages_received{0};
+  std::mutex mu;  // guards the fields below
+  std::condition_variable space;  // signalled as queued bytes drain
+  size_t queued_bytes = 0;
+  double busy_since = 0, busy_total = 0;
+};
+
+using MatchKey = std::tuple<uint8_t, uint32_t, uint16_t, uint16_t, uint32_t, uint16_t>;
+
+struct SendCommand { int dst; PendingSend send; };
+struct ConnectCommand { std::vector<PeerInfo> peers; std::shared_ptr<std::promise<Status>> done; };
+struct StopCommand {};
+struct WakeCommand {};
+using Command = std::variant<SendCommand, ConnectCommand, StopCommand, WakeCommand>;
+
+class Transport::Impl {
+ public:
+  explicit Impl(const TransportOptions& options);
+  ~Impl();
+
+  Status start();  // binds and starts the I/O thread
+  void stop();
+
+  TransportOptions options;
+  zmq::context_t context;
+  std::string endpoint;
+  Mailbox<Command> mailbox;
+
+  std::vector<std::unique_ptr<Link>> links;  // by rank; null for self and non-peers
+  std::atomic<bool> connected{false};
+
+  std::mutex match_mu;
+  std::map<MatchKey, std::deque<std::shared_ptr<RecvSlot>>> posted;
+  std::map<MatchKey, std::deque<IncomingMessage>> unexpected;
+  size_t unexpected_bytes = 0;
+
+  mutable std::mutex shaping_mu;
+  std::vector<LinkShaping> shaping;
+
+  std::array<std::atomic<uint64_t>, kMaxMessageKind> sent_bytes_kind{}, recv_bytes_kind{},
+      sent_msgs_kind{}, recv_msgs_kind{};
+  std::array<std::atomic<uint64_t>, kNumRejectReasons> rejected{};
+
+  void deliver(IncomingMessage m);  // to a posted receive or the unexpected store
+  void reject(RejectReason why, const std::string& detail);
+  void on_frame_released(Link* link, size_t bytes);
+
+ private:
+  void run();
+  void handle(Command& c);
+  void enqueue(SendCommand& c);
+  void advance_link(Link& link, double now);  // runs the shaping pipeline
+  double next_event(const Link& link) const;   // when advance_link has work
+  void receive_all();
+  void process(std::vector<zmq::message_t> frames);  // validate, count, deliver
+  void receive_monitor_events();
+  Status connect_peers(const std::vector<PeerInfo>& peers);
+
+  std::unique_ptr<zmq::socket_t> router_;
+  std::unique_ptr<zmq::socket_t> monitor_;
+  std::thread io_;
+  std::promise<Status> started_;
+  std::vector<std::vector<zmq::message_t>> early_;  // arrived before connect()
+  size_t early_bytes_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace xd

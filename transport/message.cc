@@ -1,0 +1,62 @@
+#include "transport/message.h"
+
+#include <cstring>
+
+namespace xd {
+
+OutFrame OutFrame::copy_of(const void* bytes, size_t size) {
+  auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[size ? size : 1]);
+  if (size) std::memcpy(buf.get(), bytes, size);
+  OutFrame f;
+  f.data = buf.get();
+  f.size = size;
+  f.owner = std::shared_ptr<const void>(buf, buf.get());
+  return f;
+}
+
+void Completion::finish_one(const Status& st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!st.is_ok() && status_.is_ok()) status_ = st;
+  if (--remaining_ <= 0) cv_.notify_all();
+}
+
+bool Completion::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remaining_ <= 0;
+}
+
+Status Completion::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return remaining_ <= 0 || !status_.is_ok(); }))
+    return Status::timeout("send not completed within " + std::to_string(timeout.count()) + " ms");
+  return status_;
+}
+
+void RecvSlot::fulfil(IncomingMessage m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  message_ = std::move(m);
+  cv_.notify_all();
+}
+
+void RecvSlot::fail(const Status& st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = st;
+  cv_.notify_all();
+}
+
+bool RecvSlot::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return message_.has_value() || !status_.is_ok();
+}
+
+Expected<IncomingMessage> RecvSlot::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return message_.has_value() || !status_.is_ok(); }))
+    return Status::timeout("no message within " + std::to_string(timeout.count()) + " ms");
+  if (!status_.is_ok()) return status_;
+  IncomingMessage m = std::move(*message_);
+  message_.reset();
+  return m;
+}
+
+}  // namespace xd

@@ -1,0 +1,545 @@
+#include "transport/transport.h"
+
+#include <msgpack.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/detail/transport_impl.h"
+
+namespace xd {
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t TransportStats::total_rejected() const {
+  uint64_t n = 0;
+  for (uint64_t r : rejected) n += r;
+  return n;
+}
+
+namespace {
+
+MatchKey match_key(const FrameHeader& h) {
+  return {static_cast<uint8_t>(h.kind), h.step, h.layer, h.phase, h.chunk, h.src};
+}
+
+std::string routing_id(int rank) { return "w" + std::to_string(rank); }
+
+// "w<rank>" -> rank, or -1.
+int parse_routing_id(const zmq::message_t& m) {
+  const char* p = static_cast<const char*>(m.data());
+  if (m.size() < 2 || m.size() > 7 || p[0] != 'w') return -1;
+  int r = 0;
+  for (size_t i = 1; i < m.size(); ++i) {
+    if (p[i] < '0' || p[i] > '9') return -1;
+    r = r * 10 + (p[i] - '0');
+  }
+  return r;
+}
+
+struct ReleaseHint {
+  Transport::Impl* impl;
+  Link* link;
+  size_t bytes;
+  std::shared_ptr<const void> owner;
+  std::shared_ptr<Completion> completion;
+};
+
+void release_frame(void*, void* hint) {
+  auto* h = static_cast<ReleaseHint*>(hint);
+  h->impl->on_frame_released(h->link, h->bytes);
+  h->completion->finish_one();
+  delete h;
+}
+
+}  // namespace
+
+Transport::Impl::Impl(const TransportOptions& o)
+    : options(o), context(o.io_threads), shaping(o.link_classes) {}
+
+Transport::Impl::~Impl() {
+  stop();
+  // Terminating the context releases every frame still queued in ZeroMQ,
+  // whose callbacks touch the links: do it while they exist.
+  context.close();
+}
+
+Status Transport::Impl::start() {
+  io_ = std::thread([this] { run(); });
+  return started_.get_future().get();
+}
+
+void Transport::Impl::stop() {
+  if (!io_.joinable()) return;
+  mailbox.push(StopCommand{}, /*urgent=*/true);
+  io_.join();
+}
+
+void Transport::Impl::on_frame_released(Link* link, size_t bytes) {
+  std::lock_guard<std::mutex> lock(link->mu);
+  link->queued_bytes -= bytes;
+  if (link->queued_bytes == 0) link->busy_total += steady_seconds() - link->busy_since;
+  link->space.notify_all();
+}
+
+void Transport::Impl::reject(RejectReason why, const std::string& detail) {
+  const uint64_t n = ++rejected[static_cast<int>(why)];
+  if (n <= 10 || n % 1000 == 0)
+    XD_LOG_WARN("transport", "rank %d dropped a message (%s, #%llu): %s", options.rank,
+                reject_reason_name(why), (unsigned long long)n, detail.c_str());
+}
+
+void Transport::Impl::deliver(IncomingMessage m) {
+  std::shared_ptr<RecvSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(match_mu);
+    auto it = posted.find(match_key(m.header()));
+    if (it != posted.end() && !it->second.empty()) {
+      slot = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) posted.erase(it);
+    } else {
+      unexpected_bytes += m.payload_bytes();
+      unexpected[match_key(m.header())].push_back(std::move(m));
+      return;
+    }
+  }
+  slot->fulfil(std::move(m));
+}
+
+void Transport::Impl::run() {
+  try {
+    router_ = std::make_unique<zmq::socket_t>(context, zmq::socket_type::router);
+    router_->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
+    router_->set(zmq::sockopt::rcvhwm, 0);
+    router_->set(zmq::sockopt::linger, 0);
+    const std::string monitor_ep = "inproc://xdmoe-monitor-" + std::to_string((uintptr_t)this);
+    if (zmq_socket_monitor(router_->handle(), monitor_ep.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+      throw zmq::error_t();
+    monitor_ = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+    monitor_->connect(monitor_ep);
+    router_->bind(options.bind_endpoint);
+    endpoint = router_->get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    router_.reset();
+    monitor_.reset();
+    started_.set_value(Status::io_error("cannot bind '" + options.bind_endpoint + "': " + e.what()));
+    return;
+  }
+  started_.set_value(Status::ok());
+
+  std::vector<zmq::pollitem_t> items;
+  std::vector<Link*> polled_links;
+  while (!stop_) {
+    double now = steady_seconds();
+    double next_release = now + 0.1;
+    items.clear();
+    polled_links.clear();
+    items.push_back({nullptr, mailbox.notify_fd(), ZMQ_POLLIN, 0});
+    items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
+    const bool accept_more = unexpected_bytes <= options.recv_queue_bytes;
+    if (accept_more) items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
+    for (auto& l : links) {
+      if (!l) continue;
+      if (l->blocked) {
+        items.push_back({l->dealer->handle(), 0, ZMQ_POLLOUT, 0});
+        polled_links.push_back(l.get());
+      }
+      next_release = std::min(next_release, next_event(*l));
+    }
+    // Sub-millisecond waits round up: zmq_poll counts whole milliseconds.
+    const long timeout_ms = std::max<long>(0, (long)std::ceil((next_release - now) * 1000.0));
+    try {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) XD_LOG_ERROR("transport", "poll failed: %s", e.what());
+      continue;
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      mailbox.drain_notifications();
+      while (auto c = mailbox.try_pop()) handle(*c);
+    }
+    if (items[1].revents & ZMQ_POLLIN) receive_monitor_events();
+    if (accept_more && (items[2].revents & ZMQ_POLLIN)) receive_all();
+    for (Link* l : polled_links) l->blocked = false;
+    now = steady_seconds();
+    for (auto& l : links)
+      if (l && (!l->queue.empty() || !l->in_flight.empty())) advance_link(*l, now);
+  }
+  // Fail receives still waiting: nothing will fulfil them now.
+  std::lock_guard<std::mutex> lock(match_mu);
+  for (auto& [key, slots] : posted)
+    for (auto& s : slots) s->fail(Status::unavailable("transport stopped"));
+  posted.clear();
+  for (auto& l : links)
+    if (l) l->dealer.reset();
+  monitor_.reset();
+  router_.reset();
+}
+
+void Transport::Impl::handle(Command& c) {
+  if (std::holds_alternative<StopCommand>(c)) {
+    stop_ = true;
+  } else if (auto* s = std::get_if<SendCommand>(&c)) {
+    enqueue(*s);
+  } else if (auto* cc = std::get_if<ConnectCommand>(&c)) {
+    cc->done->set_value(connect_peers(cc->peers));
+  }
+}
+
+Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
+  int max_rank = options.rank;
+  for (const PeerInfo& p : peers) max_rank = std::max(max_rank, p.rank);
+  if (max_rank > 0xFFFE) return Status::invalid_argument("rank out of range");
+  links.resize(max_rank + 1);
+  for (const PeerInfo& p : peers) {
+    if (p.rank == options.rank) continue;
+    if (p.rank < 0) return Status::invalid_argument("negative peer rank");
+    if (p.link_class < 0 || p.link_class >= (int)options.link_classes.size())
+      return Status::invalid_argument("peer " + std::to_string(p.rank) + " has unknown link class " +
+                                      std::to_string(p.link_class));
+    auto link = std::make_unique<Link>();
+    link->peer = p.rank;
+    link->link_class = p.link_class;
+    try {
+      link->dealer = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
+      link->dealer->set(zmq::sockopt::routing_id, routing_id(options.rank));
+      link->dealer->set(zmq::sockopt::sndhwm, 0);  // bounded by our own byte budget
+      link->dealer->set(zmq::sockopt::linger, 0);
+      link->dealer->connect(p.endpoint);
+    } catch (const zmq::error_t& e) {
+      return Status::io_error("cannot connect to rank " + std::to_string(p.rank) + " at '" +
+                              p.endpoint + "': " + e.what());
+    }
+    links[p.rank] = std::move(link);
+  }
+  connected = true;
+  for (auto& frames : early_) process(std::move(frames));
+  early_.clear();
+  early_bytes_ = 0;
+  return Status::ok();
+}
+
+void Transport::Impl::enqueue(SendCommand& c) {
+  c.send.enqueued_at = steady_seconds();
+  links[c.dst]->queue.push_back(std::move(c.send));
+}
+
+double Transport::Impl::next_event(const Link& link) const {
+  double t = 1e300;
+  if (!link.queue.empty()) t = std::max(link.busy_until, link.queue.front().enqueued_at);
+  if (!link.in_flight.empty() && !link.blocked) t = std::min(t, link.in_flight.front().release_at);
+  return t;
+}
+
+void Transport::Impl::advance_link(Link& link, double now) {
+  LinkShaping sh;
+  {
+    std::lock_guard<std::mutex> lock(shaping_mu);
+    sh = shaping[link.link_class];
+  }
+  // Transmit stage: a zero-burst token bucket. Each message starts when the
+  // link is free (or when it was queued), so poll jitter does not lower the rate.
+  while (!link.queue.empty() && link.busy_until <= now) {
+    PendingSend s = std::move(link.queue.front());
+    link.queue.pop_front();
+    const double bytes = double(s.header.payload_len + kHeaderSize + s.meta.size());
+    const double start = std::max(link.busy_until, s.enqueued_at);
+    link.busy_until = start + (sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0);
+    // Latency delays delivery but not the next transmission; FIFO is kept.
+    link.last_release = std::max(link.busy_until + sh.latency_s, link.last_release);
+    s.release_at = link.last_release;
+    link.in_flight.push_back(std::move(s));
+  }
+  // Delivery stage: hand released messages to ZeroMQ.
+  while (!link.in_flight.empty() && !link.blocked && link.in_flight.front().release_at <= now) {
+    PendingSend& s = link.in_flight.front();
+    uint8_t header[kHeaderSize];
+    encode_header(s.header, header);
+    try {
+      zmq::message_t head(header, kHeaderSize);
+      if (!link.dealer->send(head, zmq::send_flags::dontwait | zmq::send_flags::sndmore)) {
+        link.blocked = true;
+        return;
+      }
+      zmq::message_t meta(s.meta.data(), s.meta.size());
+      link.dealer->send(meta, s.frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore);
+      for (size_t i = 0; i < s.frames.size(); ++i) {
+        OutFrame& f = s.frames[i];
+        auto* hint = new ReleaseHint{this, &link, f.size, std::move(f.owner), s.completion};
+        zmq::message_t m(const_cast<void*>(f.data), f.size, release_frame, hint);
+        link.dealer->send(m, i + 1 < s.frames.size() ? zmq::send_flags::sndmore
+                                                     : zmq::send_flags::none);
+      }
+    } catch (const zmq::error_t& e) {
+      XD_LOG_ERROR("transport", "send to rank %d failed: %s", link.peer, e.what());
+      s.completion->finish_one(Status::io_error(std::string("send failed: ") + e.what()));
+      link.in_flight.pop_front();
+      continue;
+    }
+    link.messages_sent++;
+    link.bytes_sent += s.header.payload_len;
+    sent_bytes_kind[(int)s.header.kind] += s.header.payload_len;
+    sent_msgs_kind[(int)s.header.kind]++;
+    s.completion->finish_one();  // the hand-off part
+    link.in_flight.pop_front();
+  }
+}
+
+void Transport::Impl::receive_all() {
+  for (int budget = 0; budget < 256; ++budget) {
+    std::vector<zmq::message_t> frames;
+    try {
+      zmq::message_t first;
+      if (!router_->recv(first, zmq::recv_flags::dontwait)) return;
+      frames.push_back(std::move(first));
+      while (frames.back().more()) {
+        zmq::message_t part;
+        (void)router_->recv(part, zmq::recv_flags::none);
+        frames.push_back(std::move(part));
+      }
+    } catch (const zmq::error_t& e) {
+      XD_LOG_ERROR("transport", "receive failed: %s", e.what());
+      return;
+    }
+    if (!connected) {
+      // A peer may be faster to connect than we are: keep its messages (within
+      // the receive budget) until our peer table exists.
+      size_t bytes = 0;
+      for (const auto& f : frames) bytes += f.size();
+      if (early_bytes_ + bytes <= options.recv_queue_bytes) {
+        early_bytes_ += bytes;
+        early_.push_back(std::move(frames));
+        continue;
+      }
+    }
+    process(std::move(frames));
+  }
+}
+
+void Transport::Impl::process(std::vector<zmq::message_t> frames) {
+  {
+    if (frames.size() < 3) {
+      reject(RejectReason::kTooFewFrames, std::to_string(frames.size()) + " frames");
+      return;
+    }
+    const int sender = parse_routing_id(frames[0]);
+    if (sender < 0 || sender >= (int)links.size() || !links[sender]) {
+      reject(RejectReason::kUnknownSender, "routing id of " + std::to_string(frames[0].size()) + " bytes");
+      return;
+    }
+    FrameHeader h;
+    RejectReason why;
+    if (!parse_header(frames[1].data(), frames[1].size(), &h, &why)) {
+      reject(why, "from rank " + std::to_string(sender));
+      return;
+    }
+    if (h.src != sender) {
+      reject(RejectReason::kSenderMismatch, "header src " + std::to_string(h.src) + " on link of rank " + std::to_string(sender));
+      return;
+    }
+    if (h.dst != options.rank) {
+      reject(RejectReason::kWrongDestination, "dst " + std::to_string(h.dst));
+      return;
+    }
+    if (h.job != options.job) {
+      reject(RejectReason::kWrongJob, "job " + std::to_string(h.job));
+      return;
+    }
+    if (frames[2].size() != h.meta_len) {
+      reject(RejectReason::kBadMetaLength, "from rank " + std::to_string(sender));
+      return;
+    }
+    if (h.payload_len > (uint64_t)options.max_message_bytes) {
+      reject(RejectReason::kOversized, std::to_string(h.payload_len) + " bytes");
+      return;
+    }
+    uint64_t payload = 0;
+    for (size_t i = 3; i < frames.size(); ++i) payload += frames[i].size();
+    if (payload != h.payload_len) {
+      reject(RejectReason::kBadPayloadLength, "declared " + std::to_string(h.payload_len) +
+                                                  ", carried " + std::to_string(payload));
+      return;
+    }
+    if (h.meta_len > 0) {
+      try {
+        size_t offset = 0;
+        msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(frames[2].data()),
+                                                    frames[2].size(), offset);
+        if (offset != frames[2].size()) throw msgpack::insufficient_bytes("trailing bytes");
+      } catch (const std::exception& e) {
+        reject(RejectReason::kBadMetadata, e.what());
+        return;
+      }
+    }
+    Link& link = *links[sender];
+    link.messages_received++;
+    link.bytes_received += payload;
+    recv_bytes_kind[(int)h.kind] += payload;
+    recv_msgs_kind[(int)h.kind]++;
+    frames.erase(frames.begin(), frames.begin() + 2);
+    deliver(IncomingMessage(h, std::move(frames)));
+  }
+}
+
+void Transport::Impl::receive_monitor_events() {
+  for (;;) {
+    zmq::message_t event, address;
+    try {
+      if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+      if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    uint16_t id = 0;
+    if (event.size() >= 2) std::memcpy(&id, event.data(), 2);
+    reject(RejectReason::kForeignConnection,
+           "handshake failed (event 0x" + std::to_string(id) + ") from " + address.to_string());
+  }
+}
+
+// ---- Transport ------------------------------------------------------------
+
+Transport::Transport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Transport::~Transport() = default;
+
+Expected<std::unique_ptr<Transport>> Transport::create(const TransportOptions& options) {
+  if (options.rank < 0 || options.rank > 0xFFFE) return Status::invalid_argument("rank out of range");
+  if (options.link_classes.empty()) return Status::invalid_argument("need at least one link class");
+  auto impl = std::make_unique<Impl>(options);
+  XD_RETURN_IF_ERROR(impl->start());
+  return std::unique_ptr<Transport>(new Transport(std::move(impl)));
+}
+
+int Transport::rank() const { return impl_->options.rank; }
+uint32_t Transport::job() const { return impl_->options.job; }
+const std::string& Transport::endpoint() const { return impl_->endpoint; }
+
+Status Transport::connect(const std::vector<PeerInfo>& peers) {
+  if (impl_->connected) return Status::invalid_argument("connect() may be called once");
+  auto done = std::make_shared<std::promise<Status>>();
+  auto fut = done->get_future();
+  impl_->mailbox.push(ConnectCommand{peers, done}, /*urgent=*/true);
+  return fut.get();
+}
+
+bool Transport::has_peer(int rank) const {
+  return impl_->connected && rank >= 0 && rank < (int)impl_->links.size() && impl_->links[rank];
+}
+
+std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector<OutFrame> frames,
+                                            std::string meta) {
+  FrameHeader h;
+  h.kind = tag.kind;
+  h.job = impl_->options.job;
+  h.step = tag.step;
+  h.layer = tag.layer;
+  h.phase = tag.phase;
+  h.chunk = tag.chunk;
+  h.src = static_cast<uint16_t>(rank());
+  h.dst = static_cast<uint16_t>(dst);
+  h.meta_len = static_cast<uint32_t>(meta.size());
+  for (const OutFrame& f : frames) h.payload_len += f.size;
+
+  if (dst == rank()) {  // loopback inside the process: copy and match directly
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(meta.data(), meta.size());
+    for (const OutFrame& f : frames) parts.emplace_back(f.data, f.size);
+    impl_->deliver(IncomingMessage(h, std::move(parts)));
+    auto c = std::make_shared<Completion>(1);
+    c->finish_one();
+    return c;
+  }
+  auto completion = std::make_shared<Completion>(static_cast<int>(frames.size()) + 1);
+  if (!has_peer(dst)) {
+    completion->finish_one(Status::invalid_argument("no link to rank " + std::to_string(dst)));
+    return completion;
+  }
+  Link& link = *impl_->links[dst];
+  {
+    // Backpressure: wait while this link already holds a full budget.
+    std::unique_lock<std::mutex> lock(link.mu);
+    link.space.wait(lock, [&] {
+      return link.queued_bytes == 0 ||
+             link.queued_bytes + h.payload_len <= impl_->options.send_queue_bytes;
+    });
+    if (h.payload_len > 0) {
+      if (link.queued_bytes == 0) link.busy_since = steady_seconds();
+      link.queued_bytes += h.payload_len;
+    }
+  }
+  // Zero-size frames are released by ZeroMQ like any other.
+  PendingSend s{h, std::move(meta), std::move(frames), completion, 0, 0};
+  impl_->mailbox.push(SendCommand{dst, std::move(s)});
+  return completion;
+}
+
+std::shared_ptr<RecvSlot> Transport::recv(int src, const Tag& tag) {
+  auto slot = std::make_shared<RecvSlot>();
+  MatchKey key{static_cast<uint8_t>(tag.kind), tag.step, tag.layer, tag.phase, tag.chunk,
+               static_cast<uint16_t>(src)};
+  std::optional<IncomingMessage> ready;
+  bool resume_polling = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->match_mu);
+    auto it = impl_->unexpected.find(key);
+    if (it != impl_->unexpected.end() && !it->second.empty()) {
+      ready = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) impl_->unexpected.erase(it);
+      resume_polling = impl_->unexpected_bytes > impl_->options.recv_queue_bytes;
+      impl_->unexpected_bytes -= ready->payload_bytes();
+    } else {
+      impl_->posted[key].push_back(slot);
+    }
+  }
+  if (ready) slot->fulfil(std::move(*ready));
+  if (resume_polling) impl_->mailbox.push(WakeCommand{}, true);
+  return slot;
+}
+
+void Transport::set_shaping(int link_class, const LinkShaping& s) {
+  std::lock_guard<std::mutex> lock(impl_->shaping_mu);
+  XD_CHECK(link_class >= 0 && link_class < (int)impl_->shaping.size());
+  impl_->shaping[link_class] = s;
+}
+
+LinkShaping Transport::shaping(int link_class) const {
+  std::lock_guard<std::mutex> lock(impl_->shaping_mu);
+  XD_CHECK(link_class >= 0 && link_class < (int)impl_->shaping.size());
+  return impl_->shaping[link_class];
+}
+
+TransportStats Transport::stats() const {
+  TransportStats st;
+  for (const auto& l : impl_->links) {
+    if (!l) continue;
+    LinkStats s;
+    s.peer = l->peer;
+    s.link_class = l->link_class;
+    s.bytes_sent = l->bytes_sent;
+    s.messages_sent = l->messages_sent;
+    s.bytes_received = l->bytes_received;
+    s.messages_received = l->messages_received;
+    std::lock_guard<std::mutex> lock(l->mu);
+    s.queued_bytes = l->queued_bytes;
+    s.busy_seconds = l->busy_total + (l->queued_bytes ? steady_seconds() - l->busy_since : 0.0);
+    st.links.push_back(s);
+  }
+  for (int k = 0; k < kMaxMessageKind; ++k) {
+    st.bytes_sent_by_kind[k] = impl_->sent_bytes_kind[k];
+    st.bytes_received_by_kind[k] = impl_->recv_bytes_kind[k];
+    st.messages_sent_by_kind[k] = impl_->sent_msgs_kind[k];
+    st.messages_received_by_kind[k] = impl_->recv_msgs_kind[k];
+  }
+  for (int r = 0; r < kNumRejectReasons; ++r) st.rejected[r] = impl_->rejected[r];
+  return st;
+}
+
+}  // namespace xd

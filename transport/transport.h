@@ -1,0 +1,96 @@
+// Transport: one worker's data plane. It binds one ROUTER socket that every
+// peer's DEALER connects to, and owns a single I/O thread that alone touches
+// the ZeroMQ sockets. Callers on any thread:
+//   * send() a message to a peer: frames are handed to ZeroMQ without copying
+//     and kept alive until sent. Each peer link has a bounded send queue; send()
+//     blocks while the link's queued bytes exceed the bound (backpressure).
+//   * recv() posts a receive that matches (kind, step, layer, phase, chunk, src)
+//     of the job; it completes whether the message arrives before or after.
+// Links are shaped per link class (bandwidth, latency), changeable at run time.
+// Malformed, foreign or misaddressed messages are dropped, counted per reason
+// and logged; nothing a peer sends can crash the process. No exception leaves
+// this class. Thread-safe.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/link_shaping.h"
+#include "transport/message.h"
+#include "transport/wire_format.h"
+
+namespace xd {
+
+struct PeerInfo {
+  int rank = 0;
+  std::string endpoint;  // e.g. tcp://127.0.0.1:5555
+  int link_class = 0;    // index into TransportOptions::link_classes
+};
+
+struct TransportOptions {
+  int rank = 0;
+  uint32_t job = 0;
+  std::string bind_endpoint = "tcp://127.0.0.1:*";  // '*' picks a free port
+  std::vector<LinkShaping> link_classes = {LinkShaping{}};
+  std::vector<std::string> link_class_names = {"default"};
+  size_t send_queue_bytes = size_t(64) << 20;   // per peer link, backpressure bound
+  size_t recv_queue_bytes = size_t(512) << 20;  // unmatched messages held, total
+  int64_t max_message_bytes = int64_t(2) << 30;  // ZMQ_MAXMSGSIZE and payload cap
+  int io_threads = 1;
+};
+
+struct LinkStats {
+  int peer = 0;
+  int link_class = 0;
+  uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
+  double busy_seconds = 0;  // time with at least one message of this link in flight
+  size_t queued_bytes = 0;
+};
+
+struct TransportStats {
+  std::vector<LinkStats> links;
+  std::array<uint64_t, kMaxMessageKind> bytes_sent_by_kind{}, bytes_received_by_kind{};
+  std::array<uint64_t, kMaxMessageKind> messages_sent_by_kind{}, messages_received_by_kind{};
+  std::array<uint64_t, kNumRejectReasons> rejected{};
+  uint64_t total_rejected() const;
+};
+
+class Transport {
+ public:
+  static Expected<std::unique_ptr<Transport>> create(const TransportOptions& options);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const;
+  uint32_t job() const;
+  // The bound endpoint with the real port, for peers to connect to.
+  const std::string& endpoint() const;
+
+  // Opens links to `peers` (own rank is skipped). May be called once.
+  Status connect(const std::vector<PeerInfo>& peers);
+  bool has_peer(int rank) const;
+
+  // Queues a message for `dst` (may be this rank). Blocks under backpressure.
+  // The Completion is done when every frame has left (ZeroMQ released it).
+  std::shared_ptr<Completion> send(int dst, const Tag& tag, std::vector<OutFrame> frames,
+                                   std::string meta = {});
+  std::shared_ptr<RecvSlot> recv(int src, const Tag& tag);
+
+  void set_shaping(int link_class, const LinkShaping& shaping);
+  LinkShaping shaping(int link_class) const;
+  TransportStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit Transport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace xd
