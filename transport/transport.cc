@@ -153,8 +153,11 @@ void Transport::Impl::run() {
       }
       next_release = std::min(next_release, next_event(*l));
     }
-    // Sub-millisecond waits round up: zmq_poll counts whole milliseconds.
-    const long timeout_ms = std::max<long>(0, (long)std::ceil((next_release - now) * 1000.0));
+    // zmq_poll counts whole milliseconds; a shaped release due within the next
+    // millisecond is waited for precisely instead, so latency stays accurate.
+    const double wait = next_release - now;
+    long timeout_ms = std::max<long>(0, (long)std::floor(wait * 1000.0));
+    if (timeout_ms == 0 && wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {

@@ -1,0 +1,307 @@
+// collective_bench: one rank of a multi-process benchmark of the project's
+// collectives (transport/communicator.h) over loopback TCP. Start one process
+// per rank (bench/collective_bench.sh does it); they find each other through a
+// file rendezvous directory (tests/tools/rendezvous.h).
+//
+// Sizes are "MB per rank", S = MB * 2^20 bytes, with the SAME meaning as in
+// bench/collective_mpi.py and bench/collective_gloo.py (see bench/README.md):
+//   all_to_allv  every rank's send buffer holds S bytes, split into `world`
+//                equal blocks of S/world bytes (the block for itself included,
+//                as in MPI_Alltoall); it receives S bytes.
+//   all_gather   every rank contributes S bytes; every rank ends with world*S.
+//   all_reduce   every rank holds S bytes of float32 (S/4 floats), summed in place.
+// One timed iteration = barrier, then the collective on every rank; a rank's
+// sample is its own time from after the barrier until wait() returns, the
+// iteration's time is the MAX of the ranks' samples, and the reported time is
+// the MEDIAN over the timed iterations. algbw = S / time, in MB/s (MB = 2^20 B).
+//
+// usage: collective_bench --rank R --world N --rendezvous DIR
+//                         [--sizes 1,4,16,64] [--iters K] [--warmup W]
+//                         [--ops all_to_allv,all_gather,all_reduce]
+//                         [--csv FILE] [--impl NAME] [--phases]
+// Rank 0 prints a table and appends CSV lines to FILE (no header):
+//   impl,op,world,mb_per_rank,seconds,algbw_MBps,min_seconds,iters
+// --phases additionally prints, for all_to_allv, where the time of rank 0 goes
+// (send hand-off, waits for blocks, memcpy out), measured by a copy of the
+// algorithm built from the public Transport API (not the timed path).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/tools/rendezvous.h"
+#include "transport/communicator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int rank = -1, world = 0;
+  std::string dir;
+  std::vector<int> sizes_mb = {1, 4, 16, 64};
+  int iters = 5, warmup = 1;
+  std::vector<std::string> ops = {"all_to_allv", "all_gather", "all_reduce"};
+  std::string csv, impl = "xdmoe";
+  bool phases = false;
+};
+
+[[noreturn]] void usage(const std::string& msg) {
+  std::fprintf(stderr,
+               "collective_bench: %s\n"
+               "usage: collective_bench --rank R --world N --rendezvous DIR [--sizes 1,4,16,64]\n"
+               "       [--iters K] [--warmup W] [--ops all_to_allv,all_gather,all_reduce]\n"
+               "       [--csv FILE] [--impl NAME] [--phases]\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t c = s.find(',', pos);
+    out.push_back(s.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+int to_int(const std::string& flag, const std::string& v, int lo, int hi) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > hi) usage(flag + ": bad value '" + v + "'");
+  return static_cast<int>(x);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--phases") { o.phases = true; continue; }
+    if (i + 1 >= argc) usage("missing value for " + k);
+    const std::string v = argv[++i];
+    if (k == "--rank") o.rank = to_int(k, v, 0, 65534);
+    else if (k == "--world") o.world = to_int(k, v, 1, 65535);
+    else if (k == "--rendezvous") o.dir = v;
+    else if (k == "--iters") o.iters = to_int(k, v, 1, 100000);
+    else if (k == "--warmup") o.warmup = to_int(k, v, 0, 100000);
+    else if (k == "--csv") o.csv = v;
+    else if (k == "--impl") o.impl = v;
+    else if (k == "--sizes") {
+      o.sizes_mb.clear();
+      for (const auto& s : split(v)) o.sizes_mb.push_back(to_int(k, s, 1, 4096));
+    } else if (k == "--ops") {
+      o.ops = split(v);
+      for (const auto& op : o.ops)
+        if (op != "all_to_allv" && op != "all_gather" && op != "all_reduce") usage("unknown op " + op);
+    } else usage("unknown option " + k);
+  }
+  if (o.rank < 0 || o.world <= 0 || o.rank >= o.world || o.dir.empty()) usage("need --rank, --world, --rendezvous");
+  return o;
+}
+
+void die_if(const xd::Status& st, const char* what) {
+  if (st.is_ok()) return;
+  std::fprintf(stderr, "collective_bench: %s: %s\n", what, st.to_string().c_str());
+  std::exit(1);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Bench {
+  Options o;
+  xd::Transport* transport;
+  xd::Communicator* comm;
+  uint32_t step = 1;  // every collective gets its own tag
+
+  xd::CollectiveTag next_tag() { return xd::CollectiveTag{step++, 0, 0}; }
+  void barrier() { die_if(comm->barrier(next_tag()).wait(), "barrier"); }
+
+  // Per-iteration samples of all ranks -> max per iteration, on every rank.
+  std::vector<double> max_over_ranks(const std::vector<double>& mine) {
+    const int n = comm->size();
+    std::vector<double> all(mine.size() * n);
+    die_if(comm->all_gather(next_tag(), mine.data(), mine.size() * sizeof(double), all.data()).wait(),
+           "gathering samples");
+    std::vector<double> out(mine.size(), 0.0);
+    for (int r = 0; r < n; ++r)
+      for (size_t k = 0; k < mine.size(); ++k) out[k] = std::max(out[k], all[r * mine.size() + k]);
+    return out;
+  }
+};
+
+// a2a send block j of rank r is filled with byte (r*31 + j*7 + 1) & 0xFF.
+uint8_t a2a_byte(int from, int to) { return static_cast<uint8_t>(from * 31 + to * 7 + 1); }
+
+// The all_to_allv algorithm of transport/communicator.cc rebuilt from the
+// public Transport API with timestamps between its phases, to show where the
+// time goes. Blocking, one thread.
+struct A2aPhases {
+  double post = 0, send_handoff = 0, first_block = 0, all_blocks = 0, memcpy_s = 0, sends_done = 0;
+};
+
+A2aPhases a2a_with_phases(xd::Transport* t, int me, int n, uint32_t step, const uint8_t* send,
+                          size_t block, uint8_t* recv) {
+  A2aPhases p;
+  auto now = [t0 = Clock::now()] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  const xd::Tag tag{xd::MessageKind::kAllToAll, step, 7, 7, 0};
+  std::vector<std::shared_ptr<xd::RecvSlot>> slots(n);
+  for (int i = 0; i < n; ++i) slots[i] = t->recv(i, tag);
+  p.post = now();
+  std::vector<std::shared_ptr<xd::Completion>> sends;
+  for (int k = 0; k < n; ++k) {
+    const int i = (me + k) % n;
+    xd::OutFrame f;
+    f.data = send + i * block;
+    f.size = block;
+    sends.push_back(t->send(i, tag, {f}));
+  }
+  p.send_handoff = now();
+  double copy = 0;
+  for (int k = 0; k < n; ++k) {
+    const int i = (me - k + n) % n;
+    auto m = slots[i]->wait(std::chrono::seconds(120));
+    die_if(m.status(), "phases recv");
+    if (k == 1) p.first_block = now();  // k == 0 is our own block
+    const double c0 = now();
+    std::memcpy(recv + i * block, m->tensor_data(0), m->tensor_size(0));
+    copy += now() - c0;
+  }
+  p.all_blocks = now();
+  p.memcpy_s = copy;
+  for (auto& c : sends) die_if(c->wait(std::chrono::seconds(120)), "phases send");
+  p.sends_done = now();
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  xd::TransportOptions topts;
+  topts.rank = o.rank;
+  topts.job = 4242;
+  // The largest all_gather holds world * S bytes of unmatched messages at worst.
+  const size_t max_s = size_t(*std::max_element(o.sizes_mb.begin(), o.sizes_mb.end())) << 20;
+  topts.recv_queue_bytes = std::max(topts.recv_queue_bytes, max_s * o.world * 2);
+  auto transport = xd::Transport::create(topts);
+  die_if(transport ? xd::Status::ok() : transport.status(), "creating transport");
+  auto eps = xd::testing::rendezvous(o.dir, o.rank, o.world, (*transport)->endpoint(), std::chrono::seconds(120));
+  die_if(eps ? xd::Status::ok() : eps.status(), "rendezvous");
+  std::vector<xd::PeerInfo> peers;
+  for (int r = 0; r < o.world; ++r) peers.push_back({r, (*eps)[r], 0});
+  die_if((*transport)->connect(peers), "connect");
+  std::vector<int> all(o.world);
+  for (int r = 0; r < o.world; ++r) all[r] = r;
+  xd::Communicator comm(transport->get(), all, std::chrono::seconds(300));
+  Bench b{o, transport->get(), &comm};
+  b.barrier();
+
+  const int n = o.world, me = o.rank;
+  struct Row { std::string op; int mb; double med, min; };
+  std::vector<Row> rows;
+  for (int mb : o.sizes_mb) {
+    const size_t S = size_t(mb) << 20;
+    for (const std::string& op : o.ops) {
+      std::vector<uint8_t> send, recv;
+      std::vector<float> data;
+      std::vector<size_t> blocks(n, S / n);
+      if (op == "all_to_allv") {
+        if (S % n) usage("S must divide by world");
+        send.resize(S);
+        recv.assign(S, 0);
+        for (int j = 0; j < n; ++j) std::memset(send.data() + j * (S / n), a2a_byte(me, j), S / n);
+      } else if (op == "all_gather") {
+        send.assign(S, static_cast<uint8_t>(me + 1));
+        recv.assign(S * n, 0);
+      } else {
+        data.assign(S / sizeof(float), 0.0f);
+      }
+      auto run_once = [&]() {
+        xd::Status st;
+        if (op == "all_to_allv") st = comm.all_to_allv(b.next_tag(), send.data(), blocks, recv.data(), blocks).wait();
+        else if (op == "all_gather") st = comm.all_gather(b.next_tag(), send.data(), S, recv.data()).wait();
+        else st = comm.all_reduce(b.next_tag(), data.data(), data.size()).wait();
+        die_if(st, op.c_str());
+      };
+      for (int w = 0; w < o.warmup; ++w) {
+        b.barrier();
+        run_once();
+      }
+      // Sanity check of the results (once, not timed).
+      if (o.warmup > 0) {
+        bool ok = true;
+        if (op == "all_to_allv") {
+          for (int i = 0; i < n; ++i)
+            ok &= recv[i * (S / n)] == a2a_byte(i, me) && recv[(i + 1) * (S / n) - 1] == a2a_byte(i, me);
+        } else if (op == "all_gather") {
+          for (int i = 0; i < n; ++i) ok &= recv[i * S] == i + 1 && recv[(i + 1) * S - 1] == i + 1;
+        }
+        if (!ok) { std::fprintf(stderr, "collective_bench: %s gave wrong data\n", op.c_str()); return 1; }
+      }
+      std::vector<double> samples;
+      for (int it = 0; it < o.iters; ++it) {
+        b.barrier();
+        const auto t0 = Clock::now();
+        run_once();
+        samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      const std::vector<double> iter_max = b.max_over_ranks(samples);
+      rows.push_back({op, mb, median(iter_max), *std::min_element(iter_max.begin(), iter_max.end())});
+      if (me == 0) {
+        std::fprintf(stderr, "  [%s n=%d] %-11s %3d MB: median %.4f s (samples:", o.impl.c_str(), n, op.c_str(), mb,
+                     rows.back().med);
+        for (double s : iter_max) std::fprintf(stderr, " %.4f", s);
+        std::fprintf(stderr, ")\n");
+      }
+    }
+    if (o.phases && S % n == 0) {
+      // Where the all_to_allv time goes on each rank (rank 0 prints the max).
+      std::vector<uint8_t> send(S), recv(S);
+      std::vector<A2aPhases> ps;
+      for (int it = 0; it < std::max(3, o.iters); ++it) {
+        b.barrier();
+        ps.push_back(a2a_with_phases(b.transport, me, n, 1000000 + b.step++, send.data(), S / n, recv.data()));
+      }
+      std::sort(ps.begin(), ps.end(), [](const A2aPhases& a, const A2aPhases& c) { return a.sends_done < c.sends_done; });
+      const A2aPhases& p = ps[ps.size() / 2];
+      std::vector<double> mine = {p.send_handoff, p.first_block, p.all_blocks, p.memcpy_s, p.sends_done};
+      std::vector<double> allp(mine.size() * n);
+      die_if(comm.all_gather(b.next_tag(), mine.data(), mine.size() * sizeof(double), allp.data()).wait(), "phases");
+      if (me == 0) {
+        std::printf("a2a phases, %d MB/rank, world %d (per rank, median iteration; seconds since start):\n", mb, n);
+        std::printf("  rank  send_handoff  first_peer_block  all_blocks  memcpy_total  sends_done\n");
+        for (int r = 0; r < n; ++r)
+          std::printf("  %4d  %12.4f  %16.4f  %10.4f  %12.4f  %10.4f\n", r, allp[r * 5], allp[r * 5 + 1],
+                      allp[r * 5 + 2], allp[r * 5 + 3], allp[r * 5 + 4]);
+      }
+    }
+  }
+  b.barrier();
+
+  if (me == 0) {
+    std::printf("collective_bench (%s): world %d, %d timed iterations (+%d warm-up), loopback TCP\n",
+                o.impl.c_str(), n, o.iters, o.warmup);
+    std::printf("%-12s %6s %12s %12s %14s\n", "op", "MB/rank", "median s", "min s", "algbw MB/s");
+    for (const Row& r : rows)
+      std::printf("%-12s %6d %12.5f %12.5f %14.1f\n", r.op.c_str(), r.mb, r.med, r.min, r.mb / r.med);
+    if (!o.csv.empty()) {
+      std::ofstream out(o.csv, std::ios::app);
+      for (const Row& r : rows)
+        out << o.impl << ',' << r.op << ',' << n << ',' << r.mb << ',' << r.med << ',' << r.mb / r.med << ','
+            << r.min << ',' << o.iters << '\n';
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,383 @@
+// In-process tests of the wire format and of Transport links: two Transports
+// talk over real loopback TCP sockets; raw ZeroMQ sockets play hostile peers.
+#include <gtest/gtest.h>
+
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "transport/transport.h"
+
+namespace xd {
+namespace {
+
+using namespace std::chrono_literals;
+
+size_t rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+struct Pair {
+  std::unique_ptr<Transport> a, b;  // ranks 0 and 1
+};
+
+Pair make_pair(TransportOptions base = {}) {
+  TransportOptions oa = base, ob = base;
+  oa.rank = 0;
+  ob.rank = 1;
+  auto a = Transport::create(oa);
+  auto b = Transport::create(ob);
+  XD_CHECK(a && b);
+  std::vector<PeerInfo> peers = {{0, (*a)->endpoint(), 0}, {1, (*b)->endpoint(), 0}};
+  XD_CHECK((*a)->connect(peers).is_ok());
+  XD_CHECK((*b)->connect(peers).is_ok());
+  return {std::move(*a), std::move(*b)};
+}
+
+TEST(WireFormat, HeaderRoundTripsEveryField) {
+  FrameHeader h;
+  h.kind = MessageKind::kAllReduce;
+  h.flags = kFlagCompressed;
+  h.job = 0xDEADBEEF;
+  h.step = 123456;
+  h.layer = 7;
+  h.phase = 3;
+  h.chunk = 0x01000002;
+  h.src = 5;
+  h.dst = 9;
+  h.meta_len = 17;
+  h.payload_len = (uint64_t(1) << 40) + 5;
+  uint8_t buf[kHeaderSize];
+  encode_header(h, buf);
+  EXPECT_EQ(buf[0], 'X');
+  EXPECT_EQ(buf[3], 'O');
+  auto d = decode_header(buf, kHeaderSize);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->kind, h.kind);
+  EXPECT_EQ(d->job, h.job);
+  EXPECT_EQ(d->step, h.step);
+  EXPECT_EQ(d->chunk, h.chunk);
+  EXPECT_EQ(d->payload_len, h.payload_len);
+  EXPECT_EQ(d->src, 5);
+  EXPECT_EQ(d->dst, 9);
+}
+
+TEST(WireFormat, ParseHeaderNamesTheBrokenRule) {
+  FrameHeader h;
+  uint8_t buf[kHeaderSize];
+  encode_header(h, buf);
+  FrameHeader out;
+  RejectReason why;
+  EXPECT_FALSE(parse_header(buf, kHeaderSize - 1, &out, &why));
+  EXPECT_EQ(why, RejectReason::kBadHeaderSize);
+  uint8_t bad[kHeaderSize];
+  std::memcpy(bad, buf, kHeaderSize);
+  bad[0] ^= 1;
+  EXPECT_FALSE(parse_header(bad, kHeaderSize, &out, &why));
+  EXPECT_EQ(why, RejectReason::kBadMagic);
+  std::memcpy(bad, buf, kHeaderSize);
+  bad[4] = 2;
+  EXPECT_FALSE(parse_header(bad, kHeaderSize, &out, &why));
+  EXPECT_EQ(why, RejectReason::kBadVersion);
+  std::memcpy(bad, buf, kHeaderSize);
+  bad[5] = 200;
+  EXPECT_FALSE(parse_header(bad, kHeaderSize, &out, &why));
+  EXPECT_EQ(why, RejectReason::kUnknownKind);
+  std::memcpy(bad, buf, kHeaderSize);
+  bad[7] = 0x80;
+  EXPECT_FALSE(parse_header(bad, kHeaderSize, &out, &why));
+  EXPECT_EQ(why, RejectReason::kUnknownFlags);
+  EXPECT_TRUE(parse_header(buf, kHeaderSize, &out, &why));
+}
+
+TEST(Transport, ReceivesMatchByTagWhetherPostedBeforeOrAfterArrival) {
+  Pair p = make_pair();
+  const float before[3] = {1, 2, 3}, after[2] = {4, 5};
+  auto early = p.b->recv(0, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0});
+  p.a->send(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0}, {OutFrame::copy_of(before, sizeof before)});
+  p.a->send(1, Tag{MessageKind::kPointToPoint, 2, 0, 0, 0}, {OutFrame::copy_of(after, sizeof after)});
+  std::this_thread::sleep_for(50ms);
+  auto late = p.b->recv(0, Tag{MessageKind::kPointToPoint, 2, 0, 0, 0});
+  auto m1 = early->wait(5s), m2 = late->wait(5s);
+  ASSERT_TRUE(m1 && m2);
+  ASSERT_EQ(m1->tensor_size(0), sizeof before);
+  EXPECT_EQ(std::memcmp(m1->tensor_data(0), before, sizeof before), 0);
+  EXPECT_EQ(std::memcmp(m2->tensor_data(0), after, sizeof after), 0);
+}
+
+TEST(Transport, ZeroSizeMessagesAndMessagesWithoutFramesArrive) {
+  Pair p = make_pair();
+  auto r1 = p.b->recv(0, Tag{MessageKind::kAllToAll, 1, 0, 0, 0});
+  auto r2 = p.b->recv(0, Tag{MessageKind::kAllToAll, 1, 0, 0, 1});
+  p.a->send(1, Tag{MessageKind::kAllToAll, 1, 0, 0, 0}, {OutFrame{nullptr, 0, nullptr}});
+  auto done = p.a->send(1, Tag{MessageKind::kAllToAll, 1, 0, 0, 1}, {});
+  auto m1 = r1->wait(5s), m2 = r2->wait(5s);
+  ASSERT_TRUE(m1 && m2);
+  EXPECT_EQ(m1->num_tensors(), 1u);
+  EXPECT_EQ(m1->tensor_size(0), 0u);
+  EXPECT_EQ(m2->num_tensors(), 0u);
+  EXPECT_TRUE(done->wait(5s).is_ok());
+}
+
+TEST(Transport, AReceiveFromASilentPeerTimesOutInsteadOfHanging) {
+  Pair p = make_pair();
+  auto slot = p.b->recv(0, Tag{MessageKind::kBarrier, 9, 0, 0, 0});
+  auto m = slot->wait(200ms);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.status().code(), Status::Code::kTimeout);
+}
+
+// Raw DEALER sockets, one per routing id: a ROUTER ignores a second live
+// connection that claims an id already in use.
+struct RawPeers {
+  zmq::context_t ctx;
+  std::string endpoint;
+  std::map<std::string, std::unique_ptr<zmq::socket_t>> sockets;
+  void send(const std::string& id, const std::vector<std::string>& frames) {
+    auto& s = sockets[id];
+    if (!s) {
+      s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+      if (!id.empty()) s->set(zmq::sockopt::routing_id, id);
+      s->set(zmq::sockopt::linger, 1000);
+      s->connect(endpoint);
+    }
+    for (size_t i = 0; i < frames.size(); ++i)
+      s->send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+};
+
+std::string header_bytes(FrameHeader h) {
+  uint8_t buf[kHeaderSize];
+  encode_header(h, buf);
+  return std::string(reinterpret_cast<char*>(buf), kHeaderSize);
+}
+
+TEST(Transport, MalformedTruncatedAndForeignMessagesAreRejectedCountedAndSurvived) {
+  // Rank 2 is a peer that b knows of but that is played here by raw sockets
+  // sending broken messages ("w2" is its routing id).
+  TransportOptions o3;
+  o3.rank = 3;
+  auto listener = Transport::create(o3);
+  ASSERT_TRUE(listener);
+  std::vector<PeerInfo> peers = {{0, (*listener)->endpoint(), 0}, {2, (*listener)->endpoint(), 0}};
+  TransportOptions ob;
+  ob.rank = 1;
+  auto victim = Transport::create(ob);
+  ASSERT_TRUE(victim);
+  ASSERT_TRUE((*victim)->connect(peers).is_ok());
+  const std::string ep = (*victim)->endpoint();
+  RawPeers raw;
+  raw.endpoint = ep;
+  FrameHeader good;
+  good.src = 2;
+  good.dst = 1;
+  good.kind = MessageKind::kPointToPoint;
+  auto with = [&](auto f) { FrameHeader h = good; f(h); return header_bytes(h); };
+
+  raw.send("w2", {"only-one-frame"});
+  raw.send("w2", {header_bytes(good).substr(0, 20), ""});                // truncated header
+  raw.send("w2", {with([](FrameHeader& h) { h.version = 9; }), ""});    // unknown version
+  raw.send("w2", {with([](FrameHeader& h) { h.dst = 7; }), ""});         // misaddressed
+  raw.send("w2", {with([](FrameHeader& h) { h.src = 0; }), ""});         // src lies
+  raw.send("w2", {with([](FrameHeader& h) { h.job = 99; }), ""});        // another job
+  raw.send("w2", {with([](FrameHeader& h) { h.payload_len = 100; }), "", "short"});
+  raw.send("w2", {with([](FrameHeader& h) { h.payload_len = uint64_t(1) << 40; }), ""});
+  raw.send("w2", {with([](FrameHeader& h) { h.meta_len = 3; }), "\xc1\xc1\xc1"});  // bad msgpack
+  raw.send("w2", {with([](FrameHeader& h) { h.meta_len = 5; }), "ab"});  // meta length lies
+  raw.send("w9", {header_bytes(good), ""});                              // unknown sender
+  raw.send("", {header_bytes(good), ""});                                // anonymous
+  {
+    // Raw TCP garbage: not even ZMTP.
+    const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const char junk[] = "GET / HTTP/1.0\r\n\r\nthis is not zmtp at all, not even close............";
+    ASSERT_GT(::write(fd, junk, sizeof junk), 0);
+    std::this_thread::sleep_for(200ms);
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(500ms);
+  TransportStats st = (*victim)->stats();
+  auto count = [&](RejectReason r) { return st.rejected[static_cast<int>(r)]; };
+  EXPECT_EQ(count(RejectReason::kTooFewFrames), 1u);
+  EXPECT_EQ(count(RejectReason::kBadHeaderSize), 1u);
+  EXPECT_EQ(count(RejectReason::kBadVersion), 1u);
+  EXPECT_EQ(count(RejectReason::kWrongDestination), 1u);
+  EXPECT_EQ(count(RejectReason::kSenderMismatch), 1u);
+  EXPECT_EQ(count(RejectReason::kWrongJob), 1u);
+  EXPECT_EQ(count(RejectReason::kBadPayloadLength), 1u);
+  EXPECT_EQ(count(RejectReason::kOversized), 1u);
+  EXPECT_EQ(count(RejectReason::kBadMetadata), 1u);
+  EXPECT_EQ(count(RejectReason::kBadMetaLength), 1u);
+  EXPECT_EQ(count(RejectReason::kUnknownSender), 2u);
+  EXPECT_GE(count(RejectReason::kForeignConnection), 1u);
+  // And the victim still serves its real peers.
+  TransportOptions oa;
+  oa.rank = 0;
+  auto sender = Transport::create(oa);
+  ASSERT_TRUE(sender);
+  ASSERT_TRUE((*sender)->connect({{1, ep, 0}}).is_ok());
+  auto slot = (*victim)->recv(0, Tag{MessageKind::kPointToPoint, 77, 0, 0, 0});
+  const int v = 42;
+  (*sender)->send(1, Tag{MessageKind::kPointToPoint, 77, 0, 0, 0}, {OutFrame::copy_of(&v, sizeof v)});
+  auto m = slot->wait(5s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*static_cast<const int*>(m->tensor_data(0)), 42);
+}
+
+TEST(Transport, ValidMsgpackMetadataIsAccepted) {
+  Pair p = make_pair();
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack(std::string("n"));
+  pk.pack(12);
+  auto slot = p.b->recv(0, Tag{MessageKind::kControl, 1, 0, 0, 0});
+  p.a->send(1, Tag{MessageKind::kControl, 1, 0, 0, 0}, {}, std::string(buf.data(), buf.size()));
+  auto m = slot->wait(5s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->meta_size(), buf.size());
+}
+
+TEST(Transport, ABoundedSendQueueKeepsSenderMemoryFlatOnASlowLink) {
+  TransportOptions o;
+  o.send_queue_bytes = size_t(8) << 20;
+  o.link_classes = {LinkShaping{1e6, 0}};  // 1 MB/s
+  Pair p = make_pair(o);
+  const size_t kMessage = size_t(1) << 20, kTotal = 200;
+  std::atomic<size_t> sent{0}, received{0};
+  std::thread consumer([&] {
+    for (size_t i = 0; i < kTotal; ++i) {
+      auto m = p.b->recv(0, Tag{MessageKind::kPointToPoint, 0, 0, 0, (uint32_t)i})->wait(60s);
+      if (!m) return;
+      received++;
+    }
+  });
+  const size_t rss_before = rss_bytes();
+  std::thread producer([&] {
+    for (size_t i = 0; i < kTotal; ++i) {
+      auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[kMessage]);
+      std::memset(buf.get(), (int)i, kMessage);  // touch: the pages really exist
+      OutFrame f{buf.get(), kMessage, std::shared_ptr<const void>(buf, buf.get())};
+      p.a->send(1, Tag{MessageKind::kPointToPoint, 0, 0, 0, (uint32_t)i}, {f});
+      sent++;
+    }
+  });
+  size_t peak = 0;
+  for (int i = 0; i < 30; ++i) {  // 3 s at 1 MB/s: the producer must be held back
+    std::this_thread::sleep_for(100ms);
+    peak = std::max(peak, rss_bytes());
+  }
+  const size_t sent_while_slow = sent;
+  EXPECT_LT(sent_while_slow, 16u) << "backpressure did not hold the producer back";
+  EXPECT_LT(peak - rss_before, size_t(40) << 20) << "sender memory grew with the backlog";
+  // Lift the limit at run time; everything must still arrive, memory still flat.
+  p.a->set_shaping(0, LinkShaping{0, 0});
+  while (received < kTotal) {
+    std::this_thread::sleep_for(20ms);
+    peak = std::max(peak, rss_bytes());
+  }
+  producer.join();
+  consumer.join();
+  EXPECT_EQ(received.load(), kTotal);
+  EXPECT_LT(peak - rss_before, size_t(40) << 20);
+  std::printf("[backpressure] sent %zu MB while shaped at 1 MB/s for 3 s; peak RSS growth %.1f MB over 200 MB pushed\n",
+              sent_while_slow, (peak - rss_before) / 1048576.0);
+}
+
+TEST(Transport, AShapedLinkDeliversItsConfiguredRateAndLatency) {
+  TransportOptions o;
+  const double rate = 20e6, latency = 0.020;
+  o.link_classes = {LinkShaping{rate, latency}};
+  Pair p = make_pair(o);
+  // Throughput: 40 MB in 256 KiB messages.
+  const size_t kMessage = 256 << 10, kCount = 160;
+  std::vector<uint8_t> payload(kMessage, 7);
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread producer([&] {
+    for (size_t i = 0; i < kCount; ++i)
+      p.a->send(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, (uint32_t)i}, {OutFrame::copy_of(payload.data(), kMessage)});
+  });
+  double first_arrival = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    auto m = p.b->recv(0, Tag{MessageKind::kPointToPoint, 1, 0, 0, (uint32_t)i})->wait(30s);
+    ASSERT_TRUE(m);
+    if (i == 0) first_arrival = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  producer.join();
+  // The first message pays one latency; the rest stream at the link rate.
+  const double achieved = (kCount - 1) * double(kMessage + kHeaderSize) / (elapsed - first_arrival);
+  // Latency: ping-pong of empty messages, one-way = RTT / 2.
+  std::vector<double> one_ways;
+  double worst = 0;
+  const int kPings = 11;
+  for (int i = 0; i < kPings; ++i) {
+    auto pong = p.a->recv(1, Tag{MessageKind::kPointToPoint, 3, 0, 0, (uint32_t)i});
+    auto ping = p.b->recv(0, Tag{MessageKind::kPointToPoint, 2, 0, 0, (uint32_t)i});
+    auto start = std::chrono::steady_clock::now();
+    p.a->send(1, Tag{MessageKind::kPointToPoint, 2, 0, 0, (uint32_t)i}, {});
+    ASSERT_TRUE(ping->wait(5s));
+    p.b->send(0, Tag{MessageKind::kPointToPoint, 3, 0, 0, (uint32_t)i}, {});
+    ASSERT_TRUE(pong->wait(5s));
+    const double one_way = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 2;
+    worst = std::max(worst, std::abs(one_way - latency));
+    one_ways.push_back(one_way);
+  }
+  std::sort(one_ways.begin(), one_ways.end());
+  const double median = one_ways[kPings / 2];
+  std::printf("[shaping] configured %.1f MB/s, achieved %.2f MB/s (%.1f%%); latency configured %.1f ms, measured median %.2f ms, worst error %.2f ms\n",
+              rate / 1e6, achieved / 1e6, 100 * achieved / rate, latency * 1e3, median * 1e3, worst * 1e3);
+  EXPECT_NEAR(achieved, rate, 0.10 * rate);
+  EXPECT_NEAR(median, latency, 0.002);
+}
+
+TEST(Transport, StatsCountBytesPerLinkAndPerKind) {
+  Pair p = make_pair();
+  std::vector<uint8_t> data(1000, 1);
+  auto slot = p.b->recv(0, Tag{MessageKind::kAllGather, 1, 0, 0, 0});
+  p.a->send(1, Tag{MessageKind::kAllGather, 1, 0, 0, 0}, {OutFrame::copy_of(data.data(), 1000)})->wait(5s);
+  ASSERT_TRUE(slot->wait(5s));
+  TransportStats sa = p.a->stats(), sb = p.b->stats();
+  ASSERT_EQ(sa.links.size(), 1u);
+  EXPECT_EQ(sa.links[0].bytes_sent, 1000u);
+  EXPECT_EQ(sa.links[0].messages_sent, 1u);
+  EXPECT_EQ(sb.links[0].bytes_received, 1000u);
+  EXPECT_EQ(sa.bytes_sent_by_kind[(int)MessageKind::kAllGather], 1000u);
+  EXPECT_EQ(sb.bytes_received_by_kind[(int)MessageKind::kAllGather], 1000u);
+  EXPECT_GT(sa.links[0].busy_seconds, 0.0);
+}
+
+TEST(LinkShaping, ParsesBandwidthAndDurationUnits) {
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("100mbit"), 12.5e6);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("1gbit"), 125e6);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("10MB/s"), 10e6);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("500"), 500);
+  EXPECT_FALSE(parse_bandwidth("fast"));
+  EXPECT_FALSE(parse_bandwidth("10 parsecs"));
+  EXPECT_DOUBLE_EQ(*parse_duration("5ms"), 0.005);
+  EXPECT_DOUBLE_EQ(*parse_duration("250us"), 250e-6);
+  EXPECT_FALSE(parse_duration("-1s"));
+}
+
+}  // namespace
+}  // namespace xd
