@@ -169,7 +169,8 @@ void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
 
 }  // namespace
 
-Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source) {
+Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source,
+                                         const std::vector<std::string>& other_sections) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -181,9 +182,12 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
   Reader r(source);
   if (root && !root.IsNull() && !root.IsMap())
     return Status::invalid_argument(source + ": the top level must be a mapping");
-  r.section(root, "config", {"model", "train", "data"},
+  std::set<std::string> sections = {"model", "train", "data"};
+  sections.insert(other_sections.begin(), other_sections.end());
+  r.section(root, "config", sections,
             [&](const std::string& k, const YAML::Node& v, const std::string&) {
     if (k == "model") read_model(r, v, &c.model);
+    else if (k != "data" && k != "train") return;  // another reader's section
     else if (k == "data") {
       r.section(v, "data", {"source", "builtin_bytes", "builtin_seed", "validation_fraction"},
                 [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "model/adamw.h"
@@ -44,7 +45,10 @@ struct TrainConfig {
 TrainConfig default_train_config();
 
 Expected<TrainConfig> load_train_config(const std::string& path);
+// `other_sections` names top-level keys that belong to other readers (for
+// example "cluster") and are skipped here instead of rejected.
 Expected<TrainConfig> parse_train_config(const std::string& yaml_text,
-                                         const std::string& source_name = "<string>");
+                                         const std::string& source_name = "<string>",
+                                         const std::vector<std::string>& other_sections = {});
 
 }  // namespace xd
