@@ -381,3 +381,60 @@ TEST(LinkShaping, ParsesBandwidthAndDurationUnits) {
 
 }  // namespace
 }  // namespace xd
+
+namespace xd {
+namespace {
+
+TEST(Transport, PeersOfOneLinkClassShareTheWorkersEgressBandwidth) {
+  TransportOptions o;
+  o.link_classes = {LinkShaping{20e6, 0}};
+  std::vector<std::unique_ptr<Transport>> t;
+  for (int r = 0; r < 3; ++r) {
+    TransportOptions x = o;
+    x.rank = r;
+    auto created = Transport::create(x);
+    ASSERT_TRUE(created);
+    t.push_back(std::move(*created));
+  }
+  std::vector<PeerInfo> peers;
+  for (int r = 0; r < 3; ++r) peers.push_back({r, t[r]->endpoint(), 0});
+  for (auto& x : t) ASSERT_TRUE(x->connect(peers).is_ok());
+  const size_t kMessage = 1 << 20;
+  std::vector<uint8_t> data(kMessage, 3);
+  std::vector<std::shared_ptr<RecvSlot>> slots;
+  for (int i = 0; i < 10; ++i)
+    for (int dst : {1, 2}) slots.push_back(t[dst]->recv(0, Tag{MessageKind::kPointToPoint, 0, 0, 0, (uint32_t)i}));
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i)
+    for (int dst : {1, 2}) t[0]->send(dst, Tag{MessageKind::kPointToPoint, 0, 0, 0, (uint32_t)i}, {OutFrame::copy_of(data.data(), kMessage)});
+  for (auto& s : slots) ASSERT_TRUE(s->wait(10s));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double expected = 20.0 * kMessage / 20e6;  // both peers together at 20 MB/s
+  std::printf("[egress] 20 MB to two peers over one 20 MB/s class took %.3f s (expected %.3f s)\n", seconds, expected);
+  EXPECT_NEAR(seconds, expected, 0.1 * expected);
+}
+
+TEST(Transport, AShapingChangeAtRunTimeAppliesToTheNextMessages) {
+  TransportOptions o;
+  o.link_classes = {LinkShaping{5e6, 0}};
+  Pair p = make_pair(o);
+  const size_t kMessage = 1 << 20;
+  std::vector<uint8_t> data(kMessage, 1);
+  auto timed_batch = [&](uint32_t step) {
+    std::vector<std::shared_ptr<RecvSlot>> slots;
+    for (uint32_t i = 0; i < 5; ++i) slots.push_back(p.b->recv(0, Tag{MessageKind::kPointToPoint, step, 0, 0, i}));
+    auto start = std::chrono::steady_clock::now();
+    for (uint32_t i = 0; i < 5; ++i) p.a->send(1, Tag{MessageKind::kPointToPoint, step, 0, 0, i}, {OutFrame::copy_of(data.data(), kMessage)});
+    for (auto& s : slots) EXPECT_TRUE(s->wait(10s));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double slow = timed_batch(1);
+  p.a->set_shaping(0, LinkShaping{50e6, 0});
+  const double fast = timed_batch(2);
+  std::printf("[throttle] 5 MB at 5 MB/s: %.3f s; after raising to 50 MB/s: %.3f s\n", slow, fast);
+  EXPECT_NEAR(slow, 5.0 * kMessage / 5e6, 0.15);
+  EXPECT_LT(fast, slow / 4);
+}
+
+}  // namespace
+}  // namespace xd

@@ -146,13 +146,12 @@ void Transport::Impl::run() {
     const bool accept_more = unexpected_bytes <= options.recv_queue_bytes;
     if (accept_more) items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     for (auto& l : links) {
-      if (!l) continue;
-      if (l->blocked) {
+      if (l && l->blocked) {
         items.push_back({l->dealer->handle(), 0, ZMQ_POLLOUT, 0});
         polled_links.push_back(l.get());
       }
-      next_release = std::min(next_release, next_event(*l));
     }
+    next_release = std::min(next_release, next_event());
     // zmq_poll counts whole milliseconds; a shaped release due within the next
     // millisecond is waited for precisely instead, so latency stays accurate.
     const double wait = next_release - now;
@@ -172,8 +171,9 @@ void Transport::Impl::run() {
     if (accept_more && (items[2].revents & ZMQ_POLLIN)) receive_all();
     for (Link* l : polled_links) l->blocked = false;
     now = steady_seconds();
+    for (int c = 0; c < (int)class_busy_until_.size(); ++c) transmit(c, now);
     for (auto& l : links)
-      if (l && (!l->queue.empty() || !l->in_flight.empty())) advance_link(*l, now);
+      if (l && !l->in_flight.empty()) deliver_due(*l, now);
   }
   // Fail receives still waiting: nothing will fulfil them now.
   std::lock_guard<std::mutex> lock(match_mu);
@@ -222,6 +222,7 @@ Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
     }
     links[p.rank] = std::move(link);
   }
+  class_busy_until_.assign(options.link_classes.size(), 0.0);
   connected = true;
   for (auto& frames : early_) process(std::move(frames));
   early_.clear();
@@ -234,32 +235,51 @@ void Transport::Impl::enqueue(SendCommand& c) {
   links[c.dst]->queue.push_back(std::move(c.send));
 }
 
-double Transport::Impl::next_event(const Link& link) const {
+double Transport::Impl::next_event() const {
   double t = 1e300;
-  if (!link.queue.empty()) t = std::max(link.busy_until, link.queue.front().enqueued_at);
-  if (!link.in_flight.empty() && !link.blocked) t = std::min(t, link.in_flight.front().release_at);
+  std::vector<double> earliest(class_busy_until_.size(), 1e300);
+  for (const auto& l : links) {
+    if (!l) continue;
+    if (!l->queue.empty())
+      earliest[l->link_class] = std::min(earliest[l->link_class], l->queue.front().enqueued_at);
+    if (!l->in_flight.empty() && !l->blocked) t = std::min(t, l->in_flight.front().release_at);
+  }
+  for (size_t c = 0; c < earliest.size(); ++c)
+    if (earliest[c] < 1e300) t = std::min(t, std::max(class_busy_until_[c], earliest[c]));
   return t;
 }
 
-void Transport::Impl::advance_link(Link& link, double now) {
+void Transport::Impl::transmit(int link_class, double now) {
   LinkShaping sh;
   {
     std::lock_guard<std::mutex> lock(shaping_mu);
-    sh = shaping[link.link_class];
+    sh = shaping[link_class];
   }
-  // Transmit stage: a zero-burst token bucket. Each message starts when the
-  // link is free (or when it was queued), so poll jitter does not lower the rate.
-  while (!link.queue.empty() && link.busy_until <= now) {
-    PendingSend s = std::move(link.queue.front());
-    link.queue.pop_front();
+  double& busy_until = class_busy_until_[link_class];
+  // A zero-burst token bucket per link class: the worker's egress on this
+  // class sends one message after another, oldest first across its peers.
+  // Each starts when the egress is free (or when it was queued), so poll
+  // jitter does not lower the rate.
+  while (busy_until <= now) {
+    Link* next = nullptr;
+    for (auto& l : links)
+      if (l && l->link_class == link_class && !l->queue.empty() &&
+          (!next || l->queue.front().enqueued_at < next->queue.front().enqueued_at))
+        next = l.get();
+    if (!next) return;
+    PendingSend s = std::move(next->queue.front());
+    next->queue.pop_front();
     const double bytes = double(s.header.payload_len + kHeaderSize + s.meta.size());
-    const double start = std::max(link.busy_until, s.enqueued_at);
-    link.busy_until = start + (sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0);
-    // Latency delays delivery but not the next transmission; FIFO is kept.
-    link.last_release = std::max(link.busy_until + sh.latency_s, link.last_release);
-    s.release_at = link.last_release;
-    link.in_flight.push_back(std::move(s));
+    const double start = std::max(busy_until, s.enqueued_at);
+    busy_until = start + (sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0);
+    // Latency delays delivery but not the next transmission; FIFO per link.
+    next->last_release = std::max(busy_until + sh.latency_s, next->last_release);
+    s.release_at = next->last_release;
+    next->in_flight.push_back(std::move(s));
   }
+}
+
+void Transport::Impl::deliver_due(Link& link, double now) {
   // Delivery stage: hand released messages to ZeroMQ.
   while (!link.in_flight.empty() && !link.blocked && link.in_flight.front().release_at <= now) {
     PendingSend& s = link.in_flight.front();

@@ -38,12 +38,13 @@ struct Link {
   int peer = 0;
   int link_class = 0;
   std::unique_ptr<zmq::socket_t> dealer;  // I/O thread only
-  // Shaping is a two-stage pipeline: `queue` waits for the link to transmit
-  // (bandwidth), `in_flight` has been transmitted and waits out the latency.
+  // Shaping is a two-stage pipeline: `queue` waits for this worker's egress of
+  // the link class to transmit it (bandwidth, shared by every peer of the
+  // class), `in_flight` has been transmitted and waits out the latency.
   // A shaping change applies from the next message to transmit.
   std::deque<PendingSend> queue;           // I/O thread only
   std::deque<PendingSend> in_flight;       // I/O thread only
-  double busy_until = 0, last_release = 0; // I/O thread only
+  double last_release = 0;                 // I/O thread only
   bool blocked = false;                    // ZeroMQ said EAGAIN, I/O thread only
 
   std::atomic<uint64_t> bytes_sent{0}, messages_sent{0}, bytes_received{0}, messages_received{0};
@@ -97,8 +98,10 @@ class Transport::Impl {
   void run();
   void handle(Command& c);
   void enqueue(SendCommand& c);
-  void advance_link(Link& link, double now);  // runs the shaping pipeline
-  double next_event(const Link& link) const;   // when advance_link has work
+  void transmit(int link_class, double now);  // bandwidth stage of one class
+  void deliver_due(Link& link, double now);   // latency stage of one link
+  double next_event() const;                  // when either stage has work
+  std::vector<double> class_busy_until_;      // per link class, I/O thread only
   void receive_all();
   void process(std::vector<zmq::message_t> frames);  // validate, count, deliver
   void receive_monitor_events();
