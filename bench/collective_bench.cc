@@ -18,12 +18,22 @@
 // usage: collective_bench --rank R --world N --rendezvous DIR
 //                         [--sizes 1,4,16,64] [--iters K] [--warmup W]
 //                         [--ops all_to_allv,all_gather,all_reduce]
-//                         [--csv FILE] [--impl NAME] [--phases]
+//                         [--csv FILE] [--samples FILE] [--impl NAME]
+//                         [--phases] [--variants] [--malloc-tune]
 // Rank 0 prints a table and appends CSV lines to FILE (no header):
 //   impl,op,world,mb_per_rank,seconds,algbw_MBps,min_seconds,iters
+// and, with --samples, one line per timed iteration (max over ranks):
+//   impl,op,world,mb_per_rank,seconds
 // --phases additionally prints, for all_to_allv, where the time of rank 0 goes
 // (send hand-off, waits for blocks, memcpy out), measured by a copy of the
 // algorithm built from the public Transport API (not the timed path).
+// --variants (profiling) times, interleaved iteration by iteration, the real
+// all_to_allv against prototypes of proposed fixes built from the public
+// Transport API (see a2a_variant below and bench/README.md).
+// --malloc-tune sets mallopt(M_MMAP_THRESHOLD 32 MB, M_TRIM_THRESHOLD 1 GB) so
+// ZeroMQ's receive buffers reuse memory instead of faulting in fresh pages.
+
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +42,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/tools/rendezvous.h"
@@ -47,8 +58,10 @@ struct Options {
   std::vector<int> sizes_mb = {1, 4, 16, 64};
   int iters = 5, warmup = 1;
   std::vector<std::string> ops = {"all_to_allv", "all_gather", "all_reduce"};
-  std::string csv, impl = "xdmoe";
+  std::string csv, samples, impl = "xdmoe";
   bool phases = false;
+  bool variants = false;    // time prototype all_to_allv variants (profiling)
+  bool malloc_tune = false; // mallopt: keep freed memory (no page faults on receive)
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -56,7 +69,8 @@ struct Options {
                "collective_bench: %s\n"
                "usage: collective_bench --rank R --world N --rendezvous DIR [--sizes 1,4,16,64]\n"
                "       [--iters K] [--warmup W] [--ops all_to_allv,all_gather,all_reduce]\n"
-               "       [--csv FILE] [--impl NAME] [--phases]\n",
+               "       [--csv FILE] [--samples FILE] [--impl NAME] [--phases] [--variants]\n"
+               "       [--malloc-tune]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -85,6 +99,8 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--phases") { o.phases = true; continue; }
+    if (k == "--variants") { o.variants = true; continue; }
+    if (k == "--malloc-tune") { o.malloc_tune = true; continue; }
     if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     if (k == "--rank") o.rank = to_int(k, v, 0, 65534);
@@ -93,6 +109,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--iters") o.iters = to_int(k, v, 1, 100000);
     else if (k == "--warmup") o.warmup = to_int(k, v, 0, 100000);
     else if (k == "--csv") o.csv = v;
+    else if (k == "--samples") o.samples = v;
     else if (k == "--impl") o.impl = v;
     else if (k == "--sizes") {
       o.sizes_mb.clear();
@@ -185,10 +202,72 @@ A2aPhases a2a_with_phases(xd::Transport* t, int me, int n, uint32_t step, const 
   return p;
 }
 
+// Prototypes of all_to_allv built from the public Transport API, to measure
+// proposed fixes to Communicator::all_to_allv_now without editing it:
+//   kProtoSame   the same algorithm as communicator.cc (own block sent to self
+//                through Transport::send, blocks awaited in a fixed order)
+//   kSelfCopy    own block memcpy'd straight from send to recv
+//   kAnyOrder    kSelfCopy + blocks copied out in arrival order (wait-any)
+//   kNoCopyOut   kSelfCopy, blocks left in ZeroMQ's buffers (a zero-copy
+//                receive API: the caller reads the IncomingMessages in place)
+enum Variant { kReal, kProtoSame, kSelfCopy, kAnyOrder, kNoCopyOut, kNumVariants };
+const char* kVariantNames[] = {"communicator (real)", "prototype, same algorithm", "+ own block by memcpy",
+                               "+ copy in arrival order", "+ no copy out (zero-copy)"};
+
+void a2a_variant(Variant v, xd::Transport* t, int me, int n, uint32_t step, const uint8_t* send, size_t block,
+                 uint8_t* recv) {
+  const xd::Tag tag{xd::MessageKind::kAllToAll, step, 9, static_cast<uint16_t>(v), 0};
+  const bool self_copy = v != kProtoSame;
+  std::vector<std::shared_ptr<xd::RecvSlot>> slots(n);
+  for (int i = 0; i < n; ++i)
+    if (!(self_copy && i == me)) slots[i] = t->recv(i, tag);
+  std::vector<std::shared_ptr<xd::Completion>> sends;
+  for (int k = self_copy ? 1 : 0; k < n; ++k) {
+    const int i = (me + k) % n;
+    xd::OutFrame f;
+    f.data = send + i * block;
+    f.size = block;
+    sends.push_back(t->send(i, tag, {f}));
+  }
+  if (self_copy) std::memcpy(recv + me * block, send + me * block, block);
+  std::vector<xd::IncomingMessage> held;  // kNoCopyOut: kept until the end
+  if (v == kAnyOrder) {
+    int left = n - 1;
+    while (left > 0) {
+      bool got = false;
+      for (int i = 0; i < n; ++i) {
+        if (!slots[i] || !slots[i]->ready()) continue;
+        auto m = slots[i]->wait(std::chrono::seconds(1));
+        die_if(m.status(), "variant recv");
+        std::memcpy(recv + i * block, m->tensor_data(0), m->tensor_size(0));
+        slots[i].reset();
+        --left;
+        got = true;
+      }
+      if (!got) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  } else {
+    for (int k = 0; k < n; ++k) {
+      const int i = (me - k + n) % n;
+      if (!slots[i]) continue;
+      auto m = slots[i]->wait(std::chrono::seconds(120));
+      die_if(m.status(), "variant recv");
+      if (v == kNoCopyOut) held.push_back(std::move(*m));
+      else std::memcpy(recv + i * block, m->tensor_data(0), m->tensor_size(0));
+    }
+  }
+  for (auto& c : sends) die_if(c->wait(std::chrono::seconds(120)), "variant send");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.malloc_tune) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 64 << 20);
+  }
   xd::TransportOptions topts;
   topts.rank = o.rank;
   topts.job = 4242;
@@ -209,7 +288,7 @@ int main(int argc, char** argv) {
   b.barrier();
 
   const int n = o.world, me = o.rank;
-  struct Row { std::string op; int mb; double med, min; };
+  struct Row { std::string op; int mb; double med, min; std::vector<double> samples; };
   std::vector<Row> rows;
   for (int mb : o.sizes_mb) {
     const size_t S = size_t(mb) << 20;
@@ -258,13 +337,37 @@ int main(int argc, char** argv) {
         samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
       const std::vector<double> iter_max = b.max_over_ranks(samples);
-      rows.push_back({op, mb, median(iter_max), *std::min_element(iter_max.begin(), iter_max.end())});
+      rows.push_back({op, mb, median(iter_max), *std::min_element(iter_max.begin(), iter_max.end()), iter_max});
       if (me == 0) {
         std::fprintf(stderr, "  [%s n=%d] %-11s %3d MB: median %.4f s (samples:", o.impl.c_str(), n, op.c_str(), mb,
                      rows.back().med);
         for (double s : iter_max) std::fprintf(stderr, " %.4f", s);
         std::fprintf(stderr, ")\n");
       }
+    }
+    if (o.variants && S % n == 0) {
+      std::vector<uint8_t> send(S, 1), recv(S, 0);
+      std::vector<size_t> blocks(n, S / n);
+      std::vector<std::vector<double>> samples(kNumVariants);
+      for (int it = 0; it < o.warmup + o.iters; ++it)
+        for (int k = 0; k < kNumVariants; ++k) {
+          const Variant v = static_cast<Variant>((k + it) % kNumVariants);  // rotate the order
+          b.barrier();
+          const auto t0 = Clock::now();
+          if (v == kReal)
+            die_if(comm.all_to_allv(b.next_tag(), send.data(), blocks, recv.data(), blocks).wait(), "a2a");
+          else
+            a2a_variant(v, b.transport, me, n, b.step++, send.data(), S / n, recv.data());
+          if (it >= o.warmup) samples[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      if (me == 0)
+        std::printf("all_to_allv variants, %d MB/rank, world %d, median of %d interleaved iterations:\n", mb, n,
+                    o.iters);
+      for (int v = 0; v < kNumVariants; ++v) {
+        const double med = median(b.max_over_ranks(samples[v]));
+        if (me == 0) std::printf("  %-28s %9.5f s  %8.1f MB/s\n", kVariantNames[v], med, mb / med);
+      }
+      std::fflush(stdout);
     }
     if (o.phases && S % n == 0) {
       // Where the all_to_allv time goes on each rank (rank 0 prints the max).
@@ -301,6 +404,12 @@ int main(int argc, char** argv) {
       for (const Row& r : rows)
         out << o.impl << ',' << r.op << ',' << n << ',' << r.mb << ',' << r.med << ',' << r.mb / r.med << ','
             << r.min << ',' << o.iters << '\n';
+    }
+    if (!o.samples.empty()) {
+      std::ofstream out(o.samples, std::ios::app);
+      out.precision(9);
+      for (const Row& r : rows)
+        for (double x : r.samples) out << o.impl << ',' << r.op << ',' << n << ',' << r.mb << ',' << x << '\n';
     }
   }
   return 0;

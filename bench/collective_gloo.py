@@ -17,6 +17,7 @@ time after the barrier; the iteration time is the max over ranks; the reported
 time is the median over iterations. algbw = S / time in MB/s (MB = 2**20 B).
 Rank 0 prints a table and appends CSV lines (no header) to --csv:
   impl,op,world,mb_per_rank,seconds,algbw_MBps,min_seconds,iters
+and with --samples one line per timed iteration: impl,op,world,mb_per_rank,seconds
 """
 import argparse
 import os
@@ -88,7 +89,7 @@ def worker(me, a, port):
             mx = torch.tensor(samples, dtype=torch.float64)
             dist.all_reduce(mx, op=dist.ReduceOp.MAX)
             mx = mx.tolist()
-            rows.append((op, mb, statistics.median(mx), min(mx)))
+            rows.append((op, mb, statistics.median(mx), min(mx), mx))
             if me == 0:
                 print(f"  [{a.impl} n={n}] {op:<11} {mb:3d} MB: median {rows[-1][2]:.4f} s (samples: "
                       + " ".join(f"{s:.4f}" for s in mx) + ")", file=sys.stderr, flush=True)
@@ -100,12 +101,17 @@ def worker(me, a, port):
         for note in dict.fromkeys(notes):
             print("NOTE: " + note)
         print(f"{'op':<12} {'MB/rank':>6} {'median s':>12} {'min s':>12} {'algbw MB/s':>14}")
-        for op, mb, med, mn in rows:
+        for op, mb, med, mn, _ in rows:
             print(f"{op:<12} {mb:6d} {med:12.5f} {mn:12.5f} {mb / med:14.1f}")
         if a.csv:
             with open(a.csv, "a") as f:
-                for op, mb, med, mn in rows:
+                for op, mb, med, mn, _ in rows:
                     f.write(f"{a.impl},{op},{n},{mb},{med},{mb / med},{mn},{a.iters}\n")
+        if a.samples:
+            with open(a.samples, "a") as f:
+                for op, mb, _, _, xs in rows:
+                    for x in xs:
+                        f.write(f"{a.impl},{op},{n},{mb},{x:.9f}\n")
         sys.stdout.flush()
     dist.destroy_process_group()
 
@@ -118,6 +124,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ops", default="all_to_allv,all_gather,all_reduce")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--samples", default="", help="append impl,op,world,mb_per_rank,seconds per iteration")
     ap.add_argument("--impl", default="gloo")
     ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()

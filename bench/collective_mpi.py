@@ -14,6 +14,7 @@ time after the barrier; the iteration time is the max over ranks; the reported
 time is the median over iterations. algbw = S / time in MB/s (MB = 2**20 B).
 Rank 0 prints a table and appends CSV lines (no header) to --csv:
   impl,op,world,mb_per_rank,seconds,algbw_MBps,min_seconds,iters
+and with --samples one line per timed iteration: impl,op,world,mb_per_rank,seconds
 """
 import argparse
 import statistics
@@ -31,6 +32,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ops", default="all_to_allv,all_gather,all_reduce")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--samples", default="", help="append impl,op,world,mb_per_rank,seconds per iteration")
     ap.add_argument("--impl", default="openmpi")
     a = ap.parse_args()
 
@@ -74,7 +76,7 @@ def main():
             mine = np.array(samples, dtype=np.float64)
             mx = np.empty_like(mine)
             comm.Allreduce(mine, mx, op=MPI.MAX)
-            rows.append((op, mb, statistics.median(mx.tolist()), float(mx.min())))
+            rows.append((op, mb, statistics.median(mx.tolist()), float(mx.min()), mx.tolist()))
             if me == 0:
                 print(f"  [{a.impl} n={n}] {op:<11} {mb:3d} MB: median {rows[-1][2]:.4f} s (samples: "
                       + " ".join(f"{s:.4f}" for s in mx.tolist()) + ")", file=sys.stderr, flush=True)
@@ -84,12 +86,17 @@ def main():
         print(f"collective_mpi ({a.impl}, OpenMPI {MPI.Get_library_version().split(',')[0].strip()}): world {n}, "
               f"{a.iters} timed iterations (+{a.warmup} warm-up), TCP loopback")
         print(f"{'op':<12} {'MB/rank':>6} {'median s':>12} {'min s':>12} {'algbw MB/s':>14}")
-        for op, mb, med, mn in rows:
+        for op, mb, med, mn, _ in rows:
             print(f"{op:<12} {mb:6d} {med:12.5f} {mn:12.5f} {mb / med:14.1f}")
         if a.csv:
             with open(a.csv, "a") as f:
-                for op, mb, med, mn in rows:
+                for op, mb, med, mn, _ in rows:
                     f.write(f"{a.impl},{op},{n},{mb},{med},{mb / med},{mn},{a.iters}\n")
+        if a.samples:
+            with open(a.samples, "a") as f:
+                for op, mb, _, _, xs in rows:
+                    for x in xs:
+                        f.write(f"{a.impl},{op},{n},{mb},{x:.9f}\n")
         sys.stdout.flush()
 
 

@@ -390,21 +390,26 @@ void print_breakdown(const std::vector<Result>& rs) {
   for (const Result& r : rs) any |= r.has_breakdown;
   if (!any) return;
   std::printf(
-      "\nWhere the time goes (median ms per call, each piece timed alone; %% of the expert's "
-      "fwd+bwd time):\n");
-  std::printf("%5s %5s %5s | %9s %9s | %9s %9s %9s | %9s %13s\n", "d", "ff", "n", "fwd gemm",
-              "bwd gemm", "silu*fwd", "silu*bwd", "bwd alloc", "expert f+b", "non-GEMM %");
-  std::printf("%.*s\n", 100,
+      "\nWhere the time goes (median ms per call). gemm = the bare sgemm sequences above;\n"
+      "swiglu_fwd/bwd = ops.cc swiglu_forward/backward on (n, ff); 3 vec = constructing the\n"
+      "three zero-filled std::vector(n*ff) temporaries swiglu_expert_backward makes; each piece\n"
+      "timed alone. pieces %% = their sum / expert f+b; overhead = expert f+b - 9 sgemm.\n");
+  std::printf("%5s %5s %5s | %9s %9s | %10s %10s %9s | %10s %8s | %9s %8s\n", "d", "ff", "n",
+              "fwd gemm", "bwd gemm", "swiglu_fwd", "swiglu_bwd", "3 vec", "expert f+b",
+              "pieces%", "overhead", "ovh %");
+  std::printf("%.*s\n", 118,
               "-------------------------------------------------------------------------------"
               "-------------------------------------------------------------------------------");
   for (const Result& r : rs) {
     if (!r.has_breakdown) continue;
     const double total = r.ours_fb.median;
-    const double other = r.swiglu_fwd.median + r.swiglu_bwd.median + r.scratch_bwd.median;
-    std::printf("%5d %5d %5d | %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %12.1f%%\n", r.s.d,
-                r.s.ff, r.s.n, r.gemm_fwd.median, r.gemm_bwd.median, r.swiglu_fwd.median,
-                r.swiglu_bwd.median, r.scratch_bwd.median, total,
-                total > 0 ? 100.0 * other / total : 0.0);
+    const double pieces = r.swiglu_fwd.median + r.swiglu_bwd.median + r.scratch_bwd.median;
+    const double ovh = r.ours_fb.median - r.base_fb.median;
+    std::printf(
+        "%5d %5d %5d | %9.3f %9.3f | %10.3f %10.3f %9.3f | %10.3f %7.1f%% | %9.3f %7.1f%%\n",
+        r.s.d, r.s.ff, r.s.n, r.gemm_fwd.median, r.gemm_bwd.median, r.swiglu_fwd.median,
+        r.swiglu_bwd.median, r.scratch_bwd.median, total, total > 0 ? 100.0 * pieces / total : 0.0,
+        ovh, total > 0 ? 100.0 * ovh / total : 0.0);
   }
 }
 

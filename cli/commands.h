@@ -8,5 +8,15 @@ namespace xd::cli {
 
 void add_train_command(CLI::App& app, int* exit_code);
 void add_forward_command(CLI::App& app, int* exit_code);
+void add_topology_command(CLI::App& app, int* exit_code);
+void add_plan_command(CLI::App& app, int* exit_code);
+void add_coordinator_command(CLI::App& app, int* exit_code);
+void add_worker_command(CLI::App& app, int* exit_code);
+void add_launch_command(CLI::App& app, int* exit_code);
+void add_monitor_commands(CLI::App& app, int* exit_code);  // status, top, metrics, stop, throttle
+
+// The CLI endpoint of the coordinator to talk to: --coordinator, else
+// $XDMOE_COORDINATOR, else the default tcp://127.0.0.1:7370.
+std::string coordinator_cli_endpoint(const std::string& flag);
 
 }  // namespace xd::cli

@@ -8,6 +8,12 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   xd::cli::add_train_command(app, &exit_code);
   xd::cli::add_forward_command(app, &exit_code);
+  xd::cli::add_topology_command(app, &exit_code);
+  xd::cli::add_plan_command(app, &exit_code);
+  xd::cli::add_coordinator_command(app, &exit_code);
+  xd::cli::add_worker_command(app, &exit_code);
+  xd::cli::add_launch_command(app, &exit_code);
+  xd::cli::add_monitor_commands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

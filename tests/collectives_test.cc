@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "subprocess.h"
+#include "common/subprocess.h"
 
 namespace xd {
 namespace {
@@ -19,17 +19,17 @@ TEST_P(CollectivesAcrossProcesses, MatchTheReferenceElementByElement) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string tool = std::string(XD_BINARY_DIR) + "/xdmoe_collective_check";
-  std::vector<testing::Child> children;
+  std::vector<subprocess::Child> children;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> argv = {tool, "--rank", std::to_string(r), "--world",
                                      std::to_string(world), "--rendezvous", dir.string(),
                                      "--seed", std::to_string(100 + world)};
     if (world % 2 == 0 && world > 2) argv.insert(argv.end(), {"--inner", "2"});
-    children.push_back(testing::spawn(argv, (dir / ("rank" + std::to_string(r) + ".log")).string()));
+    children.push_back(subprocess::spawn(argv, (dir / ("rank" + std::to_string(r) + ".log")).string()));
   }
   for (int r = 0; r < world; ++r) {
-    const int code = testing::wait_for(children[r], std::chrono::seconds(240));
-    const std::string log = testing::read_text(children[r].log_path);
+    const int code = subprocess::wait_for(children[r], std::chrono::seconds(240));
+    const std::string log = subprocess::read_text(children[r].log_path);
     EXPECT_EQ(code, 0) << "rank " << r << " log:\n" << log;
     EXPECT_NE(log.find("0 failures"), std::string::npos) << log;
     if (r == 0) std::printf("%s", log.c_str());

@@ -192,7 +192,9 @@ void Transport::Impl::handle(Command& c) {
   } else if (auto* s = std::get_if<SendCommand>(&c)) {
     enqueue(*s);
   } else if (auto* cc = std::get_if<ConnectCommand>(&c)) {
-    cc->done->set_value(connect_peers(cc->peers));
+    if (cc->rank >= 0) options.rank = cc->rank;
+    cc->done->set_value(options.rank < 0 ? Status::invalid_argument("connect() needs a rank")
+                                         : connect_peers(cc->peers));
   }
 }
 
@@ -433,7 +435,7 @@ Transport::Transport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Transport::~Transport() = default;
 
 Expected<std::unique_ptr<Transport>> Transport::create(const TransportOptions& options) {
-  if (options.rank < 0 || options.rank > 0xFFFE) return Status::invalid_argument("rank out of range");
+  if (options.rank < -1 || options.rank > 0xFFFE) return Status::invalid_argument("rank out of range");
   if (options.link_classes.empty()) return Status::invalid_argument("need at least one link class");
   auto impl = std::make_unique<Impl>(options);
   XD_RETURN_IF_ERROR(impl->start());
@@ -444,11 +446,12 @@ int Transport::rank() const { return impl_->options.rank; }
 uint32_t Transport::job() const { return impl_->options.job; }
 const std::string& Transport::endpoint() const { return impl_->endpoint; }
 
-Status Transport::connect(const std::vector<PeerInfo>& peers) {
+Status Transport::connect(const std::vector<PeerInfo>& peers, int rank) {
   if (impl_->connected) return Status::invalid_argument("connect() may be called once");
+  if (rank > 0xFFFE) return Status::invalid_argument("rank out of range");
   auto done = std::make_shared<std::promise<Status>>();
   auto fut = done->get_future();
-  impl_->mailbox.push(ConnectCommand{peers, done}, /*urgent=*/true);
+  impl_->mailbox.push(ConnectCommand{peers, rank, done}, /*urgent=*/true);
   return fut.get();
 }
 
@@ -511,6 +514,10 @@ std::shared_ptr<RecvSlot> Transport::recv(int src, const Tag& tag) {
   bool resume_polling = false;
   {
     std::lock_guard<std::mutex> lock(impl_->match_mu);
+    if (!impl_->cancelled.is_ok()) {
+      slot->fail(impl_->cancelled);
+      return slot;
+    }
     auto it = impl_->unexpected.find(key);
     if (it != impl_->unexpected.end() && !it->second.empty()) {
       ready = std::move(it->second.front());
@@ -525,6 +532,14 @@ std::shared_ptr<RecvSlot> Transport::recv(int src, const Tag& tag) {
   if (ready) slot->fulfil(std::move(*ready));
   if (resume_polling) impl_->mailbox.push(WakeCommand{}, true);
   return slot;
+}
+
+void Transport::cancel(const Status& why) {
+  std::lock_guard<std::mutex> lock(impl_->match_mu);
+  impl_->cancelled = why;
+  for (auto& [key, slots] : impl_->posted)
+    for (auto& s : slots) s->fail(why);
+  impl_->posted.clear();
 }
 
 void Transport::set_shaping(int link_class, const LinkShaping& s) {

@@ -33,7 +33,7 @@ struct PeerInfo {
 };
 
 struct TransportOptions {
-  int rank = 0;
+  int rank = 0;  // -1: given later by connect()
   uint32_t job = 0;
   std::string bind_endpoint = "tcp://127.0.0.1:*";  // '*' picks a free port
   std::vector<LinkShaping> link_classes = {LinkShaping{}};
@@ -72,8 +72,10 @@ class Transport {
   // The bound endpoint with the real port, for peers to connect to.
   const std::string& endpoint() const;
 
-  // Opens links to `peers` (own rank is skipped). May be called once.
-  Status connect(const std::vector<PeerInfo>& peers);
+  // Opens links to `peers` (own rank is skipped). May be called once. A
+  // transport created with rank -1 (a worker that binds before it knows its
+  // rank) gets its rank here.
+  Status connect(const std::vector<PeerInfo>& peers, int rank = -1);
   bool has_peer(int rank) const;
 
   // Queues a message for `dst` (may be this rank). Blocks under backpressure.
@@ -81,6 +83,10 @@ class Transport {
   std::shared_ptr<Completion> send(int dst, const Tag& tag, std::vector<OutFrame> frames,
                                    std::string meta = {});
   std::shared_ptr<RecvSlot> recv(int src, const Tag& tag);
+
+  // Fails every posted receive, and every later one, with `why` (a job being
+  // torn down: peers may be dead, nothing should wait for them).
+  void cancel(const Status& why);
 
   void set_shaping(int link_class, const LinkShaping& shaping);
   LinkShaping shaping(int link_class) const;

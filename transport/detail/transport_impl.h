@@ -57,7 +57,7 @@ struct Link {
 using MatchKey = std::tuple<uint8_t, uint32_t, uint16_t, uint16_t, uint32_t, uint16_t>;
 
 struct SendCommand { int dst; PendingSend send; };
-struct ConnectCommand { std::vector<PeerInfo> peers; std::shared_ptr<std::promise<Status>> done; };
+struct ConnectCommand { std::vector<PeerInfo> peers; int rank; std::shared_ptr<std::promise<Status>> done; };
 struct StopCommand {};
 struct WakeCommand {};
 using Command = std::variant<SendCommand, ConnectCommand, StopCommand, WakeCommand>;
@@ -82,6 +82,7 @@ class Transport::Impl {
   std::map<MatchKey, std::deque<std::shared_ptr<RecvSlot>>> posted;
   std::map<MatchKey, std::deque<IncomingMessage>> unexpected;
   size_t unexpected_bytes = 0;
+  Status cancelled;  // guarded by match_mu
 
   mutable std::mutex shaping_mu;
   std::vector<LinkShaping> shaping;

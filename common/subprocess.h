@@ -1,4 +1,4 @@
-// Spawning real processes from tests: fork/exec with extra environment, wait
+// Spawning child processes (launcher, tests): fork/exec with extra environment, wait
 // with a deadline (then SIGKILL), and capture of stdout+stderr into a file.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-namespace xd::testing {
+namespace xd::subprocess {
 
 struct Child {
   pid_t pid = -1;
@@ -27,7 +27,7 @@ inline Child spawn(const std::vector<std::string>& argv, const std::string& log_
   c.log_path = log_path;
   c.pid = ::fork();
   if (c.pid == 0) {
-    FILE* f = std::fopen(log_path.c_str(), "w");
+    FILE* f = log_path.empty() ? nullptr : std::fopen(log_path.c_str(), "w");
     if (f) {
       ::dup2(fileno(f), 1);
       ::dup2(fileno(f), 2);
@@ -41,6 +41,13 @@ inline Child spawn(const std::vector<std::string>& argv, const std::string& log_
     ::_exit(127);
   }
   return c;
+}
+
+// The exit code (or -signal) if the child has ended, else -2000.
+inline int try_wait(const Child& c) {
+  int status = 0;
+  if (::waitpid(c.pid, &status, WNOHANG) != c.pid) return -2000;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
 }
 
 // Exit code, or -signal, or -1000 after killing it at the deadline.
@@ -64,4 +71,4 @@ inline std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace xd::testing
+}  // namespace xd::subprocess

@@ -1,0 +1,195 @@
+#include "actors/distributed_trainer.h"
+
+#include <sys/resource.h>
+
+#include <cmath>
+
+#include "model/trainer.h"
+
+namespace xd {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) * 1024.0;
+}
+}  // namespace
+
+DistributedTrainer::~DistributedTrainer() = default;
+
+Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const JobConfig& job,
+                                                                         const DistributedOptions& o,
+                                                                         Transport* transport) {
+  std::unique_ptr<DistributedTrainer> t(new DistributedTrainer());
+  t->job_ = job;
+  t->opts_ = o;
+  t->transport_ = transport;
+  const TrainConfig& tc = job.train;
+  const ModelConfig& mc = tc.model;
+  auto topo = Topology::create(o.level_sizes, o.domain_sizes);
+  if (!topo) return topo.status();
+  t->world_ = topo->world_size();
+  if (mc.num_experts % t->world_ != 0)
+    return Status::invalid_argument("model.num_experts (" + std::to_string(mc.num_experts) +
+                                    ") must be a multiple of the number of workers (" +
+                                    std::to_string(t->world_) + ")");
+  const int per_worker = mc.num_experts / t->world_;
+
+  auto tokens = load_training_tokens(tc.data);
+  if (!tokens) return tokens.status();
+  const size_t held_out = static_cast<size_t>(tokens->size() * tc.data.validation_fraction);
+  auto train = std::make_shared<std::vector<int32_t>>(tokens->begin(), tokens->end() - held_out);
+  XD_RETURN_IF_ERROR(BatchSampler::validate(train->size(), tc.batch_size, tc.seq_len, o.rank, t->world_));
+  t->sampler_ = std::make_unique<BatchSampler>(train, tc.batch_size, tc.seq_len, tc.seed, o.rank, t->world_);
+
+  t->layout_ = std::make_unique<ParamLayout>(mc, o.rank * per_worker, per_worker);
+  t->model_ = std::make_unique<MoeTransformer<float>>(*t->layout_);
+  t->model_->init(tc.seed);
+  std::vector<std::pair<size_t, size_t>> no_decay;
+  for (const TensorSlot& s : t->layout_->slots()) {
+    if (s.shape.size() == 1) no_decay.emplace_back(s.offset, s.offset + s.numel());
+    auto& ranges = s.is_routed_expert() ? t->expert_ranges_ : t->dense_ranges_;
+    if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.numel();
+    else ranges.emplace_back(s.offset, s.offset + s.numel());
+  }
+  for (auto [b, e] : t->dense_ranges_) t->dense_count_ += e - b;
+  t->optimizer_ = std::make_unique<AdamW<float>>(t->layout_->size(), tc.optimizer, no_decay);
+
+  // Flat EP: one level of G workers, every owner one hop away.
+  Topology exchange_topology = o.flat_ep ? Topology({t->world_}, {1}) : *topo;
+  t->exchange_ = std::make_unique<HybridExpertExchange>(transport, exchange_topology, mc.num_experts, o.timeout);
+  t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
+  if (o.memory_cap_bytes > 0 && t->comm_->replica_bytes() > o.memory_cap_bytes)
+    return Status::invalid_argument("gathered experts need " + std::to_string(t->comm_->replica_bytes()) +
+                                    " bytes, above the memory cap of " + std::to_string((size_t)o.memory_cap_bytes));
+  ExpertCommunicator* comm = t->comm_.get();
+  t->model_->set_expert_resolver([comm](int layer, int expert) { return comm->replica(layer, expert); });
+  DistributedTrainer* self = t.get();
+  t->exchange_->set_hooks([comm](int layer) { comm->wait_gathered(layer); },
+                          [comm, self](int layer) { comm->start_reduce((uint32_t)self->step_, layer); });
+
+  // Hierarchical all-reduce of dense gradients: inside the innermost level
+  // (fast links), then across the workers at the same inner position.
+  const int L = topo->num_levels();
+  t->inner_ = std::make_unique<Communicator>(transport, topo->level_group(o.rank, L - 1), o.timeout);
+  std::vector<int> outer;
+  for (int m = 0; m < t->world_; ++m)
+    if (topo->coordinate(m, L - 1) == topo->coordinate(o.rank, L - 1)) outer.push_back(m);
+  t->outer_ = std::make_unique<Communicator>(transport, outer, o.timeout);
+  t->dense_buffer_.resize(t->dense_count_ + 1);
+  t->last_stats_ = transport->stats();
+  t->comm_->start_gather(0);
+  return t;
+}
+
+Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
+  std::vector<float>& g = model_->grads();
+  size_t k = 0;
+  for (auto [b, e] : dense_ranges_)
+    for (size_t i = b; i < e; ++i) dense_buffer_[k++] = g[i];
+  // The owned experts' squared gradient norm rides along, summed over workers.
+  double local = 0;
+  for (auto [b, e] : expert_ranges_)
+    for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
+  dense_buffer_[k] = static_cast<float>(local);
+  CollectiveHandle h = outer_->size() > 1 || inner_->size() > 1
+                           ? hierarchical_all_reduce(inner_.get(), outer_.get(),
+                                                     {static_cast<uint32_t>(step_), kNoLayer, 1},
+                                                     dense_buffer_.data(), dense_buffer_.size())
+                           : CollectiveHandle();
+  XD_RETURN_IF_ERROR(h.wait());
+  const float inv = 1.0f / world_;
+  k = 0;
+  for (auto [b, e] : dense_ranges_)
+    for (size_t i = b; i < e; ++i) g[i] = dense_buffer_[k++] * inv;
+  for (auto [b, e] : expert_ranges_)
+    for (size_t i = b; i < e; ++i) g[i] *= inv;
+  *expert_norm_sq = dense_buffer_[k] * (double)inv * inv;
+  return Status::ok();
+}
+
+void DistributedTrainer::record_bytes(StepMetrics* m) {
+  TransportStats now = transport_->stats();
+  // Per link class and operation: this step's bytes sent.
+  std::map<int, const LinkStats*> before;
+  for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
+  for (const LinkStats& l : now.links) {
+    const double prev = before.count(l.peer) ? before[l.peer]->bytes_sent : 0.0;
+    const std::string name = l.link_class < (int)opts_.link_names.size() ? opts_.link_names[l.link_class]
+                                                                         : std::to_string(l.link_class);
+    m->bytes[name + "/total"] += double(l.bytes_sent) - prev;
+  }
+  for (int k = 0; k < kMaxMessageKind; ++k) {
+    const double d = double(now.bytes_sent_by_kind[k]) - double(last_stats_.bytes_sent_by_kind[k]);
+    if (d > 0) m->bytes[std::string("all/") + message_kind_name(static_cast<MessageKind>(k))] += d;
+  }
+  last_stats_ = std::move(now);
+}
+
+Expected<StepMetrics> DistributedTrainer::step() {
+  const TrainConfig& tc = job_.train;
+  const auto start = std::chrono::steady_clock::now();
+  exchange_->set_step(static_cast<uint32_t>(step_));
+  sampler_->next(&inputs_, &targets_);
+  model_->zero_grad();
+  comm_->zero_replica_grads();
+  const LossStats loss = model_->forward(inputs_.data(), targets_.data(), tc.batch_size, tc.seq_len, exchange_.get());
+  XD_RETURN_IF_ERROR(exchange_->status());
+  XD_RETURN_IF_ERROR(comm_->status());
+  if (!std::isfinite(loss.loss))
+    return Status::internal("loss is " + std::to_string(loss.loss) + " at step " + std::to_string(step_ + 1));
+  model_->backward(exchange_.get());
+  XD_RETURN_IF_ERROR(exchange_->status());
+  const auto comm_start = std::chrono::steady_clock::now();
+  double expert_norm_sq = 0;
+  Status st = reduce_dense_gradients(&expert_norm_sq);
+  const double allreduce_s = seconds_since(comm_start);
+  XD_RETURN_IF_ERROR(st);
+  XD_RETURN_IF_ERROR(comm_->wait_reduced());
+  double dense_norm_sq = 0;
+  const std::vector<float>& g = model_->grads();
+  for (auto [b, e] : dense_ranges_)
+    for (size_t i = b; i < e; ++i) dense_norm_sq += (double)g[i] * g[i];
+  const double lr = tc.learning_rate_at(step_);
+  const double grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), lr,
+                                            dense_norm_sq + expert_norm_sq);
+  if (!std::isfinite(grad_norm)) return Status::internal("gradient norm is not finite");
+  ++step_;
+  comm_->start_gather(static_cast<uint32_t>(step_));
+
+  StepMetrics m;
+  m.step = step_;
+  m.loss = loss.loss;
+  m.ce_loss = loss.ce_loss;
+  m.aux_loss = loss.aux_loss;
+  m.step_s = seconds_since(start);
+  m.tokens_per_s = tc.batch_size * tc.seq_len / m.step_s;
+  gather_wait_ = comm_->take_gather_wait_seconds();
+  double gather_wait = 0;
+  for (double w : gather_wait_) gather_wait += w;
+  const double blocked = exchange_->take_blocked_seconds() + gather_wait + allreduce_s +
+                         comm_->take_reduce_wait_seconds();
+  m.exposed_comm_s = blocked;
+  m.compute_s = std::max(0.0, m.step_s - blocked);
+  // Total communication time: the busy time of this worker's links this step,
+  // at least what was exposed.
+  TransportStats now = transport_->stats();
+  double busy = 0;
+  std::map<int, double> before;
+  for (const LinkStats& l : last_stats_.links) before[l.peer] = l.busy_seconds;
+  std::map<int, double> busy_by_class;
+  for (const LinkStats& l : now.links) busy_by_class[l.link_class] += l.busy_seconds - before[l.peer];
+  for (auto& [c, b] : busy_by_class) busy = std::max(busy, b);
+  m.comm_s = std::max(busy, m.exposed_comm_s);
+  m.predicted_step_s = opts_.predicted_step_s;
+  m.peak_rss_bytes = peak_rss_bytes();
+  record_bytes(&m);
+  return m;
+}
+
+}  // namespace xd

@@ -1,0 +1,79 @@
+// ExpertCommunicator: HybridEP's asynchronous expert communicator (Fig. 10).
+// Right after an optimizer step every layer's experts are queued, layer by
+// layer, for the all-gather inside the expert domains (outer level first);
+// layer k takes its replicas only when its Dispatch needs them, so the AG of
+// later layers overlaps the compute of earlier ones. In the backward pass the
+// replicas' gradients go back to their owners, level by level in reverse
+// (a reduce-scatter), as soon as each layer's expert backward is done.
+// The transfers run on the communicator's own actor thread; wait_* calls come
+// from the compute thread. Own experts' weights are read and their gradients
+// added to in place, so the caller must not touch a layer's expert gradients
+// between start_reduce(layer) and wait_reduced().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "actors/actor.h"
+#include "coordinator/topology.h"
+#include "model/moe_transformer.h"
+#include "transport/transport.h"
+
+namespace xd {
+
+class ExpertCommunicator {
+ public:
+  ExpertCommunicator(Transport* transport, Topology topology, MoeTransformer<float>* model,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  ~ExpertCommunicator();
+
+  // Weights and gradient buffers of a gathered replica (layer, global expert).
+  ExpertParams<float> replica(int layer, int expert);
+  bool holds_replicas() const { return replicas_per_layer_ > 0; }
+  size_t replica_bytes() const;  // weights of all replicas, all layers
+
+  void start_gather(uint32_t step);  // every layer, in order
+  void wait_gathered(int layer);     // blocks; its time is counted as AG wait
+  void start_reduce(uint32_t step, int layer);
+  Status wait_reduced();             // every layer started this step
+  void zero_replica_grads();
+
+  std::vector<double> take_gather_wait_seconds();  // per layer, since last call
+  double take_reduce_wait_seconds();
+  Status status() const;
+
+ private:
+  struct LayerState {
+    bool gathered = true, reduced = true;
+  };
+  Status gather_layer(uint32_t step, int layer);
+  Status reduce_layer(uint32_t step, int layer);
+  // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).
+  std::vector<int> held_after(int m, int level) const;
+  float* weights_of(int layer, int expert, int which);  // which: 0 w1, 1 w3, 2 w2
+  float* grads_of(int layer, int expert, int which);
+  void finish(int layer, bool gather, const Status& st);
+
+  Transport* transport_;
+  Topology topology_;
+  MoeTransformer<float>* model_;
+  std::chrono::milliseconds timeout_;
+  int rank_, experts_per_worker_, layers_;
+  size_t expert_floats_;  // ff * d, one projection
+  int replicas_per_layer_ = 0;
+  std::vector<int> replica_slot_;  // expert -> slot, or -1
+  std::vector<float> replica_weights_, replica_grads_;  // (layers, slots, 3, ff*d)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<LayerState> state_;
+  std::vector<double> gather_wait_;
+  double reduce_wait_ = 0;
+  Status status_;
+  std::unique_ptr<Actor> actor_;  // the comm thread
+};
+
+}  // namespace xd

@@ -1,0 +1,105 @@
+// xdmoe coordinator / worker: the two processes of a distributed job.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "actors/worker_process.h"
+#include "cli/commands.h"
+#include "coordinator/coordinator.h"
+
+namespace xd::cli {
+
+namespace {
+struct CoordinatorFlags {
+  std::string config, mode, worker_endpoint = "tcp://127.0.0.1:7371",
+                           cli_endpoint = "tcp://127.0.0.1:7370", summary, endpoints_file, name = "xdmoe";
+  std::vector<int> domains;
+  int http_port = 7372;
+  int64_t steps = 0;
+  bool hold = false, flat_ep = false;
+};
+
+int run_coordinator(const CoordinatorFlags& f) {
+  JobConfig job = default_job_config();
+  std::string yaml;
+  if (!f.config.empty()) {
+    std::ifstream in(f.config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    yaml = ss.str();
+    auto parsed = parse_job_config(yaml, f.config);
+    if (!parsed) {
+      std::fprintf(stderr, "xdmoe coordinator: %s\n", parsed.status().message().c_str());
+      return 2;
+    }
+    job = *parsed;
+  }
+  if (!f.mode.empty()) {
+    auto m = parse_ep_mode(f.mode);
+    if (!m) {
+      std::fprintf(stderr, "xdmoe coordinator: --mode: %s\n", m.status().message().c_str());
+      return 2;
+    }
+    job.cluster.expert_parallel.mode = *m;
+  }
+  if (!f.domains.empty()) job.cluster.expert_parallel.domain_sizes = f.domains;
+  if (f.steps > 0) job.train.steps = f.steps;
+  if (Status st = job.cluster.validate(); !st.is_ok()) {
+    std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
+    return 2;
+  }
+  CoordinatorOptions o;
+  o.worker_endpoint = f.worker_endpoint;
+  o.cli_endpoint = f.cli_endpoint;
+  o.http_port = f.http_port;
+  o.job_name = f.name;
+  o.job_yaml = yaml;
+  o.hold = f.hold;
+  o.summary_path = f.summary;
+  o.endpoints_path = f.endpoints_file;
+  o.flat_ep = f.flat_ep;
+  Coordinator c(job, o);
+  Status st = c.run();
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
+    return 1;
+  }
+  return 0;
+}
+}  // namespace
+
+void add_coordinator_command(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<CoordinatorFlags>();
+  CLI::App* cmd = app.add_subcommand("coordinator", "Run a job's coordinator: registration, plan, heartbeats, metrics");
+  cmd->add_option("--config", f->config, "Job YAML (model, train, data, cluster); default: built-in")->check(CLI::ExistingFile);
+  cmd->add_option("--mode", f->mode, "Override cluster.expert_parallel.mode: ep, hybrid, auto");
+  cmd->add_flag("--flat-ep", f->flat_ep, "With mode ep: one all-to-all hop to the owner instead of one per level");
+  cmd->add_option("--domains", f->domains, "Override the domain sizes (one per level), e.g. --domains 2 1")->delimiter(',');
+  cmd->add_option("--steps", f->steps, "Override train.steps");
+  cmd->add_option("--bind", f->worker_endpoint, "Endpoint workers connect to")->capture_default_str();
+  cmd->add_option("--cli-bind", f->cli_endpoint, "Endpoint for xdmoe status/top/metrics/stop/throttle")->capture_default_str();
+  cmd->add_option("--http-port", f->http_port, "Prometheus /metrics port (0: any free port, -1: off)")->capture_default_str();
+  cmd->add_option("--name", f->name, "Job name shown in status and metrics")->capture_default_str();
+  cmd->add_option("--summary", f->summary, "Write a JSON summary here at the end");
+  cmd->add_option("--endpoints-file", f->endpoints_file, "Write the bound endpoints (JSON) here");
+  cmd->add_flag("--hold", f->hold, "Workers register and stay idle until `xdmoe stop` (no training)");
+  cmd->callback([f, exit_code] { *exit_code = run_coordinator(*f); });
+}
+
+void add_worker_command(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<WorkerOptions>();
+  CLI::App* cmd = app.add_subcommand("worker", "Run one worker of a job; it registers with the coordinator");
+  cmd->add_option("--coordinator", o->coordinator, "The coordinator's worker endpoint")->capture_default_str();
+  cmd->add_option("--rank", o->rank, "Rank to ask for (default: from OMPI/PMI/SLURM env, else any)");
+  cmd->add_option("--bind-host", o->bind_host, "Address to bind the data socket on")->capture_default_str();
+  cmd->add_option("--host-label", o->host_label, "Name shown by xdmoe status (default: hostname)");
+  cmd->callback([o, exit_code] {
+    WorkerOptions w = *o;
+    if (w.rank < 0) w.rank = rank_from_environment();
+    *exit_code = run_worker(w);
+  });
+}
+
+}  // namespace xd::cli

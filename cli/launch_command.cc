@@ -1,0 +1,223 @@
+// xdmoe launch: a whole job on this machine -- the coordinator and G workers
+// as real processes over loopback, links shaped as the config says. Without a
+// config it runs the built-in 2 DC x 2 worker demo twice, EP then HybridEP,
+// and ends with a side-by-side table.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/subprocess.h"
+#include "coordinator/cluster_spec.h"
+
+namespace xd::cli {
+
+namespace {
+namespace fs = std::filesystem;
+
+struct LaunchFlags {
+  std::string config, run_dir = "runs/launch", cli_bind = "tcp://127.0.0.1:7370";
+  std::vector<std::string> modes;
+  int64_t steps = 0;
+  bool flat_ep = false;
+};
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "xdmoe";
+  buf[n] = 0;
+  return buf;
+}
+
+struct RunResult {
+  std::string mode;
+  bool ok = false;
+  nlohmann::json summary;
+  std::string error;
+};
+
+RunResult run_one(const LaunchFlags& f, const std::string& mode, int world, int64_t steps) {
+  RunResult r;
+  r.mode = mode;
+  const fs::path dir = fs::path(f.run_dir) / mode;
+  fs::create_directories(dir);
+  const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
+  fs::remove(endpoints);
+  fs::remove(summary);
+  const std::string exe = self_exe();
+  std::vector<std::string> args = {exe, "coordinator", "--mode", mode == "ep_flat" ? "ep" : mode,
+                                   "--bind", "tcp://127.0.0.1:*", "--cli-bind", f.cli_bind,
+                                   "--http-port", "0", "--name", mode, "--summary", summary.string(),
+                                   "--endpoints-file", endpoints.string()};
+  if (mode == "ep_flat" || f.flat_ep) args.push_back("--flat-ep");
+  if (!f.config.empty()) args.insert(args.end(), {"--config", f.config});
+  if (steps > 0) args.insert(args.end(), {"--steps", std::to_string(steps)});
+  std::printf("\n=== %s: coordinator + %d workers (logs in %s) ===\n", mode.c_str(), world, dir.c_str());
+  std::fflush(stdout);
+  subprocess::Child coordinator = subprocess::spawn(args, "");
+  std::string worker_ep;
+  for (int i = 0; i < 300 && worker_ep.empty(); ++i) {
+    if (subprocess::try_wait(coordinator) != -2000) {
+      r.error = "the coordinator exited during start-up";
+      return r;
+    }
+    std::ifstream in(endpoints);
+    if (in) {
+      try {
+        nlohmann::json j;
+        in >> j;
+        worker_ep = j.at("workers").get<std::string>();
+        std::printf("monitor with: xdmoe status --coordinator %s   (Prometheus: http://127.0.0.1:%d/metrics)\n",
+                    j.at("cli").get<std::string>().c_str(), j.at("http_port").get<int>());
+        std::fflush(stdout);
+      } catch (const std::exception&) {
+        worker_ep.clear();  // half-written; read again
+      }
+    }
+    if (worker_ep.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (worker_ep.empty()) {
+    subprocess::wait_for(coordinator, std::chrono::seconds(0));
+    r.error = "the coordinator did not start within 30 s";
+    return r;
+  }
+  std::vector<subprocess::Child> workers;
+  for (int rank = 0; rank < world; ++rank)
+    workers.push_back(subprocess::spawn({exe, "worker", "--coordinator", worker_ep, "--rank", std::to_string(rank),
+                                         "--host-label", "local"},
+                                        (dir / ("worker" + std::to_string(rank) + ".log")).string(),
+                                        {"OPENBLAS_NUM_THREADS=1"}));
+  const int code = subprocess::wait_for(coordinator, std::chrono::hours(24 * 365));
+  int worker_failures = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    const int wc = subprocess::wait_for(workers[rank], std::chrono::seconds(15));
+    if (wc != 0) {
+      ++worker_failures;
+      std::fprintf(stderr, "worker %d exited with %d; last lines of its log:\n", rank, wc);
+      std::string log = subprocess::read_text(workers[rank].log_path);
+      std::fprintf(stderr, "%s\n", log.substr(log.size() > 1500 ? log.size() - 1500 : 0).c_str());
+    }
+  }
+  std::ifstream in(summary);
+  if (in) {
+    try {
+      in >> r.summary;
+    } catch (const std::exception&) {
+    }
+  }
+  r.ok = code == 0 && worker_failures == 0 && r.summary.value("ok", false);
+  if (!r.ok) r.error = r.summary.value("error", "coordinator exit code " + std::to_string(code));
+  return r;
+}
+
+std::string cell(const nlohmann::json& s, const char* key, const char* fmt, double scale = 1.0) {
+  if (!s.contains(key) || !s[key].is_number()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, s[key].get<double>() * scale);
+  return buf;
+}
+
+void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster) {
+  std::printf("\n%-26s", "");
+  for (const auto& r : runs) std::printf(" %16s", r.mode.c_str());
+  std::printf("\n");
+  auto row = [&](const char* label, auto fn) {
+    std::printf("%-26s", label);
+    for (const auto& r : runs) std::printf(" %16s", fn(r).c_str());
+    std::printf("\n");
+  };
+  row("status", [](const RunResult& r) { return std::string(r.ok ? "ok" : "FAILED"); });
+  row("domain sizes", [](const RunResult& r) { return r.summary.contains("domain_sizes") ? r.summary["domain_sizes"].dump() : "-"; });
+  row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });
+  row("final loss", [](const RunResult& r) { return cell(r.summary, "final_loss", "%.4f"); });
+  row("tokens/s", [](const RunResult& r) { return cell(r.summary, "mean_tokens_per_s", "%.0f"); });
+  row("step time (ms)", [](const RunResult& r) { return cell(r.summary, "mean_step_s", "%.1f", 1e3); });
+  row("  compute (ms)", [](const RunResult& r) { return cell(r.summary, "mean_compute_s", "%.1f", 1e3); });
+  row("  exposed comm (ms)", [](const RunResult& r) { return cell(r.summary, "mean_exposed_comm_s", "%.1f", 1e3); });
+  row("  overlap (%)", [](const RunResult& r) { return cell(r.summary, "overlap_percent", "%.0f"); });
+  row("predicted step (ms)", [](const RunResult& r) { return cell(r.summary, "predicted_step_s", "%.1f", 1e3); });
+  for (const LevelSpec& l : cluster.levels) {
+    const std::string key = l.link.name + "/total";
+    row(("MB/step on " + l.link.name).c_str(), [&](const RunResult& r) {
+      if (!r.summary.contains("bytes_per_step") || !r.summary["bytes_per_step"].contains(key)) return std::string("-");
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", r.summary["bytes_per_step"][key].get<double>() / 1e6);
+      return std::string(buf);
+    });
+  }
+  row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
+  if (runs.size() >= 2 && runs[0].summary.contains("mean_step_s") && runs.back().summary.contains("mean_step_s")) {
+    const double a = runs[0].summary["mean_step_s"].get<double>(), b = runs.back().summary["mean_step_s"].get<double>();
+    std::printf("\n%s vs %s: %.2fx step-time speedup\n", runs.back().mode.c_str(), runs[0].mode.c_str(), a / b);
+  }
+}
+
+int run_launch(const LaunchFlags& f) {
+  JobConfig job = default_job_config();
+  if (!f.config.empty()) {
+    auto parsed = load_job_config(f.config);
+    if (!parsed) {
+      std::fprintf(stderr, "xdmoe launch: %s\n", parsed.status().message().c_str());
+      return 2;
+    }
+    job = *parsed;
+  }
+  std::vector<std::string> modes = f.modes;
+  int64_t steps = f.steps;
+  if (modes.empty()) {
+    if (f.config.empty()) modes = {"ep", "auto"};  // the built-in demo compares both
+    else modes = {ep_mode_name(job.cluster.expert_parallel.mode)};
+  }
+  if (f.config.empty() && steps == 0) steps = 30;
+  for (const std::string& m : modes)
+    if (m != "ep" && m != "ep_flat" && m != "hybrid" && m != "auto") {
+      std::fprintf(stderr, "xdmoe launch: unknown mode '%s' (ep, ep_flat, hybrid, auto)\n", m.c_str());
+      return 2;
+    }
+  const int world = job.cluster.world_size();
+  std::string levels;
+  for (const LevelSpec& l : job.cluster.levels) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s%d %s (%.3g Mbit/s, %.3g ms)", levels.empty() ? "" : " x ", l.size,
+                  l.name.c_str(), l.link.bandwidth_bytes_per_s * 8 / 1e6, l.link.latency_s * 1e3);
+    levels += buf;
+  }
+  std::printf("xdmoe launch: %s, %d workers: %s\n", f.config.empty() ? "built-in demo" : f.config.c_str(),
+              world, levels.c_str());
+  std::vector<RunResult> runs;
+  for (const std::string& m : modes) {
+    runs.push_back(run_one(f, m, world, steps));
+    if (!runs.back().ok) std::fprintf(stderr, "xdmoe launch: %s run failed: %s\n", m.c_str(), runs.back().error.c_str());
+  }
+  print_table(runs, job.cluster);
+  for (const auto& r : runs)
+    if (!r.ok) return 1;
+  return 0;
+}
+}  // namespace
+
+void add_launch_command(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<LaunchFlags>();
+  CLI::App* cmd = app.add_subcommand("launch", "Run a whole job on this machine: coordinator + workers over loopback");
+  cmd->add_option("--config", f->config, "Job YAML (default: built-in 2 DC x 2 worker demo, EP vs HybridEP)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mode", f->modes, "Run these modes one after another: ep, ep_flat, hybrid, auto (repeatable)");
+  cmd->add_option("--steps", f->steps, "Override train.steps");
+  cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
+  cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();
+  cmd->add_flag("--flat-ep", f->flat_ep, "EP sends tokens to their owner in one hop");
+  cmd->callback([f, exit_code] { *exit_code = run_launch(*f); });
+}
+
+}  // namespace xd::cli

@@ -1,0 +1,225 @@
+// xdmoe status / top / metrics / stop / throttle: talk to a running
+// coordinator's CLI socket. Every table has a --json form.
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "coordinator/protocol.h"
+#include "transport/control_channel.h"
+#include "transport/link_shaping.h"
+
+namespace xd::cli {
+
+std::string coordinator_cli_endpoint(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("XDMOE_COORDINATOR")) return env;
+  return "tcp://127.0.0.1:7370";
+}
+
+namespace {
+
+struct MonitorFlags {
+  std::string coordinator;
+  bool json = false;
+  int iterations = 0;     // top: 0 = until interrupted
+  double interval = 1.0;  // top
+  std::string link, bandwidth, latency;
+};
+
+Expected<nlohmann::json> ask(const MonitorFlags& f, const nlohmann::json& request) {
+  const std::string ep = coordinator_cli_endpoint(f.coordinator);
+  auto reply = control_request(ep, request, std::chrono::milliseconds(2000));
+  if (!reply)
+    return Status::unavailable("no coordinator reachable at " + ep +
+                               " (is a job running? pass --coordinator or set XDMOE_COORDINATOR)");
+  bool ok = false;
+  if (!read_field(*reply, "ok", &ok).is_ok() || !ok) {
+    std::string error = "the coordinator refused the request";
+    (void)read_field(*reply, "error", &error);
+    return Status::invalid_argument(error);
+  }
+  return reply;
+}
+
+int fail(const char* cmd, const Status& st) {
+  std::fprintf(stderr, "xdmoe %s: %s\n", cmd, st.message().c_str());
+  return st.code() == Status::Code::kUnavailable ? 3 : 1;
+}
+
+std::string num(const nlohmann::json& j, const char* key, const char* fmt, double scale = 1.0) {
+  if (!j.contains(key) || !j[key].is_number()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, j[key].get<double>() * scale);
+  return buf;
+}
+
+std::string human_rate(double bytes_per_s) {
+  char buf[32];
+  if (bytes_per_s <= 0) return "unlimited";
+  const double bits = bytes_per_s * 8;
+  if (bits >= 1e9) std::snprintf(buf, sizeof buf, "%.3g Gbit/s", bits / 1e9);
+  else if (bits >= 1e6) std::snprintf(buf, sizeof buf, "%.3g Mbit/s", bits / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.3g kbit/s", bits / 1e3);
+  return buf;
+}
+
+void print_status(const nlohmann::json& s) {
+  std::printf("job %s (id %s): %s | %s workers | mode %s, domains %s | predicted %s ms/step | up %s s\n",
+              s.value("job", "?").c_str(), s.contains("job_id") ? s["job_id"].dump().c_str() : "?",
+              s.value("state", "?").c_str(), s.contains("world") ? s["world"].dump().c_str() : "?",
+              s.value("mode", "?").c_str(), s.contains("domain_sizes") ? s["domain_sizes"].dump().c_str() : "?",
+              num(s, "predicted_step_s", "%.1f", 1e3).c_str(), num(s, "uptime_s", "%.0f").c_str());
+  if (s.contains("error")) std::printf("error: %s\n", s["error"].get<std::string>().c_str());
+  std::printf("%-5s %-10s %-16s %-8s %-10s %-7s %-9s %-10s %-10s\n", "rank", "state", "host", "pid",
+              "last seen", "step", "loss", "tok/s", "step ms");
+  for (const auto& w : s.value("workers", nlohmann::json::array())) {
+    std::printf("%-5s %-10s %-16s %-8s %-10s %-7s %-9s %-10s %-10s\n", w["rank"].dump().c_str(),
+                w.value("state", "?").c_str(), w.value("host", "-").c_str(),
+                w.contains("pid") ? w["pid"].dump().c_str() : "-",
+                (num(w, "last_seen_s_ago", "%.1f") + " s ago").c_str(),
+                w.contains("step") ? w["step"].dump().c_str() : "-", num(w, "loss", "%.4f").c_str(),
+                num(w, "tokens_per_s", "%.0f").c_str(), num(w, "step_s", "%.1f", 1e3).c_str());
+  }
+  if (s.contains("last_step")) {
+    const auto& l = s["last_step"];
+    std::printf("last complete step %s: loss %s, %s tok/s, step %s ms = compute %s + exposed comm %s (overlap %s%%)\n",
+                l["step"].dump().c_str(), num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str(),
+                num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
+                num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
+  }
+}
+
+void print_links(const nlohmann::json& s, const nlohmann::json& last) {
+  std::printf("%-12s %-16s %-10s %-8s %-16s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step");
+  for (const auto& l : s.value("links", nlohmann::json::array())) {
+    const std::string name = l.value("name", "?");
+    double bytes = 0;
+    if (last.contains("bytes"))
+      for (auto it = last["bytes"].begin(); it != last["bytes"].end(); ++it)
+        if (it.key() == name + "/total") bytes = it.value().get<double>();
+    std::printf("%-12s %-16s %-10s %-8s %-16.0f\n", name.c_str(),
+                human_rate(l.value("bandwidth_bytes_per_s", 0.0)).c_str(),
+                (num(l, "latency_s", "%.2f", 1e3) + " ms").c_str(), l.value("shaped", false) ? "yes" : "no", bytes);
+  }
+}
+
+int run_status(const MonitorFlags& f) {
+  auto s = ask(f, {{"op", "status"}});
+  if (!s) return fail("status", s.status());
+  s->erase("ok");
+  if (f.json) std::printf("%s\n", s->dump(2).c_str());
+  else print_status(*s);
+  return 0;
+}
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+int run_top(const MonitorFlags& f) {
+  std::signal(SIGINT, [](int) { g_interrupted = 1; });
+  for (int i = 0; (f.iterations == 0 || i < f.iterations) && !g_interrupted; ++i) {
+    auto s = ask(f, {{"op", "status"}});
+    if (!s) return fail("top", s.status());
+    s->erase("ok");
+    if (f.json) {
+      std::printf("%s\n", s->dump().c_str());
+    } else {
+      std::printf("\033[H\033[2J");  // home + clear
+      print_status(*s);
+      std::printf("\n");
+      print_links(*s, s->value("last_step", nlohmann::json::object()));
+      std::printf("\n(refreshing every %.1f s; Ctrl-C to quit)\n", f.interval);
+    }
+    std::fflush(stdout);
+    if (s->value("state", "") == "done" || s->value("state", "") == "failed") break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.interval));
+  }
+  return 0;
+}
+
+int run_metrics(const MonitorFlags& f) {
+  auto m = ask(f, {{"op", "metrics"}});
+  if (!m) return fail("metrics", m.status());
+  m->erase("ok");
+  if (f.json) {
+    std::printf("%s\n", m->dump(2).c_str());
+    return 0;
+  }
+  std::printf("steps complete: %s\n", (*m)["steps_complete"].dump().c_str());
+  if (m->contains("last_step")) {
+    const auto& l = (*m)["last_step"];
+    std::printf("last step %s: loss %s | %s tok/s | step %s ms | compute %s ms | comm %s ms | exposed %s ms | overlap %s%% | predicted %s ms\n",
+                l["step"].dump().c_str(), num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str(),
+                num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
+                num(l, "comm_s", "%.1f", 1e3).c_str(), num(l, "exposed_comm_s", "%.1f", 1e3).c_str(),
+                num(l, "overlap_percent", "%.0f").c_str(), num(l, "predicted_step_s", "%.1f", 1e3).c_str());
+    std::printf("%-32s %14s\n", "link class / operation", "bytes");
+    for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
+      std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());
+  }
+  return 0;
+}
+
+int run_stop(const MonitorFlags& f) {
+  auto r = ask(f, {{"op", "stop"}});
+  if (!r) return fail("stop", r.status());
+  std::printf("stop sent; job is %s\n", r->value("state", "?").c_str());
+  return 0;
+}
+
+int run_throttle(const MonitorFlags& f) {
+  auto bw = parse_bandwidth(f.bandwidth);
+  if (!bw) return fail("throttle", bw.status());
+  nlohmann::json req = {{"op", "throttle"}, {"link", f.link}, {"bandwidth", *bw}};
+  if (!f.latency.empty()) {
+    auto lat = parse_duration(f.latency);
+    if (!lat) return fail("throttle", lat.status());
+    req["latency"] = *lat;
+  }
+  auto r = ask(f, req);
+  if (!r) return fail("throttle", r.status());
+  std::printf("link class %s: %s%s\n", f.link.c_str(), human_rate(*bw).c_str(),
+              f.latency.empty() ? "" : (", latency " + f.latency).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_monitor_commands(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<MonitorFlags>();
+  auto common = [f](CLI::App* cmd, bool json) {
+    cmd->add_option("--coordinator", f->coordinator,
+                    "Coordinator CLI endpoint (default $XDMOE_COORDINATOR or tcp://127.0.0.1:7370)");
+    if (json) cmd->add_flag("--json", f->json, "Print JSON instead of a table");
+  };
+  CLI::App* status = app.add_subcommand("status", "Show the job, its workers, their liveness and the last step");
+  common(status, true);
+  status->callback([f, exit_code] { *exit_code = run_status(*f); });
+
+  CLI::App* top = app.add_subcommand("top", "Live table per worker and per link class");
+  common(top, true);
+  top->add_option("--interval", f->interval, "Seconds between refreshes")->capture_default_str();
+  top->add_option("--iterations", f->iterations, "Stop after this many refreshes (0: until Ctrl-C)");
+  top->callback([f, exit_code] { *exit_code = run_top(*f); });
+
+  CLI::App* metrics = app.add_subcommand("metrics", "Aggregated metrics of the last complete step");
+  common(metrics, true);
+  metrics->callback([f, exit_code] { *exit_code = run_metrics(*f); });
+
+  CLI::App* stop = app.add_subcommand("stop", "Stop the job");
+  common(stop, false);
+  stop->callback([f, exit_code] { *exit_code = run_stop(*f); });
+
+  CLI::App* throttle = app.add_subcommand("throttle", "Change a link class's bandwidth (and latency) while running");
+  common(throttle, false);
+  throttle->add_option("--link", f->link, "Link class (level) name, e.g. dc")->required();
+  throttle->add_option("--bandwidth", f->bandwidth, "e.g. 50mbit, 1gbit, 10MB/s")->required();
+  throttle->add_option("--latency", f->latency, "e.g. 5ms");
+  throttle->callback([f, exit_code] { *exit_code = run_throttle(*f); });
+}
+
+}  // namespace xd::cli

@@ -1,0 +1,232 @@
+// xdmoe plan: every expert-domain candidate of a job with its predicted
+// per-stream times, and the planner's choice (coordinator/planner.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "coordinator/cluster_spec.h"
+#include "coordinator/link_probe.h"
+#include "coordinator/planner.h"
+
+namespace xd::cli {
+
+namespace {
+struct PlanOptions {
+  std::string config;
+  bool json = false;
+  bool probe = false;
+};
+
+std::string fmt_bytes(double b) {
+  char buf[64];
+  if (std::isinf(b)) return "unlimited";
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", b / 1e6);
+  else if (b >= 1e3) std::snprintf(buf, sizeof buf, "%.1f KB", b / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::string fmt_seconds(double s) {
+  char buf[64];
+  if (std::abs(s) >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (std::abs(s) >= 1e-3) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+std::string fmt_list(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+struct LinkSource {
+  std::string name;
+  LinkModel model;
+  LinkModel configured;
+  std::string source;  // "spec" or "probe"
+  double r2 = 0;
+};
+
+int run_plan(const PlanOptions& o) {
+  JobConfig job = default_job_config();
+  std::string source = "the built-in default";
+  if (!o.config.empty()) {
+    auto loaded = load_job_config(o.config);
+    if (!loaded) {
+      std::fprintf(stderr, "xdmoe plan: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    job = std::move(*loaded);
+    source = o.config;
+  }
+
+  // Compute: a quick local GEMM probe.
+  const LinearFit gemm_fit = probe_gemm();
+  ComputeModel compute;
+  if (gemm_fit.beta > 0) compute.flops_per_s = 1.0 / gemm_fit.beta;
+  compute.gemm_overhead_s = std::max(0.0, gemm_fit.alpha);
+
+  // Links: the spec's figures, or probes of the shaped classes.
+  const std::vector<LinkModel> spec_links = spec_link_models(job.cluster);
+  std::vector<LinkSource> links;
+  for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
+    const LevelSpec& level = job.cluster.levels[l];
+    LinkSource ls{level.name, spec_links[l], spec_links[l], "spec", 0};
+    if (o.probe) {
+      if (!level.link.shape) {
+        if (!o.json)
+          std::fprintf(stderr, "note: level '%s' is not shaped here; a loopback probe says nothing "
+                       "of the real link, so its figures come from the spec\n", level.name.c_str());
+      } else {
+        if (!o.json) {
+          std::fprintf(stderr, "probing link class '%s' ...\n", level.name.c_str());
+          std::fflush(stderr);
+        }
+        auto fit = probe_link(LinkShaping{level.link.bandwidth_bytes_per_s, level.link.latency_s});
+        if (!fit) {
+          std::fprintf(stderr, "xdmoe plan: probing '%s': %s\n", level.name.c_str(),
+                       fit.status().message().c_str());
+          return 1;
+        }
+        ls.model = {std::max(0.0, fit->alpha), std::max(0.0, fit->beta)};
+        ls.source = "probe";
+        ls.r2 = fit->r2;
+      }
+    }
+    links.push_back(ls);
+  }
+  std::vector<LinkModel> models;
+  for (const LinkSource& ls : links) models.push_back(ls.model);
+
+  const PlannerInputs in = planner_inputs_for(job, models, compute);
+  const Status valid = in.validate();
+  if (!valid.is_ok()) {
+    std::fprintf(stderr, "xdmoe plan: %s: %s\n", source.c_str(), valid.message().c_str());
+    return 2;
+  }
+  const Workload w = workload_of(in);
+  const Plan plan = plan_iteration(in);
+  const PlanCandidate& choice = plan.choice();
+  const ExpertParallelSpec& ep = job.cluster.expert_parallel;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["config"] = source;
+    j["world_size"] = job.cluster.world_size();
+    j["levels"] = nlohmann::json::array();
+    for (size_t l = 0; l < links.size(); ++l)
+      j["levels"].push_back({{"name", links[l].name},
+                             {"size", job.cluster.levels[l].size},
+                             {"alpha_s", links[l].model.alpha_s},
+                             {"beta_s_per_byte", links[l].model.beta_s_per_byte},
+                             {"configured_alpha_s", links[l].configured.alpha_s},
+                             {"configured_beta_s_per_byte", links[l].configured.beta_s_per_byte},
+                             {"source", links[l].source},
+                             {"r2", links[l].r2}});
+    j["compute"] = {{"flops_per_s", compute.flops_per_s},
+                    {"gemm_overhead_s", compute.gemm_overhead_s},
+                    {"r2", gemm_fit.r2}};
+    j["workload"] = {{"num_moe_layers", w.num_moe_layers},
+                     {"experts_per_worker", w.experts_per_worker},
+                     {"expert_bytes", w.expert_bytes},
+                     {"token_bytes", w.token_bytes},
+                     {"dense_param_bytes", w.dense_param_bytes},
+                     {"pre_expert_fwd_s", w.pre_expert_fwd_s},
+                     {"pre_expert_bwd_s", w.pre_expert_bwd_s},
+                     {"expert_fwd_s", w.expert_fwd_s},
+                     {"expert_bwd_s", w.expert_bwd_s},
+                     {"post_s", w.post_s}};
+    j["mode"] = ep_mode_name(plan.mode);
+    j["memory_cap_bytes"] = std::isinf(ep.memory_cap_bytes) ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(ep.memory_cap_bytes);
+    j["chosen"] = plan.chosen;
+    j["chosen_domain_sizes"] = choice.domain_sizes;
+    j["candidates"] = nlohmann::json::array();
+    for (const PlanCandidate& c : plan.candidates)
+      j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
+                                 {"compute_s", c.compute_s},
+                                 {"a2a_s", c.a2a_s},
+                                 {"ag_s", c.ag_s},
+                                 {"rs_s", c.rs_s},
+                                 {"allreduce_s", c.allreduce_s},
+                                 {"exposed_ag_s", c.exposed_ag_s},
+                                 {"exposed_rs_s", c.exposed_rs_s},
+                                 {"iteration_s", c.iteration_s},
+                                 {"gathered_bytes", c.gathered_bytes},
+                                 {"level_bytes", c.level_bytes},
+                                 {"feasible", c.feasible},
+                                 {"why_infeasible", c.why_infeasible}});
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::string layout;
+    for (const LevelSpec& l : job.cluster.levels)
+      layout += (layout.empty() ? "" : " x ") + l.name + " " + std::to_string(l.size);
+    std::printf("plan for %s: %d workers = %s; mode %s; memory cap %s\n", source.c_str(),
+                job.cluster.world_size(), layout.c_str(), ep_mode_name(plan.mode),
+                fmt_bytes(ep.memory_cap_bytes).c_str());
+    std::printf("per worker: %d MoE layers, %g experts per layer, P_E %s per expert, D %s per A2A, "
+                "%lld tokens/step, dense params %s\n",
+                w.num_moe_layers, w.experts_per_worker, fmt_bytes(w.expert_bytes).c_str(),
+                fmt_bytes(w.token_bytes).c_str(), in.tokens_per_worker,
+                fmt_bytes(w.dense_param_bytes).c_str());
+    std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f)\n",
+                compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2);
+    std::printf("links:\n");
+    for (const LinkSource& ls : links) {
+      std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),
+                  fmt_seconds(ls.model.alpha_s).c_str(), ls.model.beta_s_per_byte,
+                  fmt_bytes(1.0 / ls.model.beta_s_per_byte).c_str(), ls.source.c_str());
+      if (ls.source == "probe")
+        std::printf(", r2 %.4f; configured alpha %s, %s/s", ls.r2,
+                    fmt_seconds(ls.configured.alpha_s).c_str(),
+                    fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str());
+      std::printf("]\n");
+    }
+    std::printf("\n  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "domains", "gathered",
+                "compute", "a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "iteration");
+    std::printf("  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "", "", "ms", "ms", "ms",
+                "ms", "ms", "ms", "ms", "ms");
+    for (size_t i = 0; i < plan.candidates.size(); ++i) {
+      const PlanCandidate& c = plan.candidates[i];
+      std::printf("%c %-10s %10s %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %11.3f%s\n",
+                  int(i) == plan.chosen ? '*' : ' ', fmt_list(c.domain_sizes).c_str(),
+                  fmt_bytes(c.gathered_bytes).c_str(), c.compute_s * 1e3, c.a2a_s * 1e3,
+                  c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
+                  c.allreduce_s * 1e3, c.iteration_s * 1e3, c.feasible ? "" : "  (over the cap)");
+    }
+    const char* why = plan.mode == EpMode::kAuto ? "the least predicted iteration time"
+                      : plan.mode == EpMode::kEp ? "mode ep: every domain size 1"
+                                                 : "mode hybrid: the configured domain sizes";
+    std::printf("\nchosen: domains %s (%s), predicted %s per iteration\n",
+                fmt_list(choice.domain_sizes).c_str(), why, fmt_seconds(choice.iteration_s).c_str());
+  }
+  if (!choice.feasible) {
+    std::fprintf(stderr, "xdmoe plan: the configured hybrid domain sizes %s are infeasible: %s\n",
+                 fmt_list(choice.domain_sizes).c_str(), choice.why_infeasible.c_str());
+    return 1;
+  }
+  return 0;
+}
+}  // namespace
+
+void add_plan_command(CLI::App& app, int* exit_code) {
+  auto opts = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict one training iteration for every expert-domain candidate and pick one");
+  cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->add_flag("--probe", opts->probe,
+                "Fit each shaped link class's alpha/beta with a short loopback probe (~1-3 s each)");
+  cmd->callback([opts, exit_code] { *exit_code = run_plan(*opts); });
+}
+
+}  // namespace xd::cli

@@ -1,0 +1,395 @@
+#include "coordinator/cluster_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "transport/link_shaping.h"
+
+namespace xd {
+
+const char* ep_mode_name(EpMode m) {
+  switch (m) {
+    case EpMode::kEp: return "ep";
+    case EpMode::kHybrid: return "hybrid";
+    case EpMode::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Expected<EpMode> parse_ep_mode(const std::string& s) {
+  if (s == "ep") return EpMode::kEp;
+  if (s == "hybrid") return EpMode::kHybrid;
+  if (s == "auto") return EpMode::kAuto;
+  return Status::invalid_argument("unknown mode '" + s + "' (use ep, hybrid or auto)");
+}
+
+int ClusterSpec::world_size() const {
+  int g = 1;
+  for (const LevelSpec& l : levels) g *= l.size;
+  return g;
+}
+
+std::vector<int> ClusterSpec::level_sizes() const {
+  std::vector<int> s;
+  for (const LevelSpec& l : levels) s.push_back(l.size);
+  return s;
+}
+
+ClusterSpec default_cluster_spec() {
+  ClusterSpec c;
+  c.levels = {
+      LevelSpec{"dc", 2, LinkClassSpec{"dc", 100e6 / 8, 10e-3, true}},
+      LevelSpec{"worker", 2, LinkClassSpec{"worker", 1e9 / 8, 0.2e-3, true}},
+  };
+  c.expert_parallel.mode = EpMode::kAuto;
+  c.expert_parallel.domain_sizes = {1, 1};
+  c.expert_parallel.memory_cap_bytes = 64e6;
+  return c;
+}
+
+Expected<double> parse_byte_size(const std::string& text) {
+  std::string t;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch)))
+      t.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+  if (t == "unlimited" || t == "none" || t == "inf")
+    return std::numeric_limits<double>::infinity();
+  const char* begin = t.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || !(v >= 0) || !std::isfinite(v))
+    return Status::invalid_argument("bad size '" + text + "'");
+  const std::string unit(end);
+  static const std::map<std::string, double> units = {
+      {"", 1},      {"b", 1},
+      {"kb", 1e3},  {"mb", 1e6},  {"gb", 1e9},  {"tb", 1e12},
+      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
+      {"tib", 1024.0 * 1024 * 1024 * 1024}};
+  auto it = units.find(unit);
+  if (it == units.end())
+    return Status::invalid_argument("bad size unit in '" + text +
+                                    "' (use B, KB, MB, GB, KiB, MiB, GiB or unlimited)");
+  return v * it->second;
+}
+
+int link_level(const std::vector<int>& level_sizes, int m, int n) {
+  int stride = 1;
+  for (int s : level_sizes) stride *= s;
+  XD_CHECK(m >= 0 && m < stride && n >= 0 && n < stride);
+  for (size_t l = 0; l < level_sizes.size(); ++l) {
+    stride /= level_sizes[l];
+    if ((m / stride) % level_sizes[l] != (n / stride) % level_sizes[l]) return static_cast<int>(l);
+  }
+  return -1;
+}
+
+namespace {
+
+std::string level_key(size_t i) { return "cluster.levels[" + std::to_string(i) + "]"; }
+
+// The first rule `c` breaks, as (key, why).
+std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec& c) {
+  using Issue = std::pair<std::string, std::string>;
+  if (c.levels.empty()) return Issue{"cluster.levels", "at least one level is required"};
+  std::set<std::string> names;
+  long long g = 1;
+  for (size_t i = 0; i < c.levels.size(); ++i) {
+    const LevelSpec& l = c.levels[i];
+    const std::string k = level_key(i);
+    if (l.name.empty()) return Issue{k + ".name", "must not be empty"};
+    if (!names.insert(l.name).second) return Issue{k + ".name", "duplicate level name '" + l.name + "'"};
+    if (l.size < 1) return Issue{k + ".size", "must be at least 1"};
+    g *= l.size;
+    if (g > 65535) return Issue{k + ".size", "the world size (product of level sizes) exceeds 65535"};
+    if (!(l.link.bandwidth_bytes_per_s > 0) || !std::isfinite(l.link.bandwidth_bytes_per_s))
+      return Issue{k + ".link.bandwidth", "must be positive"};
+    if (!(l.link.latency_s >= 0) || !std::isfinite(l.link.latency_s))
+      return Issue{k + ".link.latency", "must be >= 0"};
+  }
+  const ExpertParallelSpec& ep = c.expert_parallel;
+  if (ep.domain_sizes.size() != c.levels.size())
+    return Issue{"cluster.expert_parallel.domain_sizes",
+                 "needs one entry per level (" + std::to_string(c.levels.size()) + "), got " +
+                     std::to_string(ep.domain_sizes.size())};
+  for (size_t i = 0; i < ep.domain_sizes.size(); ++i) {
+    const int s = ep.domain_sizes[i], sf = c.levels[i].size;
+    const std::string k = "cluster.expert_parallel.domain_sizes[" + std::to_string(i) + "]";
+    if (s < 1) return Issue{k, "must be at least 1"};
+    if (sf % s != 0)
+      return Issue{k, "domain size " + std::to_string(s) + " does not divide the size " +
+                          std::to_string(sf) + " of level '" + c.levels[i].name + "'"};
+  }
+  if (ep.mode == EpMode::kEp)
+    for (int s : ep.domain_sizes)
+      if (s != 1) return Issue{"cluster.expert_parallel.domain_sizes", "mode ep means all 1s"};
+  if (!(ep.memory_cap_bytes >= 0)) return Issue{"cluster.expert_parallel.memory_cap", "must be >= 0"};
+  if (!c.hosts.empty()) {
+    const int g0 = c.levels[0].size;
+    std::vector<long long> per_dc(g0, 0);
+    long long total = 0;
+    for (size_t i = 0; i < c.hosts.size(); ++i) {
+      const HostSpec& h = c.hosts[i];
+      const std::string k = "cluster.hosts[" + std::to_string(i) + "]";
+      if (h.host.empty()) return Issue{k + ".host", "must not be empty"};
+      if (h.dc < 0 || h.dc >= g0)
+        return Issue{k + ".dc", "must be in 0.." + std::to_string(g0 - 1) + " (level '" +
+                                    c.levels[0].name + "' has size " + std::to_string(g0) + ")"};
+      if (h.slots < 1) return Issue{k + ".slots", "must be at least 1"};
+      per_dc[h.dc] += h.slots;
+      total += h.slots;
+    }
+    if (total != g)
+      return Issue{"cluster.hosts", "the slots add up to " + std::to_string(total) +
+                                        ", but the levels describe " + std::to_string(g) + " workers"};
+    for (int d = 0; d < g0; ++d)
+      if (per_dc[d] != g / g0)
+        return Issue{"cluster.hosts", "coordinate " + std::to_string(d) + " of level '" +
+                                          c.levels[0].name + "' has " + std::to_string(per_dc[d]) +
+                                          " slots, expected " + std::to_string(g / g0)};
+  }
+  return std::nullopt;
+}
+
+// Reads YAML nodes into typed fields, keeping the first error with the
+// file:line of the offending node, and remembers where each key was read so
+// that rules checked later can still point at the line.
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  std::string where(const YAML::Node& n) const {
+    return source_ + ":" + std::to_string(n.Mark().line + 1);
+  }
+  void fail(const YAML::Node& n, const std::string& key, const std::string& why) {
+    if (status_.is_ok()) status_ = Status::invalid_argument(where(n) + ": " + key + ": " + why);
+  }
+  void fail_at(const std::string& key, const std::string& why) {
+    if (!status_.is_ok()) return;
+    // The mark of the key itself, else of the closest enclosing key.
+    std::string k = key;
+    while (!k.empty()) {
+      auto it = lines_.find(k);
+      if (it != lines_.end()) {
+        status_ = Status::invalid_argument(source_ + ":" + std::to_string(it->second) + ": " + key +
+                                           ": " + why);
+        return;
+      }
+      const size_t cut = k.find_last_of(".[");
+      k = cut == std::string::npos ? "" : k.substr(0, cut);
+    }
+    status_ = Status::invalid_argument(source_ + ": " + key + ": " + why);
+  }
+  void mark(const std::string& key, const YAML::Node& n) { lines_[key] = n.Mark().line + 1; }
+
+  // Visits every key of `map`; unknown keys and missing required keys are errors.
+  template <typename F>
+  void section(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& keys,
+               const std::set<std::string>& required, F field) {
+    if (!ok()) return;
+    if (!map.IsMap()) return fail(map, prefix, "must be a mapping");
+    mark(prefix, map);
+    std::set<std::string> seen;
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      if (!keys.count(key)) {
+        std::string known;
+        for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
+        return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
+      }
+      seen.insert(key);
+      mark(prefix + "." + key, kv.second);
+      field(key, kv.second, prefix + "." + key);
+      if (!ok()) return;
+    }
+    for (const auto& r : required)
+      if (!seen.count(r)) return fail(map, prefix + "." + r, "missing (required)");
+  }
+
+  template <typename T>
+  void get(const YAML::Node& n, const std::string& key, T* out) {
+    if (!ok()) return;
+    if (!n.IsScalar()) return fail(n, key, "expected a scalar");
+    try {
+      *out = n.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(n, key, std::string("expected ") + type_name<T>() + ", got '" + n.Scalar() + "'");
+    }
+  }
+
+  // A scalar run through a unit parser such as parse_bandwidth.
+  template <typename P>
+  void get_unit(const YAML::Node& n, const std::string& key, double* out, P parse) {
+    std::string s;
+    get(n, key, &s);
+    if (!ok()) return;
+    auto v = parse(s);
+    if (!v) return fail(n, key, v.status().message());
+    *out = *v;
+  }
+
+  bool ok() const { return status_.is_ok(); }
+  const Status& status() const { return status_; }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "a boolean";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+  std::string source_;
+  Status status_;
+  std::map<std::string, int> lines_;
+};
+
+void read_level(Reader& r, const YAML::Node& node, const std::string& k, LevelSpec* level) {
+  r.section(node, k, {"name", "size", "link"}, {"name", "size", "link"},
+            [&](const std::string& key, const YAML::Node& v, const std::string& full) {
+    if (key == "name") r.get(v, full, &level->name);
+    else if (key == "size") r.get(v, full, &level->size);
+    else {
+      level->link = LinkClassSpec{};
+      r.section(v, full, {"bandwidth", "latency", "shape"}, {"bandwidth"},
+                [&](const std::string& lk, const YAML::Node& lv, const std::string& lfull) {
+        if (lk == "bandwidth") r.get_unit(lv, lfull, &level->link.bandwidth_bytes_per_s, parse_bandwidth);
+        else if (lk == "latency") r.get_unit(lv, lfull, &level->link.latency_s, parse_duration);
+        else r.get(lv, lfull, &level->link.shape);
+      });
+    }
+  });
+  level->link.name = level->name;
+}
+
+void read_hosts(Reader& r, const YAML::Node& node, std::vector<HostSpec>* hosts) {
+  if (!node.IsSequence()) return r.fail(node, "cluster.hosts", "must be a list");
+  hosts->clear();
+  for (size_t i = 0; i < node.size() && r.ok(); ++i) {
+    HostSpec h;
+    const std::string k = "cluster.hosts[" + std::to_string(i) + "]";
+    r.section(node[i], k, {"host", "dc", "slots"}, {"host"},
+              [&](const std::string& key, const YAML::Node& v, const std::string& full) {
+      if (key == "host") r.get(v, full, &h.host);
+      else if (key == "dc") r.get(v, full, &h.dc);
+      else r.get(v, full, &h.slots);
+    });
+    hosts->push_back(h);
+  }
+}
+
+}  // namespace
+
+Status ClusterSpec::validate() const {
+  auto issue = first_issue(*this);
+  if (issue) return Status::invalid_argument(issue->first + ": " + issue->second);
+  return Status::ok();
+}
+
+Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_argument(source + ":" + std::to_string(e.mark.line + 1) +
+                                    ": YAML syntax error: " + e.msg);
+  }
+  ClusterSpec c = default_cluster_spec();
+  if (!root || root.IsNull()) return c;
+  if (!root.IsMap()) return Status::invalid_argument(source + ": the top level must be a mapping");
+  const YAML::Node node = root["cluster"];
+  if (!node) return c;
+
+  Reader r(source);
+  bool levels_given = false, domains_given = false;
+  r.section(node, "cluster", {"levels", "hosts", "expert_parallel"}, {},
+            [&](const std::string& key, const YAML::Node& v, const std::string& full) {
+    if (key == "levels") {
+      levels_given = true;
+      if (!v.IsSequence() || v.size() == 0)
+        return r.fail(v, full, "must be a non-empty list of levels, outermost first");
+      c.levels.clear();
+      for (size_t i = 0; i < v.size() && r.ok(); ++i) {
+        LevelSpec level;
+        read_level(r, v[i], level_key(i), &level);
+        c.levels.push_back(level);
+      }
+    } else if (key == "hosts") {
+      read_hosts(r, v, &c.hosts);
+    } else {
+      ExpertParallelSpec& ep = c.expert_parallel;
+      r.section(v, full, {"mode", "domain_sizes", "memory_cap"}, {},
+                [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
+        if (ek == "mode") {
+          std::string s;
+          r.get(ev, efull, &s);
+          if (!r.ok()) return;
+          auto m = parse_ep_mode(s);
+          if (!m) return r.fail(ev, efull, m.status().message());
+          ep.mode = *m;
+        } else if (ek == "domain_sizes") {
+          domains_given = true;
+          if (!ev.IsSequence()) return r.fail(ev, efull, "must be a list with one size per level");
+          ep.domain_sizes.clear();
+          for (size_t i = 0; i < ev.size() && r.ok(); ++i) {
+            int s = 0;
+            const std::string ik = efull + "[" + std::to_string(i) + "]";
+            r.mark(ik, ev[i]);
+            r.get(ev[i], ik, &s);
+            ep.domain_sizes.push_back(s);
+          }
+        } else {
+          r.get_unit(ev, efull, &ep.memory_cap_bytes, parse_byte_size);
+        }
+      });
+    }
+  });
+  XD_RETURN_IF_ERROR(r.status());
+  ExpertParallelSpec& ep = c.expert_parallel;
+  if (ep.mode == EpMode::kHybrid && !domains_given)
+    r.fail_at("cluster.expert_parallel.domain_sizes", "required for mode hybrid");
+  if (ep.mode == EpMode::kEp || (!domains_given && levels_given))
+    ep.domain_sizes.assign(c.levels.size(), 1);
+  XD_RETURN_IF_ERROR(r.status());
+  if (auto issue = first_issue(c)) {
+    r.fail_at(issue->first, issue->second);
+    return r.status();
+  }
+  return c;
+}
+
+JobConfig default_job_config() { return JobConfig{default_train_config(), default_cluster_spec()}; }
+
+Expected<JobConfig> parse_job_config(const std::string& text, const std::string& source) {
+  auto train = parse_train_config(text, source, {"cluster"});
+  if (!train) return train.status();
+  auto cluster = parse_cluster_spec(text, source);
+  if (!cluster) return cluster.status();
+  const int g = cluster->world_size();
+  if (train->model.num_experts % g != 0)
+    return Status::invalid_argument(source + ": model.num_experts (" +
+                                    std::to_string(train->model.num_experts) +
+                                    ") must be a multiple of the world size (" + std::to_string(g) +
+                                    " workers from cluster.levels), so that every worker owns "
+                                    "the same number of experts");
+  return JobConfig{std::move(*train), std::move(*cluster)};
+}
+
+Expected<JobConfig> load_job_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::io_error("cannot read config '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_job_config(ss.str(), path);
+}
+
+}  // namespace xd

@@ -1,0 +1,96 @@
+// ClusterSpec: the `cluster:` section of a job YAML -- the multilevel layout of
+// the workers (outermost level first, HybridEP Sec. IV-A), one link class per
+// level, optional hosts, and the expert-parallel choice. Parsing is strict: an
+// unknown key, a bad unit or an inconsistent value (a domain size that does not
+// divide its level size, ...) is an error naming file:line and the key.
+// JobConfig is the whole job file: the TrainConfig sections plus the cluster.
+// Plain data; copyable.
+//
+// Link classes: the link class of level l joins workers whose locations
+// differ in coordinate l only; for any two workers it is the level of the
+// first (outermost) coordinate where their locations differ (link_level).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/train_config.h"
+
+namespace xd {
+
+struct LinkClassSpec {
+  std::string name;                   // the level's name, e.g. "dc"
+  double bandwidth_bytes_per_s = 0;   // > 0
+  double latency_s = 0;               // one-way
+  bool shape = true;                  // emulate it with the in-process shaper
+};
+
+struct LevelSpec {
+  std::string name;  // unique, e.g. "dc", "worker"
+  int size = 1;      // SF^l
+  LinkClassSpec link;
+};
+
+enum class EpMode : int { kEp = 0, kHybrid = 1, kAuto = 2 };
+const char* ep_mode_name(EpMode m);  // "ep", "hybrid", "auto"
+Expected<EpMode> parse_ep_mode(const std::string& s);
+
+struct ExpertParallelSpec {
+  EpMode mode = EpMode::kAuto;
+  // S^l per level; S^l divides SF^l. Only hybrid uses them; ep means all 1s and
+  // auto lets the planner choose.
+  std::vector<int> domain_sizes;
+  // Bytes of gathered expert replicas a worker may hold (all layers). A
+  // candidate above it is infeasible. +infinity: no cap.
+  double memory_cap_bytes = 64e6;
+};
+
+struct HostSpec {
+  std::string host;  // address or name
+  int dc = 0;        // coordinate 0 (the outermost level) of its workers
+  int slots = 1;     // workers on this host
+};
+
+struct ClusterSpec {
+  std::vector<LevelSpec> levels;  // outermost first
+  std::vector<HostSpec> hosts;    // optional; empty: everything on this machine
+  ExpertParallelSpec expert_parallel;
+
+  int world_size() const;                // G = prod SF^l
+  std::vector<int> level_sizes() const;  // SF^0..SF^{L-1}
+  // Checks every rule the parser checks; errors name the key ("cluster.levels[1].size").
+  Status validate() const;
+};
+
+// 2 DCs x 2 workers; inter-DC 100mbit/10ms, intra-DC 1gbit/0.2ms, both shaped;
+// mode auto, domain sizes all 1, 64MB cap.
+ClusterSpec default_cluster_spec();
+
+// Reads the `cluster` key of the YAML document (other top-level keys belong to
+// other readers and are ignored). Without a `cluster` key: the default. Keys
+// left out keep the default's values; `levels`, when given, replaces the
+// default levels. Sizes: "64MB" (10^6), "64MiB" (2^20), plain bytes, or
+// "unlimited" for memory_cap.
+Expected<ClusterSpec> parse_cluster_spec(const std::string& yaml_text, const std::string& source);
+
+// Byte sizes: "512", "64KB", "1.5GB", "64MiB" (case-insensitive), "unlimited".
+Expected<double> parse_byte_size(const std::string& text);
+
+// The level of the first coordinate where workers m and n differ (their link
+// class), or -1 when m == n.
+int link_level(const std::vector<int>& level_sizes, int m, int n);
+
+struct JobConfig {
+  TrainConfig train;
+  ClusterSpec cluster;
+};
+
+// train = default_train_config(), cluster = default_cluster_spec().
+JobConfig default_job_config();
+// Parses the sections model/train/data (TrainConfig) and cluster of one file,
+// then checks that they agree (model.num_experts is a multiple of the world size).
+Expected<JobConfig> parse_job_config(const std::string& yaml_text, const std::string& source);
+Expected<JobConfig> load_job_config(const std::string& path);
+
+}  // namespace xd

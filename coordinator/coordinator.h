@@ -1,0 +1,54 @@
+// Coordinator: the job's control process (`xdmoe coordinator`). It registers
+// workers (ROUTER/DEALER, zguide Majordomo style), gives each its rank,
+// location, peers and the expert-parallel plan, and watches liveness with
+// heartbeats (Paranoid Pirate: every interval, lost after `liveness` misses).
+// It aggregates per-step metrics, answers CLI requests (status, metrics, stop,
+// throttle) on a second socket and serves Prometheus text over HTTP.
+// run() owns every socket and returns when the job ends; not thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "coordinator/cluster_spec.h"
+#include "coordinator/planner.h"
+
+namespace xd {
+
+struct CoordinatorOptions {
+  std::string worker_endpoint = "tcp://127.0.0.1:7371";
+  std::string cli_endpoint = "tcp://127.0.0.1:7370";
+  int http_port = 7372;           // Prometheus /metrics; 0: a free port; -1: off
+  std::string job_name = "xdmoe";
+  std::string job_yaml;           // the job file's text, handed to workers ("" = default)
+  double heartbeat_interval_s = 1.0;
+  int liveness = 3;
+  bool hold = false;              // workers stay idle after assignment until stopped
+  bool flat_ep = false;           // EP with one all-to-all hop instead of one per level
+  std::string summary_path;       // JSON summary written at the end, if set
+  std::string endpoints_path;     // where the bound endpoints are written, if set
+  double register_timeout_s = 120;
+};
+
+class Coordinator {
+ public:
+  Coordinator(JobConfig job, CoordinatorOptions options);
+  ~Coordinator();
+  // Runs the job to its end: ok when every worker finished; an error when one
+  // was lost or failed, the job was stopped early, or registration timed out.
+  Status run();
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The plan a coordinator hands out for a job (also `xdmoe plan`): link models
+// from the spec, compute model from a short local GEMM probe.
+Plan plan_for_job(const JobConfig& job);
+
+}  // namespace xd

@@ -1,0 +1,144 @@
+#include "coordinator/job_metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace xd {
+
+void JobMetrics::record(int rank, const StepMetrics& m) {
+  last_by_rank_[rank] = m;
+  StepSummary& s = pending_[m.step];
+  s.step = m.step;
+  s.reporters++;
+  s.loss += m.loss / world_;
+  s.ce_loss += m.ce_loss / world_;
+  s.aux_loss += m.aux_loss / world_;
+  s.tokens_per_s += m.tokens_per_s;
+  s.step_s = std::max(s.step_s, m.step_s);
+  s.compute_s = std::max(s.compute_s, m.compute_s);
+  s.comm_s = std::max(s.comm_s, m.comm_s);
+  s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
+  s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
+  s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
+  for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
+  if (s.reporters == world_) {
+    complete_.push_back(s);
+    pending_.erase(m.step);
+  }
+}
+
+StepSummary JobMetrics::mean(int skip) const {
+  StepSummary out;
+  int n = 0;
+  for (size_t i = std::min<size_t>(skip, complete_.size() ? complete_.size() - 1 : 0); i < complete_.size(); ++i) {
+    const StepSummary& s = complete_[i];
+    ++n;
+    out.loss += s.loss;
+    out.ce_loss += s.ce_loss;
+    out.aux_loss += s.aux_loss;
+    out.tokens_per_s += s.tokens_per_s;
+    out.step_s += s.step_s;
+    out.compute_s += s.compute_s;
+    out.comm_s += s.comm_s;
+    out.exposed_comm_s += s.exposed_comm_s;
+    out.predicted_step_s += s.predicted_step_s;
+    out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
+    for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
+  }
+  if (n == 0) return out;
+  out.loss /= n;
+  out.ce_loss /= n;
+  out.aux_loss /= n;
+  out.tokens_per_s /= n;
+  out.step_s /= n;
+  out.compute_s /= n;
+  out.comm_s /= n;
+  out.exposed_comm_s /= n;
+  out.predicted_step_s /= n;
+  for (auto& [k, v] : out.bytes) v /= n;
+  out.step = complete_.back().step;
+  out.reporters = n;
+  return out;
+}
+
+namespace {
+nlohmann::json summary_json(const StepSummary& s) {
+  return {{"step", s.step},
+          {"loss", s.loss},
+          {"ce_loss", s.ce_loss},
+          {"aux_loss", s.aux_loss},
+          {"tokens_per_s", s.tokens_per_s},
+          {"step_s", s.step_s},
+          {"compute_s", s.compute_s},
+          {"comm_s", s.comm_s},
+          {"exposed_comm_s", s.exposed_comm_s},
+          {"overlap_percent", s.overlap_percent()},
+          {"predicted_step_s", s.predicted_step_s},
+          {"peak_rss_bytes", s.peak_rss_bytes},
+          {"bytes", s.bytes}};
+}
+}  // namespace
+
+nlohmann::json JobMetrics::to_json() const {
+  nlohmann::json j;
+  j["steps_complete"] = complete_.size();
+  if (!complete_.empty()) j["last_step"] = summary_json(complete_.back());
+  nlohmann::json per_rank = nlohmann::json::object();
+  for (const auto& [rank, m] : last_by_rank_) {
+    nlohmann::json w = xd::to_json(m);
+    w.erase("op");
+    per_rank[std::to_string(rank)] = w;
+  }
+  j["workers"] = per_rank;
+  return j;
+}
+
+std::string JobMetrics::prometheus(const std::string& job, const std::vector<std::string>& states) const {
+  std::ostringstream o;
+  auto gauge = [&](const char* name, const char* help) {
+    o << "# HELP xdmoe_" << name << " " << help << "\n# TYPE xdmoe_" << name << " gauge\n";
+  };
+  const std::string label = "job=\"" + job + "\"";
+  gauge("workers", "Workers of the job by state.");
+  std::map<std::string, int> by_state;
+  for (const auto& s : states) by_state[s]++;
+  for (const char* s : {"registered", "running", "lost", "done", "failed", "missing"})
+    o << "xdmoe_workers{" << label << ",state=\"" << s << "\"} " << by_state[s] << "\n";
+  gauge("steps_complete", "Steps reported by every worker.");
+  o << "xdmoe_steps_complete{" << label << "} " << complete_.size() << "\n";
+  const StepSummary* s = last_complete();
+  if (s) {
+    struct Field { const char* name; const char* help; double value; };
+    const Field fields[] = {
+        {"loss", "Mean training loss of the last complete step.", s->loss},
+        {"tokens_per_second", "Sum over workers of tokens per second.", s->tokens_per_s},
+        {"step_seconds", "Slowest worker's step time.", s->step_s},
+        {"compute_seconds", "Compute time of the step.", s->compute_s},
+        {"exposed_comm_seconds", "Communication time not hidden behind compute.", s->exposed_comm_s},
+        {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
+        {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
+        {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
+    };
+    for (const Field& f : fields) {
+      gauge(f.name, f.help);
+      o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
+    }
+    o << "# HELP xdmoe_step_bytes Bytes sent in the last complete step per link class and operation.\n"
+         "# TYPE xdmoe_step_bytes gauge\n";
+    for (const auto& [key, v] : s->bytes) {
+      const auto slash = key.find('/');
+      const std::string link = key.substr(0, slash), opname = slash == std::string::npos ? "" : key.substr(slash + 1);
+      o << "xdmoe_step_bytes{" << label << ",link=\"" << link << "\",op=\"" << opname << "\"} " << v << "\n";
+    }
+  }
+  gauge("worker_step", "Last step each worker reported.");
+  for (const auto& [rank, m] : last_by_rank_)
+    o << "xdmoe_worker_step{" << label << ",rank=\"" << rank << "\"} " << m.step << "\n";
+  gauge("worker_loss", "Last loss each worker reported.");
+  for (const auto& [rank, m] : last_by_rank_)
+    o << "xdmoe_worker_loss{" << label << ",rank=\"" << rank << "\"} " << m.loss << "\n";
+  return o.str();
+}
+
+}  // namespace xd

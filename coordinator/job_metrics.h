@@ -1,0 +1,51 @@
+// JobMetrics: the coordinator's view of a run's figures. Workers report one
+// StepMetrics per step; a step is complete when every worker reported it.
+// Renders Prometheus text exposition and JSON. Not thread-safe: the
+// coordinator loop owns it (the HTTP thread reads a rendered snapshot).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/protocol.h"
+
+namespace xd {
+
+struct StepSummary {
+  int64_t step = 0;
+  int reporters = 0;
+  double loss = 0, ce_loss = 0, aux_loss = 0;  // mean over workers
+  double tokens_per_s = 0;                     // sum over workers
+  double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers
+  double predicted_step_s = 0;
+  double peak_rss_bytes = 0;                   // max
+  std::map<std::string, double> bytes;         // sum
+  double overlap_percent() const {
+    return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;
+  }
+};
+
+class JobMetrics {
+ public:
+  explicit JobMetrics(int world_size) : world_(world_size) {}
+  void record(int rank, const StepMetrics& m);
+  // Steps every worker has reported, in order.
+  const std::vector<StepSummary>& complete_steps() const { return complete_; }
+  const StepSummary* last_complete() const { return complete_.empty() ? nullptr : &complete_.back(); }
+  // Means over the complete steps after the first `skip` (warm-up).
+  StepSummary mean(int skip) const;
+  nlohmann::json to_json() const;
+  std::string prometheus(const std::string& job, const std::vector<std::string>& worker_states) const;
+
+ private:
+  int world_;
+  std::map<int64_t, StepSummary> pending_;
+  std::vector<StepSummary> complete_;
+  std::map<int, StepMetrics> last_by_rank_;
+};
+
+}  // namespace xd

@@ -1,0 +1,153 @@
+#include "coordinator/link_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "model/gemm.h"
+#include "transport/transport.h"
+
+namespace xd {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+LinearFit fit_line(std::vector<std::pair<double, double>> samples) {
+  LinearFit f;
+  f.samples = std::move(samples);
+  const double k = static_cast<double>(f.samples.size());
+  if (f.samples.empty()) return f;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : f.samples) {
+    mx += x;
+    my += y;
+  }
+  mx /= k;
+  my /= k;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (const auto& [x, y] : f.samples) {
+    sxx += (x - mx) * (x - mx);
+    sxy += (x - mx) * (y - my);
+    syy += (y - my) * (y - my);
+  }
+  if (!(sxx > 0)) {
+    f.alpha = my;
+    return f;
+  }
+  f.beta = sxy / sxx;
+  f.alpha = my - f.beta * mx;
+  double sse = 0;
+  for (const auto& [x, y] : f.samples) {
+    const double e = y - (f.alpha + f.beta * x);
+    sse += e * e;
+  }
+  f.r2 = syy > 0 ? 1.0 - sse / syy : 1.0;
+  return f;
+}
+
+Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options) {
+  if (options.sizes.empty() || options.repetitions < 1)
+    return Status::invalid_argument("link probe: needs sizes and at least one repetition");
+
+  // Sizes that fit the per-message limit on this link.
+  std::vector<size_t> sizes = options.sizes;
+  const double bw = shaping.bandwidth_bytes_per_s;
+  if (bw > 0) {
+    const double cap = options.max_message_s * bw;
+    std::vector<size_t> kept;
+    for (size_t s : sizes)
+      if (double(s) <= cap) kept.push_back(s);
+    if (kept.size() < 3) {
+      const size_t top = std::max<size_t>(64, static_cast<size_t>(cap));
+      kept = {std::max<size_t>(1, top / 64), std::max<size_t>(2, top / 8), top};
+    }
+    sizes = kept;
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  auto predicted = [&](size_t s) {
+    return shaping.latency_s + (bw > 0 ? double(s) / bw : double(s) / 1e9) + 1e-3;
+  };
+  int reps = options.repetitions;
+  for (;;) {
+    double total = 0;
+    for (size_t s : sizes) total += reps * predicted(s);
+    if (total <= 0.8 * options.time_budget_s || reps == 1) break;
+    --reps;
+  }
+
+  TransportOptions base;
+  base.job = 0x50524F42u;  // "PROB"
+  base.link_classes = {shaping};
+  base.link_class_names = {"probe"};
+  TransportOptions oa = base, ob = base;
+  oa.rank = 0;
+  ob.rank = 1;
+  auto a = Transport::create(oa);
+  if (!a) return a.status().with_context("link probe");
+  auto b = Transport::create(ob);
+  if (!b) return b.status().with_context("link probe");
+  const std::vector<PeerInfo> peers = {{0, (*a)->endpoint(), 0}, {1, (*b)->endpoint(), 0}};
+  XD_RETURN_IF_ERROR((*a)->connect(peers).with_context("link probe"));
+  XD_RETURN_IF_ERROR((*b)->connect(peers).with_context("link probe"));
+
+  auto buffer = std::make_shared<std::vector<char>>(sizes.back(), 'x');
+  uint32_t seq = 0;
+  auto send_one = [&](size_t bytes) -> Expected<double> {
+    const Tag tag{MessageKind::kPointToPoint, seq++, kNoLayer, 0, 0};
+    auto slot = (*b)->recv(0, tag);
+    const double t0 = now_s();
+    (*a)->send(1, tag, {OutFrame{buffer->data(), bytes, buffer}});
+    auto m = slot->wait(options.timeout);
+    const double t1 = now_s();
+    if (!m) return m.status().with_context("link probe: message of " + std::to_string(bytes) + " bytes");
+    if (m->payload_bytes() != bytes) return Status::internal("link probe: wrong payload size");
+    return t1 - t0;
+  };
+  // Warm-up: the first messages pay for the connection set-up.
+  for (int i = 0; i < 2; ++i) {
+    auto w = send_one(sizes.front());
+    if (!w) return w.status();
+  }
+  std::vector<std::pair<double, double>> samples;
+  for (int r = 0; r < reps; ++r)
+    for (size_t s : sizes) {
+      auto t = send_one(s);
+      if (!t) return t.status();
+      samples.emplace_back(double(s), *t);
+    }
+  return fit_line(std::move(samples));
+}
+
+LinearFit probe_gemm(const GemmProbeOptions& options) {
+  std::vector<std::pair<double, double>> samples;
+  for (const auto& shape : options.shapes) {
+    XD_CHECK(shape.size() == 3);
+    const int m = shape[0], n = shape[1], k = shape[2];
+    std::vector<float> a(size_t(m) * k), bm(size_t(n) * k), c(size_t(m) * n);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = float((i * 7 + 3) % 13) / 13.0f - 0.5f;
+    for (size_t i = 0; i < bm.size(); ++i) bm[i] = float((i * 5 + 1) % 11) / 11.0f - 0.5f;
+    auto call = [&] { gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, bm.data(), k, 0.0f, c.data(), n); };
+    call();  // warm-up
+    double t0 = now_s();
+    call();
+    const double once = std::max(1e-7, now_s() - t0);
+    const int reps = std::max(1, static_cast<int>(options.min_seconds_per_shape /
+                                                  std::max(1, options.samples_per_shape) / once));
+    // The fastest of a few timings: other load on the machine only slows a run down.
+    double best = 1e300;
+    for (int s = 0; s < std::max(1, options.samples_per_shape); ++s) {
+      t0 = now_s();
+      for (int r = 0; r < reps; ++r) call();
+      best = std::min(best, (now_s() - t0) / reps);
+    }
+    samples.emplace_back(2.0 * m * n * k, best);
+  }
+  return fit_line(std::move(samples));
+}
+
+}  // namespace xd

@@ -1,0 +1,54 @@
+// Link and GEMM probes: fit the planner's alpha-beta models (FSMoE Eq. 1,
+// t = alpha + n * beta) by least squares from short timed micro-benchmarks.
+//   * probe_link: messages of a few sizes between two in-process Transports
+//     over loopback, the link shaped like one link class; n is bytes.
+//   * probe_gemm: cblas_sgemm (through model/gemm.h) of a few shapes; n is flops,
+//     so 1 / beta is the GEMM rate and alpha the per-call overhead.
+// A probe takes well under the given time budget (~3 s by default). The fit is
+// reported as measured (alpha may come out slightly negative from noise).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/link_shaping.h"
+
+namespace xd {
+
+struct LinearFit {
+  double alpha = 0;  // intercept: seconds
+  double beta = 0;   // slope: seconds per unit (byte or flop)
+  double r2 = 0;     // coefficient of determination of the fit
+  std::vector<std::pair<double, double>> samples;  // (n, seconds)
+};
+
+// Ordinary least squares of seconds on n. Fewer than two distinct n: beta = 0,
+// alpha = the mean, r2 = 0.
+LinearFit fit_line(std::vector<std::pair<double, double>> samples);
+
+struct LinkProbeOptions {
+  std::vector<size_t> sizes = {1 << 10, 64 << 10, 512 << 10, 2 << 20};
+  int repetitions = 3;  // per size; the fit uses every sample
+  // A shaped size predicted to take longer than this is replaced by smaller
+  // ones (at least three sizes stay), and repetitions drop to fit the budget.
+  double max_message_s = 0.4;
+  double time_budget_s = 3.0;
+  std::chrono::milliseconds timeout{20000};  // per message
+};
+
+Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options = {});
+
+struct GemmProbeOptions {
+  // (m, n, k) of C(m, n) = A(m, k) B(n, k)^T, the shape of our linear layers.
+  std::vector<std::vector<int>> shapes = {
+      {64, 64, 64}, {128, 128, 128}, {256, 128, 256}, {256, 256, 256}, {512, 256, 256}};
+  double min_seconds_per_shape = 0.04;  // calls are repeated until this long
+  int samples_per_shape = 3;            // timings per shape; the fastest one is fitted
+};
+
+LinearFit probe_gemm(const GemmProbeOptions& options = {});
+
+}  // namespace xd

@@ -1,0 +1,284 @@
+#include "coordinator/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+
+#include "coordinator/topology.h"
+
+namespace xd {
+
+Status PlannerInputs::validate() const {
+  XD_RETURN_IF_ERROR(model.validate());
+  auto bad = [](const std::string& why) { return Status::invalid_argument("planner: " + why); };
+  if (tokens_per_worker <= 0) return bad("tokens_per_worker must be positive");
+  if (seq_len < 0) return bad("seq_len must be >= 0");
+  if (bytes_per_element <= 0) return bad("bytes_per_element must be positive");
+  XD_RETURN_IF_ERROR(Topology::check(level_sizes, std::vector<int>(level_sizes.size(), 1)));
+  if (links.size() != level_sizes.size()) return bad("need one link model per level");
+  for (const LinkModel& l : links)
+    if (!(l.alpha_s >= 0) || !(l.beta_s_per_byte >= 0) || !std::isfinite(l.alpha_s) ||
+        !std::isfinite(l.beta_s_per_byte))
+      return bad("link alpha and beta must be finite and >= 0");
+  if (!(compute.flops_per_s > 0) || !std::isfinite(compute.flops_per_s))
+    return bad("compute.flops_per_s must be positive");
+  if (!(compute.gemm_overhead_s >= 0)) return bad("compute.gemm_overhead_s must be >= 0");
+  int g = 1;
+  for (int s : level_sizes) g *= s;
+  if (model.num_experts % g != 0)
+    return bad("num_experts (" + std::to_string(model.num_experts) +
+               ") must be a multiple of the world size (" + std::to_string(g) + ")");
+  if (expert_parallel.mode == EpMode::kHybrid)
+    XD_RETURN_IF_ERROR(Topology::check(level_sizes, expert_parallel.domain_sizes)
+                           .with_context("planner: hybrid domain sizes"));
+  if (!(expert_parallel.memory_cap_bytes >= 0)) return bad("memory cap must be >= 0");
+  if (pipeline_degree != 1) return bad("pipeline_degree > 1 is not modelled yet");
+  if (farskip) return bad("FarSkip overlap is not modelled yet");
+  return Status::ok();
+}
+
+std::vector<LinkModel> spec_link_models(const ClusterSpec& spec) {
+  std::vector<LinkModel> out;
+  for (const LevelSpec& l : spec.levels)
+    out.push_back({l.link.latency_s, 1.0 / l.link.bandwidth_bytes_per_s});
+  return out;
+}
+
+PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> links,
+                                 ComputeModel compute) {
+  PlannerInputs in;
+  in.model = job.train.model;
+  in.tokens_per_worker = static_cast<long long>(job.train.batch_size) * job.train.seq_len;
+  in.seq_len = job.train.seq_len;
+  in.level_sizes = job.cluster.level_sizes();
+  in.links = std::move(links);
+  in.compute = compute;
+  in.expert_parallel = job.cluster.expert_parallel;
+  return in;
+}
+
+Workload workload_of(const PlannerInputs& in) {
+  const ModelConfig& m = in.model;
+  const double t = double(in.tokens_per_worker), d = m.hidden_size, hd = m.head_dim();
+  const double q_width = double(m.num_heads) * hd, kv_width = double(m.num_kv_heads) * hd;
+  const double rate = in.compute.flops_per_s, ovh = in.compute.gemm_overhead_s;
+  const double bytes = in.bytes_per_element;
+  int g = 1;
+  for (int s : in.level_sizes) g *= s;
+
+  // Forward flops of one layer before its routed experts (a GEMM of
+  // (a, b) x (b, c) is 2abc flops); backward costs twice the forward.
+  double pre_flops = 2 * t * d * q_width * 2      // q_proj, o_proj
+                     + 2 * t * d * kv_width * 2   // k_proj, v_proj
+                     + 2 * t * d * m.num_experts  // router
+                     + double(m.num_shared_experts) * 3 * 2 * t * d * m.shared_intermediate_size;
+  double pre_gemms = 4 + 1 + 3.0 * m.num_shared_experts;
+  if (in.seq_len > 0) {
+    const double seqs = t / in.seq_len, s = in.seq_len;
+    pre_flops += 2 * (2 * seqs * m.num_heads * s * s * hd);  // scores and probs x values
+    pre_gemms += 2 * seqs * m.num_heads;
+  }
+  const double expert_flops = t * m.top_k * 3 * 2 * d * m.expert_intermediate_size;
+  const double head_flops = 2 * t * d * m.vocab_size;
+
+  Workload w;
+  w.num_moe_layers = m.num_layers;
+  w.experts_per_worker = double(m.num_experts) / g;
+  w.expert_bytes = 3 * d * m.expert_intermediate_size * bytes;
+  w.token_bytes = t * m.top_k * d * bytes;
+  const double per_layer_dense = 2 * d + d * q_width + 2 * d * kv_width + q_width * d +
+                                 double(m.num_experts) * d +
+                                 double(m.num_shared_experts) * 3 * d * m.shared_intermediate_size;
+  w.dense_param_bytes = (2 * double(m.vocab_size) * d + d + m.num_layers * per_layer_dense) * bytes;
+  w.pre_expert_fwd_s = pre_flops / rate + pre_gemms * ovh;
+  w.pre_expert_bwd_s = 2 * pre_flops / rate + 2 * pre_gemms * ovh;
+  w.expert_fwd_s = expert_flops / rate;
+  w.expert_bwd_s = 2 * expert_flops / rate;
+  w.post_s = 3 * head_flops / rate + 3 * ovh;
+  w.gemm_overhead_s = ovh;
+  return w;
+}
+
+std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_sizes) {
+  std::vector<std::vector<int>> out = {{}};
+  for (int sf : level_sizes) {
+    std::vector<std::vector<int>> next;
+    for (const auto& prefix : out)
+      for (int s = 1; s <= sf; ++s)
+        if (sf % s == 0) {
+          next.push_back(prefix);
+          next.back().push_back(s);
+        }
+    out = std::move(next);
+  }
+  return out;
+}
+
+namespace {
+
+// A stream of per-layer communication work that progresses only while the
+// worker computes (see the header), first in first out.
+class BackgroundStream {
+ public:
+  void release(double seconds) { left_.push_back(seconds); }
+  // Progress during `dt` seconds of compute.
+  void run(double dt) {
+    while (!left_.empty() && left_.front() <= dt) {
+      dt -= left_.front();
+      left_.pop_front();
+    }
+    if (!left_.empty()) left_.front() -= dt;
+  }
+  // Finishes the first `items` entries (all when -1); returns the wait.
+  double drain(int items = -1) {
+    double wait = 0;
+    for (int i = 0; !left_.empty() && (items < 0 || i < items); ++i) {
+      wait += left_.front();
+      left_.pop_front();
+    }
+    return wait;
+  }
+  int pending() const { return static_cast<int>(left_.size()); }
+
+ private:
+  std::deque<double> left_;
+};
+
+}  // namespace
+
+PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
+                                 const std::vector<LinkModel>& links,
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
+                                 bool alpha_per_message) {
+  XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
+  XD_CHECK(links.size() == level_sizes.size());
+  const int num_levels = static_cast<int>(level_sizes.size());
+  const int layers = w.num_moe_layers;
+  const double n = w.experts_per_worker;
+
+  PlanCandidate c;
+  c.domain_sizes = domain_sizes;
+  c.level_bytes.assign(num_levels, 0.0);
+
+  // One A2A (one direction of one MoE layer), level by level; one layer's AG
+  // (outer level first, forwarding what the outer levels gathered) and its RS.
+  double a2a_one = 0, ag_layer = 0, gathered_per_layer_experts = 1;
+  for (int l = 0; l < num_levels; ++l) {
+    const LinkModel& link = links[l];
+    const int sf = level_sizes[l], s = domain_sizes[l];
+    const int a2a_msgs = sf / s - 1;
+    const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
+    if (a2a_msgs > 0)
+      a2a_one += link.alpha_s * (alpha_per_message ? a2a_msgs : 1) + link.beta_s_per_byte * a2a_bytes;
+    const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
+    if (s > 1) ag_layer += link.alpha_s * (alpha_per_message ? s - 1 : 1) + link.beta_s_per_byte * ag_bytes;
+    c.level_bytes[l] += layers * (4 * a2a_bytes + 2 * ag_bytes);
+    gathered_per_layer_experts *= s;
+  }
+  const double held = n * gathered_per_layer_experts;  // experts per layer incl. own
+  c.gathered_bytes = (held - n) * w.expert_bytes * layers;
+  c.feasible = c.gathered_bytes <= memory_cap_bytes * (1 + 1e-12);
+  if (!c.feasible)
+    c.why_infeasible = "gathered experts need " + std::to_string(static_cast<long long>(c.gathered_bytes)) +
+                       " bytes per worker, above the memory cap of " +
+                       std::to_string(static_cast<long long>(memory_cap_bytes));
+
+  // Hierarchical all-reduce of the dense gradients: ring reduce-scatter inner
+  // level first, on the shard left by the inner levels, then all-gather back.
+  double shard = w.dense_param_bytes;
+  for (int l = num_levels - 1; l >= 0; --l) {
+    const int sf = level_sizes[l];
+    if (sf > 1 && w.dense_param_bytes > 0) {
+      const double bytes = 2.0 * (sf - 1) / sf * shard;
+      c.allreduce_s += 2.0 * (sf - 1) * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
+      c.level_bytes[l] += bytes;
+    }
+    shard /= sf;
+  }
+
+  // Held experts cost GEMM calls: 3 forward, 6 backward each.
+  const double expert_fwd = w.expert_fwd_s + 3 * held * w.gemm_overhead_s;
+  const double expert_bwd = w.expert_bwd_s + 6 * held * w.gemm_overhead_s;
+
+  // The iteration as a timeline of the compute stream; the AG and RS streams
+  // progress while it computes.
+  BackgroundStream ag, rs;
+  for (int k = 0; k < layers; ++k) ag.release(ag_layer);  // from the start
+  double t = 0;
+  auto compute = [&](double dt, BackgroundStream* background) {
+    if (background) background->run(dt);
+    t += dt;
+    c.compute_s += dt;
+  };
+  auto a2a = [&] {
+    t += a2a_one;
+    c.a2a_s += a2a_one;
+  };
+  for (int k = 0; k < layers; ++k) {
+    compute(w.pre_expert_fwd_s, &ag);
+    // Layers 0..k must have their experts: finish those still in flight.
+    const double wait = ag.drain(std::max(0, k + 1 - (layers - ag.pending())));
+    t += wait;
+    c.exposed_ag_s += wait;
+    a2a();  // Dispatch
+    compute(expert_fwd, &ag);
+    a2a();  // Combine
+  }
+  compute(w.post_s, nullptr);
+  for (int k = layers - 1; k >= 0; --k) {
+    a2a();  // backward of Combine
+    compute(expert_bwd, &rs);
+    rs.release(ag_layer);  // this layer's replica gradients are ready
+    a2a();  // backward of Dispatch
+    compute(w.pre_expert_bwd_s, &rs);
+  }
+  c.exposed_rs_s = rs.drain();
+  t += c.exposed_rs_s;
+  t += c.allreduce_s;
+  c.ag_s = ag_layer * layers;
+  c.rs_s = ag_layer * layers;
+  c.iteration_s = t;
+  return c;
+}
+
+Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
+                   bool alpha_per_message) {
+  Plan plan;
+  plan.mode = ep.mode;
+  plan.chosen = -1;
+  std::vector<int> wanted;
+  if (ep.mode == EpMode::kEp) wanted.assign(level_sizes.size(), 1);
+  if (ep.mode == EpMode::kHybrid) wanted = ep.domain_sizes;
+  for (const auto& s : domain_candidates(level_sizes)) {
+    plan.candidates.push_back(
+        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, alpha_per_message));
+    const PlanCandidate& c = plan.candidates.back();
+    const int i = static_cast<int>(plan.candidates.size()) - 1;
+    if (ep.mode != EpMode::kAuto) {
+      if (s == wanted) plan.chosen = i;
+      continue;
+    }
+    if (!c.feasible) continue;
+    if (plan.chosen < 0) {
+      plan.chosen = i;
+      continue;
+    }
+    const PlanCandidate& best = plan.candidates[plan.chosen];
+    const double tol = 1e-12 * std::max(1e-30, best.iteration_s);
+    if (c.iteration_s < best.iteration_s - tol ||
+        (std::abs(c.iteration_s - best.iteration_s) <= tol && c.gathered_bytes < best.gathered_bytes))
+      plan.chosen = i;
+  }
+  XD_CHECK_MSG(plan.chosen >= 0, "no candidate chosen (hybrid domain sizes not a candidate?)");
+  return plan;
+}
+
+Plan plan_iteration(const PlannerInputs& in) {
+  const Status st = in.validate();
+  XD_CHECK_MSG(st.is_ok(), st.message().c_str());
+  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel,
+                       in.alpha_per_message);
+}
+
+}  // namespace xd

@@ -1,0 +1,130 @@
+// Planner: the stream-based cost model of one training iteration (HybridEP
+// Sec. III, Eq. 1-12, with FSMoE's alpha-beta link model, Eq. 1) and the choice
+// of the expert-domain sizes S^0..S^{L-1}. docs/planner.md has the formulas.
+//
+// Per worker and iteration it predicts three streams:
+//   compute   pre-expert (attention, router, shared experts), expert and post
+//             (LM head) GEMMs, forward and backward;
+//   tokens    4 A2As per MoE layer (Dispatch and Combine, forward and backward),
+//             level by level; a level-l A2A moves D(1 - S^l/SF^l) bytes;
+//   experts   the AG of replicas, outer level first, moving
+//             n P_E (prod_{j<l} S^j)(S^l - 1) bytes at level l, and the
+//             reduce-scatter of replica gradients, same volume;
+// plus the hierarchical all-reduce of the dense gradients.
+// Overlap: the AG runs while the worker computes in the forward pass (it may
+// start when the iteration starts; a layer's experts wait for their AG); the RS
+// runs while it computes in the backward pass; an A2A overlaps nothing (r = 1,
+// no FarSkip) and nothing overlaps it, since it shares the egress token bucket.
+// Links: a worker's egress on one link class is one token bucket shared by all
+// its peers of that class, so a level's bytes cost beta * (total bytes). The
+// fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
+// their messages' latencies overlap: alpha once per collective and level
+// (alpha_per_message = true charges alpha per message instead, the
+// conservative rule). A ring step costs alpha each.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/cluster_spec.h"
+#include "model/model_config.h"
+
+namespace xd {
+
+// t = alpha + bytes * beta for one message on one link class.
+struct LinkModel {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+};
+
+// A GEMM of f flops takes gemm_overhead_s + f / flops_per_s.
+struct ComputeModel {
+  double flops_per_s = 1e10;
+  double gemm_overhead_s = 0;
+};
+
+struct PlannerInputs {
+  ModelConfig model;
+  long long tokens_per_worker = 512;  // per step: sequences per worker * seq_len
+  int seq_len = 64;                   // for the attention core; 0: not counted
+  int bytes_per_element = 4;          // tokens, experts and gradients on the wire
+  std::vector<int> level_sizes;       // SF^0..SF^{L-1}
+  std::vector<LinkModel> links;       // one per level
+  ComputeModel compute;
+  ExpertParallelSpec expert_parallel;
+  bool alpha_per_message = false;  // see the header comment
+  // Not modelled yet; validate() rejects anything but the defaults.
+  int pipeline_degree = 1;  // r: A2A chunks overlapping expert compute
+  bool farskip = false;     // FarSkip frees A2A to overlap dense compute
+
+  Status validate() const;
+};
+
+// alpha = latency, beta = 1 / bandwidth, per level of the spec.
+std::vector<LinkModel> spec_link_models(const ClusterSpec& spec);
+// The inputs for a job: its model, batch_size * seq_len tokens per worker, its
+// levels and expert-parallel spec, and the given link and compute models.
+PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> links,
+                                 ComputeModel compute);
+
+// Per-worker quantities of one iteration that do not depend on the domain
+// sizes. workload_of() derives them from the shapes; tests set them directly.
+struct Workload {
+  int num_moe_layers = 1;
+  double experts_per_worker = 1;   // n
+  double expert_bytes = 0;         // P_E: the parameters of one routed expert
+  double token_bytes = 0;          // D: one A2A's data per worker and MoE layer
+  double dense_param_bytes = 0;    // everything but routed experts; all-reduced
+  double pre_expert_fwd_s = 0;     // per MoE layer
+  double pre_expert_bwd_s = 0;     // per MoE layer
+  double expert_fwd_s = 0;         // per MoE layer, the flops part
+  double expert_bwd_s = 0;         // per MoE layer, the flops part
+  double post_s = 0;               // LM head forward + backward, once
+  double gemm_overhead_s = 0;      // per GEMM call; held experts add 3 (fwd) + 6 (bwd) calls
+};
+Workload workload_of(const PlannerInputs& in);
+
+struct PlanCandidate {
+  std::vector<int> domain_sizes;
+  double compute_s = 0;       // the compute stream
+  double a2a_s = 0;           // all token A2As (never overlapped)
+  double ag_s = 0;            // the expert AG stream, total
+  double rs_s = 0;            // the replica-gradient reduce-scatter stream, total
+  double allreduce_s = 0;     // dense-gradient all-reduce (after backward)
+  double exposed_ag_s = 0;    // AG time the compute stream waited for
+  double exposed_rs_s = 0;    // RS time left after the backward pass
+  double iteration_s = 0;     // compute + a2a + exposed AG + exposed RS + all-reduce
+  double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
+  std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
+  bool feasible = true;
+  std::string why_infeasible;
+};
+
+struct Plan {
+  std::vector<PlanCandidate> candidates;  // lexicographic in the domain sizes
+  int chosen = 0;                         // index into candidates
+  EpMode mode = EpMode::kAuto;
+  const PlanCandidate& choice() const { return candidates[chosen]; }
+};
+
+// Every (S^0..S^{L-1}) with S^l a divisor of SF^l, lexicographic.
+std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_sizes);
+
+// One candidate under a workload; memory_cap_bytes decides feasibility.
+PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
+                                 const std::vector<LinkModel>& links,
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
+                                 bool alpha_per_message = false);
+
+// All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
+// sizes (even if infeasible: the caller reports it); auto -> the feasible
+// candidate with the least iteration time (ties: fewer gathered bytes).
+Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
+                   bool alpha_per_message = false);
+// plan_workload(workload_of(in), ...). `in` must validate().
+Plan plan_iteration(const PlannerInputs& in);
+
+}  // namespace xd

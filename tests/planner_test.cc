@@ -1,0 +1,296 @@
+// Tests of the stream-based planner (the closed-form cases of HybridEP
+// Eq. 10-12 under our whole-iteration model, the memory cap, the modes, the
+// traffic formulas of DESIGN.md) and of the alpha-beta probes (FSMoE Eq. 1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "coordinator/cluster_spec.h"
+#include "coordinator/link_probe.h"
+#include "coordinator/planner.h"
+#include "model/param_layout.h"
+
+namespace xd {
+namespace {
+
+// One level of G workers, one MoE layer, one expert per worker, links of
+// beta = 1 us/byte and no start-up cost: 1 MB costs one second.
+Workload one_layer(double expert_bytes, double token_bytes, double pre_fwd_s = 0) {
+  Workload w;
+  w.num_moe_layers = 1;
+  w.experts_per_worker = 1;
+  w.expert_bytes = expert_bytes;
+  w.token_bytes = token_bytes;
+  w.pre_expert_fwd_s = pre_fwd_s;
+  w.pre_expert_bwd_s = 2 * pre_fwd_s;
+  return w;
+}
+const std::vector<LinkModel> kSlowLink = {{0.0, 1e-6}};
+
+ExpertParallelSpec auto_mode(double cap = 1e300) {
+  ExpertParallelSpec ep;
+  ep.mode = EpMode::kAuto;
+  ep.domain_sizes = {1};
+  ep.memory_cap_bytes = cap;
+  return ep;
+}
+
+TEST(Planner, EnumeratesEveryDivisorCombinationInOrder) {
+  const auto c = domain_candidates({4, 6});
+  ASSERT_EQ(c.size(), 3u * 4u);
+  EXPECT_EQ(c.front(), (std::vector<int>{1, 1}));
+  EXPECT_EQ(c[1], (std::vector<int>{1, 2}));
+  EXPECT_EQ(c.back(), (std::vector<int>{4, 6}));
+  EXPECT_EQ(domain_candidates({8}).size(), 4u);
+}
+
+TEST(Planner, ChoosesAgOnlyWhenTheAgHidesUnderPreExpertCompute) {
+  // 2D < G P_E here, so the AG is only free because compute hides it (Eq. 11).
+  const Plan plan = plan_workload(one_layer(1e6, 1e5, /*pre_fwd_s=*/100), {8}, kSlowLink, auto_mode());
+  const PlanCandidate& c = plan.choice();
+  EXPECT_EQ(c.domain_sizes, (std::vector<int>{8}));
+  EXPECT_DOUBLE_EQ(c.a2a_s, 0.0);
+  EXPECT_NEAR(c.ag_s, 7.0, 1e-9);  // 7 experts of 1 s each
+  EXPECT_DOUBLE_EQ(c.exposed_ag_s, 0.0);
+  EXPECT_DOUBLE_EQ(c.exposed_rs_s, 0.0);
+  EXPECT_NEAR(c.iteration_s, c.compute_s, 1e-9);
+}
+
+TEST(Planner, ChoosesAgOnlyWhenTwiceTheTokensOutweighTheExperts) {
+  // Case 2.2 of Eq. 12: nothing hides the AG, yet 2D >= G P_E. In training both
+  // sides double (4 A2As against AG + RS), so the condition is unchanged.
+  const Plan plan = plan_workload(one_layer(1e6, 5e6), {8}, kSlowLink, auto_mode());
+  EXPECT_EQ(plan.choice().domain_sizes, (std::vector<int>{8}));
+  // The model is linear in S: 4 D (1 - S/G) beta + 2 (S - 1) P_E beta.
+  for (const PlanCandidate& c : plan.candidates) {
+    const double s = c.domain_sizes[0];
+    EXPECT_NEAR(c.iteration_s, 4 * 5.0 * (1 - s / 8) + 2 * (s - 1) * 1.0, 1e-9) << s;
+  }
+}
+
+TEST(Planner, ChoosesPlainEpWhenExpertsAreHugeAndTokensFew) {
+  // Case 2.1 with no compute to hide under: the maximal p, i.e. EP.
+  const Plan plan = plan_workload(one_layer(1e7, 1e5), {8}, kSlowLink, auto_mode());
+  EXPECT_EQ(plan.choice().domain_sizes, (std::vector<int>{1}));
+  EXPECT_DOUBLE_EQ(plan.choice().gathered_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(plan.choice().ag_s, 0.0);
+}
+
+TEST(Planner, ChoosesTheLargestDomainWhoseAgStillHidesWhenExpertsOutweighTokens) {
+  // Case 1 meets Case 2.1: pre-expert compute (3.5 s) hides the AG of S = 4
+  // (3 s) but not of S = 8 (7 s); 2D < G P_E, so the exposed AG of S = 8 costs
+  // more than the A2A it saves. HybridEP's p* = 1 - B Lat_PE / (P_E (G-1)) = 0.5.
+  const Plan plan = plan_workload(one_layer(1e6, 1e6, /*pre_fwd_s=*/3.5), {8}, kSlowLink, auto_mode());
+  EXPECT_EQ(plan.choice().domain_sizes, (std::vector<int>{4}));
+  const PlanCandidate& s8 = plan.candidates.back();
+  EXPECT_NEAR(s8.exposed_ag_s, 7 - 3.5, 1e-9);
+  EXPECT_NEAR(s8.exposed_rs_s, 0.0, 1e-9);  // the backward pre-expert compute (7 s) hides the RS
+  EXPECT_NEAR(plan.choice().a2a_s, 4 * 1.0 * 0.5, 1e-9);
+}
+
+TEST(Planner, TightMemoryCapRulesOutTheOtherwiseBestCandidate) {
+  const Workload w = one_layer(1e6, 5e6);
+  ASSERT_EQ(plan_workload(w, {8}, kSlowLink, auto_mode()).choice().domain_sizes,
+            (std::vector<int>{8}));
+  // Room for 3 replicas: S = 4 fits (3 gathered experts), S = 8 (7) does not.
+  const Plan capped = plan_workload(w, {8}, kSlowLink, auto_mode(3e6));
+  EXPECT_EQ(capped.choice().domain_sizes, (std::vector<int>{4}));
+  EXPECT_TRUE(capped.choice().feasible);
+  const PlanCandidate& s8 = capped.candidates.back();
+  EXPECT_FALSE(s8.feasible);
+  EXPECT_DOUBLE_EQ(s8.gathered_bytes, 7e6);
+  EXPECT_NE(s8.why_infeasible.find("memory cap"), std::string::npos);
+  EXPECT_LT(s8.iteration_s, capped.choice().iteration_s);  // it would have been faster
+  // A zero cap leaves plain EP only.
+  EXPECT_EQ(plan_workload(w, {8}, kSlowLink, auto_mode(0)).choice().domain_sizes,
+            (std::vector<int>{1}));
+}
+
+TEST(Planner, ModeEpTakesAllOnesAndModeHybridTheGivenSizes) {
+  const Workload w = one_layer(1e6, 5e6);
+  ExpertParallelSpec ep = auto_mode();
+  ep.mode = EpMode::kEp;
+  const Plan p1 = plan_workload(w, {8}, kSlowLink, ep);
+  EXPECT_EQ(p1.mode, EpMode::kEp);
+  EXPECT_EQ(p1.choice().domain_sizes, (std::vector<int>{1}));
+  ep.mode = EpMode::kHybrid;
+  ep.domain_sizes = {2};
+  EXPECT_EQ(plan_workload(w, {8}, kSlowLink, ep).choice().domain_sizes, (std::vector<int>{2}));
+  // Over the cap, hybrid still names the configured sizes and flags them.
+  ep.memory_cap_bytes = 0;
+  const Plan p3 = plan_workload(w, {8}, kSlowLink, ep);
+  EXPECT_EQ(p3.choice().domain_sizes, (std::vector<int>{2}));
+  EXPECT_FALSE(p3.choice().feasible);
+}
+
+TEST(Planner, TrafficPerLevelFollowsTheDesignFormulas) {
+  Workload w;
+  w.num_moe_layers = 3;
+  w.experts_per_worker = 2;
+  w.expert_bytes = 1000;
+  w.token_bytes = 800;
+  const std::vector<LinkModel> links = {{0, 1e-6}, {0, 1e-7}};
+  const PlanCandidate c = evaluate_candidate(w, {2, 4}, links, {2, 2}, 1e300);
+  // Level 0: A2A D (1 - 2/2) = 0; AG n P_E (S^0 - 1) = 2000, and as much RS.
+  EXPECT_DOUBLE_EQ(c.level_bytes[0], 3 * (4 * 0 + 2 * 2000.0));
+  // Level 1: A2A D (1 - 2/4) = 400 four times; AG n P_E S^0 (S^1 - 1) = 4000.
+  EXPECT_DOUBLE_EQ(c.level_bytes[1], 3 * (4 * 400.0 + 2 * 4000.0));
+  EXPECT_DOUBLE_EQ(c.gathered_bytes, 3 * 2 * 1000.0 * (2 * 2 - 1));
+  EXPECT_NEAR(c.ag_s, 3 * (2000 * 1e-6 + 4000 * 1e-7), 1e-12);
+  EXPECT_NEAR(c.rs_s, c.ag_s, 1e-12);
+  EXPECT_NEAR(c.a2a_s, 3 * 4 * (400 * 1e-7), 1e-12);
+  // Outer level first: the slow level carries 2000 bytes of experts per layer;
+  // inner first, it would carry n P_E S^1 (S^0 - 1) = 4000.
+}
+
+TEST(Planner, LatencyIsPaidOncePerCollectiveUnlessChargedPerMessage) {
+  Workload w = one_layer(0, 1000);
+  w.experts_per_worker = 1;
+  const std::vector<LinkModel> latency_only = {{0.01, 0}};
+  const PlanCandidate once = evaluate_candidate(w, {4}, latency_only, {1}, 1e300);
+  EXPECT_NEAR(once.a2a_s, 4 * 0.01, 1e-12);  // 3 peers at once through one egress
+  const PlanCandidate each = evaluate_candidate(w, {4}, latency_only, {1}, 1e300, true);
+  EXPECT_NEAR(each.a2a_s, 4 * 3 * 0.01, 1e-12);
+  const PlanCandidate ag = evaluate_candidate(w, {4}, latency_only, {4}, 1e300, true);
+  EXPECT_NEAR(ag.ag_s, 3 * 0.01, 1e-12);
+  EXPECT_DOUBLE_EQ(ag.a2a_s, 0.0);
+}
+
+TEST(Planner, WorkloadCountsTheModelShapes) {
+  PlannerInputs in;
+  in.model = default_train_config().model;
+  in.tokens_per_worker = 512;
+  in.seq_len = 64;
+  in.level_sizes = {2, 2};
+  in.links = {{0.01, 8e-8}, {2e-4, 8e-9}};
+  in.compute = {1e10, 0};
+  ASSERT_TRUE(in.validate().is_ok()) << in.validate().message();
+  const ModelConfig& m = in.model;
+  const Workload w = workload_of(in);
+  EXPECT_EQ(w.num_moe_layers, m.num_layers);
+  EXPECT_DOUBLE_EQ(w.experts_per_worker, m.num_experts / 4.0);
+  EXPECT_DOUBLE_EQ(w.expert_bytes, 3.0 * m.hidden_size * m.expert_intermediate_size * 4);
+  EXPECT_DOUBLE_EQ(w.token_bytes, 512.0 * m.top_k * m.hidden_size * 4);
+  // Dense parameters are exactly the model's parameters without routed experts.
+  EXPECT_DOUBLE_EQ(w.dense_param_bytes, double(ParamLayout(m, 0, 0).size()) * 4);
+  EXPECT_DOUBLE_EQ(w.expert_fwd_s, 512.0 * m.top_k * 6 * m.hidden_size * m.expert_intermediate_size / 1e10);
+  EXPECT_DOUBLE_EQ(w.expert_bwd_s, 2 * w.expert_fwd_s);
+  EXPECT_DOUBLE_EQ(w.pre_expert_bwd_s, 2 * w.pre_expert_fwd_s);
+  EXPECT_GT(w.pre_expert_fwd_s, 0);
+  EXPECT_DOUBLE_EQ(w.post_s, 3 * 2.0 * 512 * m.hidden_size * m.vocab_size / 1e10);
+}
+
+TEST(Planner, StreamsAddUpToTheIterationForTheExampleJobs) {
+  for (const char* name : {"2dc", "4dc"}) {
+    auto job = load_job_config(std::string(XD_SOURCE_DIR) + "/examples/" + name + ".yaml");
+    ASSERT_TRUE(job) << job.status().message();
+    const PlannerInputs in = planner_inputs_for(*job, spec_link_models(job->cluster), {2e10, 2e-6});
+    ASSERT_TRUE(in.validate().is_ok()) << in.validate().message();
+    const Plan plan = plan_iteration(in);
+    ASSERT_EQ(plan.candidates.size(), domain_candidates(job->cluster.level_sizes()).size());
+    for (const PlanCandidate& c : plan.candidates) {
+      EXPECT_NEAR(c.iteration_s, c.compute_s + c.a2a_s + c.exposed_ag_s + c.exposed_rs_s + c.allreduce_s,
+                  1e-9 * c.iteration_s);
+      EXPECT_LE(c.exposed_ag_s, c.ag_s + 1e-12);
+      EXPECT_LE(c.exposed_rs_s, c.rs_s + 1e-12);
+      EXPECT_GT(c.allreduce_s, 0);
+      if (c.feasible) EXPECT_GE(c.iteration_s, plan.choice().iteration_s);
+    }
+    EXPECT_TRUE(plan.choice().feasible);
+    // The same inputs give the same plan.
+    EXPECT_EQ(plan_iteration(in).chosen, plan.chosen);
+  }
+}
+
+TEST(Planner, RejectsWhatItDoesNotModelYet) {
+  PlannerInputs in;
+  in.model = default_train_config().model;
+  in.level_sizes = {2, 2};
+  in.links = {{0, 1e-8}, {0, 1e-9}};
+  EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
+  in.pipeline_degree = 2;
+  EXPECT_NE(in.validate().message().find("not modelled yet"), std::string::npos);
+  in.pipeline_degree = 1;
+  in.farskip = true;
+  EXPECT_NE(in.validate().message().find("not modelled yet"), std::string::npos);
+  in.farskip = false;
+  in.level_sizes = {3, 2};  // 8 experts over 6 workers
+  in.links.resize(2);
+  EXPECT_NE(in.validate().message().find("multiple of the world size"), std::string::npos);
+}
+
+// ---- probes -----------------------------------------------------------------
+
+TEST(LinkProbe, FitLineRecoversKnownAlphaAndBeta) {
+  const double alpha = 0.004, beta = 8e-8;
+  std::vector<std::pair<double, double>> exact;
+  for (double n : {1e3, 6.4e4, 5.12e5, 2e6}) exact.emplace_back(n, alpha + beta * n);
+  const LinearFit f = fit_line(exact);
+  EXPECT_NEAR(f.alpha, alpha, 1e-12);
+  EXPECT_NEAR(f.beta, beta, 1e-18);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  EXPECT_EQ(f.samples.size(), 4u);
+
+  // With seeded noise of +-2% the fit stays within a few percent.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> noise(-0.02, 0.02);
+  std::vector<std::pair<double, double>> noisy;
+  for (int rep = 0; rep < 5; ++rep)
+    for (double n : {1e3, 6.4e4, 5.12e5, 2e6}) noisy.emplace_back(n, (alpha + beta * n) * (1 + noise(rng)));
+  const LinearFit g = fit_line(noisy);
+  EXPECT_NEAR(g.beta / beta, 1.0, 0.03);
+  EXPECT_NEAR(g.alpha / alpha, 1.0, 0.25);
+  EXPECT_GT(g.r2, 0.99);
+}
+
+TEST(LinkProbe, FitLineOfOneDistinctSizeIsItsMean) {
+  const LinearFit f = fit_line({{10, 1.0}, {10, 3.0}});
+  EXPECT_DOUBLE_EQ(f.alpha, 2.0);
+  EXPECT_DOUBLE_EQ(f.beta, 0.0);
+  EXPECT_DOUBLE_EQ(f.r2, 0.0);
+  EXPECT_DOUBLE_EQ(fit_line({}).beta, 0.0);
+}
+
+TEST(LinkProbe, ShapedLinkFitRecoversOneOverBandwidth) {
+  const LinkShaping shaping{10e6, 2e-3};  // 80 mbit/s, 2 ms
+  LinkProbeOptions o;
+  o.sizes = {1 << 10, 64 << 10, 256 << 10, 512 << 10};
+  o.repetitions = 2;
+  auto fit = probe_link(shaping, o);
+  ASSERT_TRUE(fit) << fit.status().message();
+  EXPECT_EQ(fit->samples.size(), 8u);
+  EXPECT_NEAR(fit->beta * shaping.bandwidth_bytes_per_s, 1.0, 0.15)
+      << "beta " << fit->beta << " alpha " << fit->alpha;
+  EXPECT_GT(fit->alpha, 0.5 * shaping.latency_s);
+  EXPECT_LT(fit->alpha, shaping.latency_s + 0.010);
+  EXPECT_GT(fit->r2, 0.95);
+}
+
+TEST(LinkProbe, SlowLinksGetSmallerMessagesToStayWithinTheBudget) {
+  const LinkShaping slow{200e3, 1e-3};  // 1.6 mbit/s: 2 MB would take 10 s
+  LinkProbeOptions o;
+  o.max_message_s = 0.05;
+  o.repetitions = 1;
+  auto fit = probe_link(slow, o);
+  ASSERT_TRUE(fit) << fit.status().message();
+  for (const auto& [bytes, seconds] : fit->samples) EXPECT_LE(bytes, 0.05 * slow.bandwidth_bytes_per_s);
+  EXPECT_NEAR(fit->beta * slow.bandwidth_bytes_per_s, 1.0, 0.25);
+}
+
+TEST(LinkProbe, GemmProbeFitsAPlausibleRate) {
+  GemmProbeOptions o;
+  o.shapes = {{32, 32, 32}, {64, 64, 64}, {128, 64, 128}, {128, 128, 128}};
+  o.min_seconds_per_shape = 0.01;
+  const LinearFit f = probe_gemm(o);
+  ASSERT_EQ(f.samples.size(), 4u);
+  ASSERT_GT(f.beta, 0);
+  const double rate = 1.0 / f.beta;
+  EXPECT_GT(rate, 1e7);   // flop/s
+  EXPECT_LT(rate, 1e13);
+}
+
+}  // namespace
+}  // namespace xd
