@@ -4,6 +4,10 @@
 
 #include <cmath>
 
+#include <filesystem>
+
+#include "model/hf_config.h"
+#include "model/safetensors.h"
 #include "model/trainer.h"
 
 namespace xd {
@@ -145,12 +149,14 @@ Expected<StepMetrics> DistributedTrainer::step() {
     return Status::internal("loss is " + std::to_string(loss.loss) + " at step " + std::to_string(step_ + 1));
   model_->backward(exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
+  // Replica gradients must have reached their owners before the owners'
+  // gradients are scaled and their norm joins the dense all-reduce.
+  XD_RETURN_IF_ERROR(comm_->wait_reduced());
   const auto comm_start = std::chrono::steady_clock::now();
   double expert_norm_sq = 0;
   Status st = reduce_dense_gradients(&expert_norm_sq);
   const double allreduce_s = seconds_since(comm_start);
   XD_RETURN_IF_ERROR(st);
-  XD_RETURN_IF_ERROR(comm_->wait_reduced());
   double dense_norm_sq = 0;
   const std::vector<float>& g = model_->grads();
   for (auto [b, e] : dense_ranges_)
@@ -190,6 +196,22 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.peak_rss_bytes = peak_rss_bytes();
   record_bytes(&m);
   return m;
+}
+
+}  // namespace xd
+
+namespace xd {
+
+Status DistributedTrainer::save_shard(const std::string& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::io_error("cannot create '" + dir + "': " + ec.message());
+  std::vector<SafetensorsEntry> entries;
+  for (const TensorSlot& s : layout_->slots())
+    entries.push_back({s.name, Dtype::kF32, s.shape, model_->params().data() + s.offset});
+  const std::string path = dir + "/shard-" + std::to_string(opts_.rank) + "-of-" + std::to_string(world_) + ".safetensors";
+  return write_safetensors(path, entries, {{"format", "pt"}, {"step", std::to_string(step_)},
+                                          {"rank", std::to_string(opts_.rank)}});
 }
 
 }  // namespace xd

@@ -47,6 +47,9 @@ class DistributedTrainer {
   // One training step; the metrics are this worker's.
   Expected<StepMetrics> step();
   int64_t current_step() const { return step_; }
+  // Writes this worker's parameters -- the replicated dense ones and its own
+  // experts, under their HF names -- to <dir>/shard-<rank>-of-<G>.safetensors.
+  Status save_shard(const std::string& dir) const;
   MoeTransformer<float>& model() { return *model_; }
   const std::vector<double>& last_gather_wait_per_layer() const { return gather_wait_; }
   size_t replica_bytes() const { return comm_->replica_bytes(); }

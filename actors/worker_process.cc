@@ -12,6 +12,7 @@
 #include "actors/distributed_trainer.h"
 #include "common/log.h"
 #include "coordinator/protocol.h"
+#include "model/checkpoint.h"
 #include "transport/control_channel.h"
 
 namespace xd {
@@ -116,6 +117,15 @@ class ComputeActor : public Actor {
         return;
       }
       control_->send_metrics(*m);
+    }
+    if (!s_->stop && !job.train.checkpoint_dir.empty()) {
+      const std::string dir = job.train.checkpoint_dir + "/" + checkpoint_dir_name((*trainer)->current_step());
+      Status st = (*trainer)->save_shard(dir);
+      if (!st.is_ok()) {
+        control_->report_error(st);
+        return;
+      }
+      XD_LOG_INFO("compute", "rank %d wrote its shard to %s", options.rank, dir.c_str());
     }
     if (!s_->stop) control_->report_done();
   }

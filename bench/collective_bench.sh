@@ -15,7 +15,9 @@
 # env:   BUILD_DIR (default <repo>/build; collective_bench is built there if
 #        missing), WORLDS ("4 8"), SIZES (1,4,16,64), ROUNDS (3), ITERS (3),
 #        WARMUP (1), OPS (all_to_allv,all_gather,all_reduce),
-#        OUT (bench/results/collectives.csv)
+#        OUT (bench/results/collectives.csv), QUIET_WAIT (0: before each launch,
+#        wait up to this many seconds for the other processes on the machine to
+#        use < 25 % of the CPUs; the background load is printed either way)
 # Takes about 6 minutes on 2 cores with the defaults.
 set -euo pipefail
 
@@ -79,11 +81,28 @@ load_note() {
   awk -v l="${l%% *}" -v c="$(nproc)" 'BEGIN { if (l > c) print "WARNING: load above the core count: other processes are competing; results are noisy" }'
 }
 load_note "before"
+QUIET_WAIT="${QUIET_WAIT:-0}"
+busy_pct() {  # share of all CPUs busy over the next second (we are idle between launches)
+  local a b
+  a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
+  local idle=$(((b[4] + b[5]) - (a[4] + a[5]))) total=0 i
+  for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+  echo $((total > 0 ? 100 * (total - idle) / total : 0))
+}
+wait_quiet() {
+  local waited=0 b
+  b=$(busy_pct)
+  while [ "$b" -ge 25 ] && [ "$waited" -lt "$QUIET_WAIT" ]; do
+    sleep 4; waited=$((waited + 5)); b=$(busy_pct)
+  done
+  echo "    (background CPU use before launch: ${b}%${QUIET_WAIT:+, waited ${waited}s})"
+}
 for n in $WORLDS; do
   for ((round = 0; round < ROUNDS; round++)); do
     for ((k = 0; k < 3; k++)); do
       impl=${impls[$(((k + round + n) % 3))]}
       echo "--- world $n, round $((round + 1))/$ROUNDS: $impl ($(($(date +%s) - start)) s elapsed)"
+      wait_quiet
       # Per-iteration progress goes to stderr; the per-launch table to stdout.
       "run_$impl" "$n" 2>"$work/err.txt" || { echo "FAILED: $impl world $n" >&2; cat "$work/err.txt" >&2; exit 1; }
       grep -E "^NOTE" "$work/err.txt" || true

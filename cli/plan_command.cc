@@ -73,6 +73,8 @@ int run_plan(const PlanOptions& o) {
   ComputeModel compute;
   if (gemm_fit.beta > 0) compute.flops_per_s = 1.0 / gemm_fit.beta;
   compute.gemm_overhead_s = std::max(0.0, gemm_fit.alpha);
+  if (gemm_fit.r2 < 0.9 && !o.json)
+    std::fprintf(stderr, "note: the GEMM probe was noisy (r2 %.3f); is the machine busy?\n", gemm_fit.r2);
 
   // Links: the spec's figures, or probes of the shaped classes.
   const std::vector<LinkModel> spec_links = spec_link_models(job.cluster);

@@ -410,6 +410,13 @@ void Coordinator::Impl::write_summary() {
                       {"steps_complete", metrics.complete_steps().size()},
                       {"predicted_step_s", plan.choice().iteration_s}};
   if (!outcome.is_ok()) j["error"] = outcome.message();
+  nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array();
+  for (const StepSummary& s : metrics.complete_steps()) {
+    losses.push_back(s.loss);
+    step_times.push_back(s.step_s);
+  }
+  j["losses"] = losses;
+  j["step_times_s"] = step_times;
   if (const StepSummary* last = metrics.last_complete()) {
     j["final_loss"] = last->loss;
     j["final_ce_loss"] = last->ce_loss;

@@ -124,29 +124,43 @@ Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOption
 }
 
 LinearFit probe_gemm(const GemmProbeOptions& options) {
-  std::vector<std::pair<double, double>> samples;
-  for (const auto& shape : options.shapes) {
-    XD_CHECK(shape.size() == 3);
-    const int m = shape[0], n = shape[1], k = shape[2];
-    std::vector<float> a(size_t(m) * k), bm(size_t(n) * k), c(size_t(m) * n);
-    for (size_t i = 0; i < a.size(); ++i) a[i] = float((i * 7 + 3) % 13) / 13.0f - 0.5f;
-    for (size_t i = 0; i < bm.size(); ++i) bm[i] = float((i * 5 + 1) % 11) / 11.0f - 0.5f;
-    auto call = [&] { gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, bm.data(), k, 0.0f, c.data(), n); };
-    call();  // warm-up
-    double t0 = now_s();
-    call();
-    const double once = std::max(1e-7, now_s() - t0);
-    const int reps = std::max(1, static_cast<int>(options.min_seconds_per_shape /
-                                                  std::max(1, options.samples_per_shape) / once));
-    // The fastest of a few timings: other load on the machine only slows a run down.
+  struct Shape {
+    int m, n, k;
+    std::vector<float> a, b, c;
+    int reps = 1;
     double best = 1e300;
-    for (int s = 0; s < std::max(1, options.samples_per_shape); ++s) {
-      t0 = now_s();
-      for (int r = 0; r < reps; ++r) call();
-      best = std::min(best, (now_s() - t0) / reps);
+    void call() {
+      gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
     }
-    samples.emplace_back(2.0 * m * n * k, best);
+  };
+  std::vector<Shape> shapes;
+  for (const auto& dims : options.shapes) {
+    XD_CHECK(dims.size() == 3 && dims[0] > 0 && dims[1] > 0 && dims[2] > 0);
+    Shape s{dims[0], dims[1], dims[2], {}, {}, {}};
+    s.a.resize(size_t(s.m) * s.k);
+    s.b.resize(size_t(s.n) * s.k);
+    s.c.resize(size_t(s.m) * s.n);
+    for (size_t i = 0; i < s.a.size(); ++i) s.a[i] = float((i * 7 + 3) % 13) / 13.0f - 0.5f;
+    for (size_t i = 0; i < s.b.size(); ++i) s.b[i] = float((i * 5 + 1) % 11) / 11.0f - 0.5f;
+    s.call();  // warm-up
+    const double t0 = now_s();
+    s.call();
+    const double once = std::max(1e-7, now_s() - t0);
+    const int rounds = std::max(1, options.samples_per_shape);
+    s.reps = std::max(1, static_cast<int>(options.min_seconds_per_shape / rounds / once));
+    shapes.push_back(std::move(s));
   }
+  // Rounds over all shapes, keeping each shape's fastest timing: other load
+  // on the machine only slows a run down, and a burst of it hits one round of
+  // every shape rather than every round of one shape.
+  for (int round = 0; round < std::max(1, options.samples_per_shape); ++round)
+    for (Shape& s : shapes) {
+      const double t0 = now_s();
+      for (int r = 0; r < s.reps; ++r) s.call();
+      s.best = std::min(s.best, (now_s() - t0) / s.reps);
+    }
+  std::vector<std::pair<double, double>> samples;
+  for (const Shape& s : shapes) samples.emplace_back(2.0 * s.m * s.n * s.k, s.best);
   return fit_line(std::move(samples));
 }
 

@@ -45,8 +45,8 @@ struct GemmProbeOptions {
   // (m, n, k) of C(m, n) = A(m, k) B(n, k)^T, the shape of our linear layers.
   std::vector<std::vector<int>> shapes = {
       {64, 64, 64}, {128, 128, 128}, {256, 128, 256}, {256, 256, 256}, {512, 256, 256}};
-  double min_seconds_per_shape = 0.04;  // calls are repeated until this long
-  int samples_per_shape = 3;            // timings per shape; the fastest one is fitted
+  double min_seconds_per_shape = 0.05;  // time spent on each shape, all rounds
+  int samples_per_shape = 5;            // rounds over all shapes; each shape's fastest is fitted
 };
 
 LinearFit probe_gemm(const GemmProbeOptions& options = {});

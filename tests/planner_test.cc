@@ -197,7 +197,9 @@ TEST(Planner, StreamsAddUpToTheIterationForTheExampleJobs) {
       EXPECT_LE(c.exposed_ag_s, c.ag_s + 1e-12);
       EXPECT_LE(c.exposed_rs_s, c.rs_s + 1e-12);
       EXPECT_GT(c.allreduce_s, 0);
-      if (c.feasible) EXPECT_GE(c.iteration_s, plan.choice().iteration_s);
+      if (c.feasible) {
+        EXPECT_GE(c.iteration_s, plan.choice().iteration_s);
+      }
     }
     EXPECT_TRUE(plan.choice().feasible);
     // The same inputs give the same plan.

@@ -1,0 +1,169 @@
+// Distributed training across real processes gives the arithmetic of one
+// process on the global batch: EP, flat EP and HybridEP with every feasible
+// domain choice, on 2 x 2 and 4 x 2 layouts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "job_runner.h"
+#include "model/safetensors.h"
+#include "model/trainer.h"
+
+namespace xd {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 20;
+constexpr int kBatchPerWorker = 2;
+
+// model/train/data shared by the distributed runs and the one-process reference.
+std::string model_yaml() {
+  return R"(model:
+  hidden_size: 32
+  num_layers: 2
+  num_heads: 2
+  num_kv_heads: 1
+  max_seq_len: 16
+  num_experts: 8
+  top_k: 2
+  expert_intermediate_size: 32
+  num_shared_experts: 1
+  shared_intermediate_size: 32
+  aux_loss_coef: 0.0
+  z_loss_coef: 0.001
+  init_std: 0.1
+  connectivity: regular
+train:
+  steps: 20
+  batch_size: 2
+  seq_len: 16
+  warmup_steps: 5
+  log_every: 5
+  eval_every: 0
+data:
+  builtin_bytes: 65536
+)";
+}
+
+std::string cluster_yaml(int dcs, int per_dc) {
+  return "cluster:\n  levels:\n    - name: dc\n      size: " + std::to_string(dcs) +
+         "\n      link: {bandwidth: 1gbit, latency: 0ms, shape: false}\n    - name: worker\n      size: " +
+         std::to_string(per_dc) + "\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
+         "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n";
+}
+
+// The same global batch in one process: G x batch sequences per step.
+std::vector<double> single_process_losses(int world, std::vector<float>* final_params,
+                                          std::unique_ptr<Trainer>* keep = nullptr) {
+  auto cfg = parse_train_config(model_yaml(), "<test>");
+  XD_CHECK(cfg.has_value());
+  TrainConfig tc = *cfg;
+  tc.batch_size = kBatchPerWorker * world;
+  auto t = Trainer::create(tc);
+  XD_CHECK(t.has_value());
+  std::vector<double> losses;
+  for (int i = 0; i < kSteps; ++i) losses.push_back((*t)->step()->loss.loss);
+  if (final_params) *final_params = (*t)->model().params();
+  if (keep) *keep = std::move(*t);
+  return losses;
+}
+
+void expect_same_losses(const testing::JobResult& r, const std::vector<double>& expected, const std::string& label) {
+  ASSERT_TRUE(r.ok()) << label << "\n" << r.logs();
+  ASSERT_TRUE(r.summary.contains("losses")) << label;
+  const auto& losses = r.summary["losses"];
+  ASSERT_EQ(losses.size(), expected.size()) << label;
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double rel = std::abs(losses[i].get<double>() - expected[i]) / std::abs(expected[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-4) << label << " step " << i + 1 << ": " << losses[i].get<double>() << " vs " << expected[i];
+  }
+  std::printf("[dist] %-28s %d steps, worst relative loss difference %.2e (final %.5f)\n", label.c_str(),
+              (int)expected.size(), worst, expected.back());
+}
+
+std::string temp_dir(const std::string& name) {
+  return (fs::temp_directory_path() / ("xdmoe_dist_" + name + "_" + std::to_string(::getpid()))).string();
+}
+
+TEST(Distributed, FourWorkerEpMatchesOneProcessOnTheSameGlobalBatch) {
+  const auto expected = single_process_losses(4, nullptr);
+  for (const char* flat : {"", "--flat-ep"}) {
+    std::vector<std::string> args = {"--mode", "ep"};
+    if (*flat) args.push_back(flat);
+    const std::string label = std::string("2x2 ep") + (*flat ? " (flat)" : " (per level)");
+    auto r = testing::run_job(temp_dir("ep"), model_yaml() + cluster_yaml(2, 2), 4, args);
+    expect_same_losses(r, expected, label);
+  }
+}
+
+class HybridDomains : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+
+TEST_P(HybridDomains, HybridEpMatchesOneProcessForThisDomainChoice) {
+  auto [dcs, per_dc, s0, s1] = GetParam();
+  static std::map<int, std::vector<double>> reference;  // by world size
+  const int world = dcs * per_dc;
+  if (!reference.count(world)) reference[world] = single_process_losses(world, nullptr);
+  auto r = testing::run_job(temp_dir("hy"), model_yaml() + cluster_yaml(dcs, per_dc), world,
+                            {"--mode", "hybrid", "--domains", std::to_string(s0) + "," + std::to_string(s1)});
+  expect_same_losses(r, reference[world], std::to_string(dcs) + "x" + std::to_string(per_dc) + " hybrid domains " +
+                                              std::to_string(s0) + "x" + std::to_string(s1));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryFeasibleDomainChoice, HybridDomains,
+    ::testing::Values(std::make_tuple(2, 2, 1, 1), std::make_tuple(2, 2, 1, 2), std::make_tuple(2, 2, 2, 1),
+                      std::make_tuple(2, 2, 2, 2), std::make_tuple(4, 2, 1, 1), std::make_tuple(4, 2, 2, 1),
+                      std::make_tuple(4, 2, 4, 1), std::make_tuple(4, 2, 1, 2), std::make_tuple(4, 2, 2, 2),
+                      std::make_tuple(4, 2, 4, 2)),
+    [](const auto& info) {
+      const auto& p = info.param;
+      return std::to_string(std::get<0>(p)) + "x" + std::to_string(std::get<1>(p)) + "_domains_" +
+             std::to_string(std::get<2>(p)) + "x" + std::to_string(std::get<3>(p));
+    });
+
+TEST(Distributed, OwnersWeightsAfterTrainingEqualTheOneProcessWeights) {
+  std::vector<float> params;
+  std::unique_ptr<Trainer> single;
+  single_process_losses(4, &params, &single);
+  const std::string dir = temp_dir("owners");
+  const std::string ckpt = dir + "/ckpt";
+  std::string fixed = model_yaml();
+  fixed.replace(fixed.find("  eval_every: 0\n"), 16, "  eval_every: 0\n  checkpoint_dir: " + ckpt + "\n");
+  auto r = testing::run_job(dir, fixed + cluster_yaml(2, 2), 4, {"--mode", "hybrid", "--domains", "2,2"});
+  ASSERT_TRUE(r.ok()) << r.logs();
+  const ParamLayout& layout = single->model().layout();
+  double worst = 0;
+  int experts_checked = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto shard = SafetensorsFile::open(ckpt + "/step_000020/shard-" + std::to_string(rank) + "-of-4.safetensors");
+    ASSERT_TRUE(shard) << shard.status().to_string();
+    for (const std::string& name : shard->names()) {
+      const TensorSlot* slot = layout.find(name);
+      ASSERT_NE(slot, nullptr) << name;
+      std::vector<float> got(slot->numel());
+      ASSERT_TRUE(shard->read_f32(name, slot->shape, got.data()).is_ok());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        diff += std::pow(got[i] - params[slot->offset + i], 2);
+        norm += std::pow(params[slot->offset + i], 2);
+      }
+      worst = std::max(worst, std::sqrt(diff / norm));
+      if (slot->is_routed_expert()) {
+        ++experts_checked;
+        EXPECT_EQ(slot->expert / 2, rank) << name << " is in the wrong shard";
+      }
+    }
+  }
+  std::printf("[dist] owners' weights after %d steps (2x2, domains 2x2): worst relative difference %.2e over %d expert tensors\n",
+              kSteps, worst, experts_checked);
+  EXPECT_EQ(experts_checked, 8 * 2 * 3);  // every expert of every layer, w1/w3/w2
+  EXPECT_LT(worst, 1e-4);
+}
+
+}  // namespace
+}  // namespace xd

@@ -1,0 +1,93 @@
+// Runs a whole job from a test: a coordinator and its workers as real
+// processes of the xdmoe binary, over loopback. Returns their exit codes and
+// the coordinator's JSON summary.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/subprocess.h"
+
+namespace xd::testing {
+
+inline std::string xdmoe_binary() { return std::string(XD_BINARY_DIR) + "/xdmoe"; }
+
+struct JobResult {
+  int coordinator_code = -1;
+  std::vector<int> worker_codes;
+  nlohmann::json summary;
+  std::string coordinator_log;
+  std::vector<std::string> worker_logs;
+  bool ok() const {
+    if (coordinator_code != 0) return false;
+    for (int c : worker_codes)
+      if (c != 0) return false;
+    return true;
+  }
+  std::string logs() const {
+    std::string s = "coordinator:\n" + coordinator_log;
+    for (size_t i = 0; i < worker_logs.size(); ++i) s += "\nworker " + std::to_string(i) + ":\n" + worker_logs[i];
+    return s;
+  }
+};
+
+// Reads the endpoints file the coordinator writes once it has bound.
+inline nlohmann::json wait_for_endpoints(const std::string& path, const subprocess::Child& coordinator) {
+  for (int i = 0; i < 600; ++i) {
+    std::ifstream in(path);
+    if (in) {
+      try {
+        nlohmann::json j;
+        in >> j;
+        return j;
+      } catch (const std::exception&) {
+      }
+    }
+    if (subprocess::try_wait(coordinator) != -2000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return nlohmann::json();
+}
+
+inline JobResult run_job(const std::string& dir, const std::string& config_yaml, int workers,
+                         const std::vector<std::string>& coordinator_args,
+                         std::chrono::seconds timeout = std::chrono::seconds(300)) {
+  namespace fs = std::filesystem;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string config = dir + "/job.yaml";
+  std::ofstream(config) << config_yaml;
+  std::vector<std::string> args = {xdmoe_binary(), "coordinator", "--config", config, "--bind", "tcp://127.0.0.1:*",
+                                   "--cli-bind", "tcp://127.0.0.1:*", "--http-port", "-1",
+                                   "--summary", dir + "/summary.json", "--endpoints-file", dir + "/endpoints.json"};
+  args.insert(args.end(), coordinator_args.begin(), coordinator_args.end());
+  JobResult r;
+  subprocess::Child coordinator = subprocess::spawn(args, dir + "/coordinator.log");
+  nlohmann::json eps = wait_for_endpoints(dir + "/endpoints.json", coordinator);
+  std::vector<subprocess::Child> ws;
+  if (eps.contains("workers"))
+    for (int i = 0; i < workers; ++i)
+      ws.push_back(subprocess::spawn({xdmoe_binary(), "worker", "--coordinator", eps["workers"].get<std::string>(),
+                                      "--rank", std::to_string(i)},
+                                     dir + "/worker" + std::to_string(i) + ".log", {"OPENBLAS_NUM_THREADS=1"}));
+  r.coordinator_code = subprocess::wait_for(coordinator, timeout);
+  for (auto& w : ws) r.worker_codes.push_back(subprocess::wait_for(w, std::chrono::seconds(20)));
+  r.coordinator_log = subprocess::read_text(dir + "/coordinator.log");
+  for (int i = 0; i < (int)ws.size(); ++i) r.worker_logs.push_back(subprocess::read_text(dir + "/worker" + std::to_string(i) + ".log"));
+  std::ifstream in(dir + "/summary.json");
+  if (in) {
+    try {
+      in >> r.summary;
+    } catch (const std::exception&) {
+    }
+  }
+  return r;
+}
+
+}  // namespace xd::testing
