@@ -22,7 +22,7 @@ struct LinearFit {
   double alpha = 0;  // intercept: seconds
   double beta = 0;   // slope: seconds per unit (byte or flop)
   double r2 = 0;     // coefficient of determination of the fit
-  std::vector<std::pair<double, double>> samples;  // (n, seconds)
+  std::vector<std::pair<double, double>> samples;  // (n, seconds) that were fitted
 };
 
 // Ordinary least squares of seconds on n. Fewer than two distinct n: beta = 0,
@@ -31,7 +31,7 @@ LinearFit fit_line(std::vector<std::pair<double, double>> samples);
 
 struct LinkProbeOptions {
   std::vector<size_t> sizes = {1 << 10, 64 << 10, 512 << 10, 2 << 20};
-  int repetitions = 3;  // per size; the fit uses every sample
+  int repetitions = 3;  // rounds over the sizes; each size's fastest time is fitted
   // A shaped size predicted to take longer than this is replaced by smaller
   // ones (at least three sizes stay), and repetitions drop to fit the budget.
   double max_message_s = 0.4;

@@ -259,11 +259,11 @@ TEST(LinkProbe, FitLineOfOneDistinctSizeIsItsMean) {
 TEST(LinkProbe, ShapedLinkFitRecoversOneOverBandwidth) {
   const LinkShaping shaping{10e6, 2e-3};  // 80 mbit/s, 2 ms
   LinkProbeOptions o;
-  o.sizes = {1 << 10, 64 << 10, 256 << 10, 512 << 10};
-  o.repetitions = 2;
+  o.sizes = {1 << 10, 128 << 10, 512 << 10, 1 << 20};  // the largest takes 0.1 s
+  o.repetitions = 3;
   auto fit = probe_link(shaping, o);
   ASSERT_TRUE(fit) << fit.status().message();
-  EXPECT_EQ(fit->samples.size(), 8u);
+  EXPECT_EQ(fit->samples.size(), 4u);  // the fastest of 3 rounds per size
   EXPECT_NEAR(fit->beta * shaping.bandwidth_bytes_per_s, 1.0, 0.15)
       << "beta " << fit->beta << " alpha " << fit->alpha;
   EXPECT_GT(fit->alpha, 0.5 * shaping.latency_s);
@@ -275,7 +275,7 @@ TEST(LinkProbe, SlowLinksGetSmallerMessagesToStayWithinTheBudget) {
   const LinkShaping slow{200e3, 1e-3};  // 1.6 mbit/s: 2 MB would take 10 s
   LinkProbeOptions o;
   o.max_message_s = 0.05;
-  o.repetitions = 1;
+  o.repetitions = 2;
   auto fit = probe_link(slow, o);
   ASSERT_TRUE(fit) << fit.status().message();
   for (const auto& [bytes, seconds] : fit->samples) EXPECT_LE(bytes, 0.05 * slow.bandwidth_bytes_per_s);

@@ -1,0 +1,175 @@
+// The coordinator and workers as real processes: registration, liveness,
+// the monitoring CLI, the Prometheus endpoint, and workers that survive
+// hostile traffic on their data socket.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+
+#include "job_runner.h"
+#include "transport/control_channel.h"
+
+namespace xd {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs a command, returns (exit code, stdout).
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Checks the Prometheus text exposition format line by line.
+std::string exposition_error(const std::string& text) {
+  static const std::regex help(R"(^# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*$)");
+  static const std::regex type(R"(^# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped)$)");
+  static const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*\})? [-+]?([0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?|NaN|[+-]Inf)$)");
+  std::istringstream in(text);
+  std::string line;
+  int samples = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line.rfind("# HELP", 0) == 0) {
+      if (!std::regex_match(line, help)) return "bad HELP line: " + line;
+    } else if (line.rfind("# TYPE", 0) == 0) {
+      if (!std::regex_match(line, type)) return "bad TYPE line: " + line;
+    } else if (!std::regex_match(line, sample)) {
+      return "bad sample line: " + line;
+    } else {
+      ++samples;
+    }
+  }
+  return samples > 0 ? "" : "no samples";
+}
+
+TEST(Cluster, ALostWorkerIsReportedWithinThreeAndAHalfSecondsAndTheCliShowsIt) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("xdmoe_cluster_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string bin = testing::xdmoe_binary();
+  subprocess::Child coordinator = subprocess::spawn(
+      {bin, "coordinator", "--hold", "--bind", "tcp://127.0.0.1:*", "--cli-bind", "tcp://127.0.0.1:*",
+       "--http-port", "0", "--endpoints-file", dir + "/endpoints.json", "--name", "liveness-test"},
+      dir + "/coordinator.log");
+  nlohmann::json eps = testing::wait_for_endpoints(dir + "/endpoints.json", coordinator);
+  ASSERT_TRUE(eps.contains("workers")) << subprocess::read_text(dir + "/coordinator.log");
+  const std::string cli = eps["cli"];
+  std::vector<subprocess::Child> workers;
+  for (int r = 0; r < 4; ++r)
+    workers.push_back(subprocess::spawn({bin, "worker", "--coordinator", eps["workers"], "--rank", std::to_string(r)},
+                                        dir + "/worker" + std::to_string(r) + ".log"));
+  auto status = [&]() -> nlohmann::json {
+    auto r = control_request(cli, {{"op", "status"}}, 2000ms);
+    return r ? *r : nlohmann::json();
+  };
+  auto state_of = [](const nlohmann::json& s, int rank) -> std::string {
+    for (const auto& w : s.value("workers", nlohmann::json::array()))
+      if (w["rank"] == rank) return w.value("state", "");
+    return "";
+  };
+  bool all_running = false;
+  for (int i = 0; i < 100 && !all_running; ++i) {
+    auto s = status();
+    all_running = true;
+    for (int r = 0; r < 4; ++r) all_running &= state_of(s, r) == "running";
+    if (!all_running) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(all_running) << subprocess::read_text(dir + "/coordinator.log");
+
+  // Prometheus text exposition.
+  httplib::Client http("127.0.0.1", eps["http_port"].get<int>());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << "no answer from the metrics endpoint";
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(exposition_error(res->body), "") << res->body;
+  EXPECT_NE(res->body.find("xdmoe_workers{job=\"liveness-test\",state=\"running\"} 4"), std::string::npos) << res->body;
+
+  // Hostile traffic at worker 0's data socket: it must carry on.
+  std::string data_ep;
+  const nlohmann::json before = status();
+  for (const auto& w : before["workers"])
+    if (w["rank"] == 0) data_ep = w["data_endpoint"];
+  {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::routing_id, std::string("w3"));
+    s.set(zmq::sockopt::linger, 500);
+    s.connect(data_ep);
+    for (int i = 0; i < 50; ++i) {
+      std::string junk(40 + i, static_cast<char>(i));
+      s.send(zmq::buffer(junk), zmq::send_flags::sndmore);
+      s.send(zmq::buffer(std::string("\xc1")), zmq::send_flags::none);
+    }
+    const int port = std::stoi(data_ep.substr(data_ep.rfind(':') + 1));
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      const char garbage[] = "\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f garbage that is not ZMTP";
+      (void)!::write(fd, garbage, sizeof garbage);
+    }
+    std::this_thread::sleep_for(300ms);
+    ::close(fd);
+  }
+
+  // SIGKILL worker 2 and time the detection.
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(workers[2].pid, SIGKILL);
+  double detected = -1;
+  while (std::chrono::steady_clock::now() - killed_at < 6s) {
+    if (state_of(status(), 2) == "lost") {
+      detected = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  std::printf("[liveness] SIGKILLed worker reported lost after %.2f s\n", detected);
+  EXPECT_GT(detected, 0) << "never reported lost";
+  EXPECT_LE(detected, 3.5);
+  EXPECT_EQ(state_of(status(), 0), "running") << "worker 0 did not survive the hostile traffic";
+  EXPECT_NE(subprocess::read_text(dir + "/worker0.log").find("dropped a message"), std::string::npos);
+
+  auto [code, text] = run(bin + " status --coordinator " + cli);
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("lost"), std::string::npos) << text;
+  EXPECT_NE(text.find("running"), std::string::npos) << text;
+  auto [jcode, json_text] = run(bin + " status --json --coordinator " + cli);
+  EXPECT_EQ(jcode, 0);
+  EXPECT_TRUE(nlohmann::json::accept(json_text)) << json_text;
+  EXPECT_NE(subprocess::read_text(dir + "/coordinator.log").find("worker 2 ("), std::string::npos);
+
+  auto [scode, stop_text] = run(bin + " stop --coordinator " + cli);
+  EXPECT_EQ(scode, 0) << stop_text;
+  EXPECT_NE(subprocess::wait_for(coordinator, 20s), -1000) << "coordinator did not exit after stop";
+  for (int r : {0, 1, 3}) EXPECT_NE(subprocess::wait_for(workers[r], 20s), -1000) << "worker " << r << " did not exit";
+  subprocess::wait_for(workers[2], 1s);
+}
+
+TEST(Cluster, MonitoringCommandsSayClearlyWhenNoCoordinatorAnswers) {
+  const std::string bin = testing::xdmoe_binary();
+  for (const char* cmd : {"status", "metrics", "top --iterations 1", "stop"}) {
+    auto [code, text] = run(bin + " " + cmd + " --coordinator tcp://127.0.0.1:9");
+    EXPECT_EQ(code, 3) << cmd << ": " << text;
+    EXPECT_NE(text.find("no coordinator reachable at tcp://127.0.0.1:9"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace xd

@@ -1,0 +1,134 @@
+// The networked Dispatch/Combine in one process: G Transports over loopback,
+// one thread per worker. Rows carry (source, expert, index) so every hop can
+// be checked, including workers that route nothing at all.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "actors/hybrid_exchange.h"
+#include "model/detail/rng.h"
+
+namespace xd {
+namespace {
+
+struct Cluster {
+  std::vector<std::unique_ptr<Transport>> transports;
+  explicit Cluster(int world) {
+    for (int r = 0; r < world; ++r) {
+      TransportOptions o;
+      o.rank = r;
+      auto t = Transport::create(o);
+      XD_CHECK(t.has_value());
+      transports.push_back(std::move(*t));
+    }
+    std::vector<PeerInfo> peers;
+    for (int r = 0; r < world; ++r) peers.push_back({r, transports[r]->endpoint(), 0});
+    for (auto& t : transports) XD_CHECK(t->connect(peers).is_ok());
+  }
+};
+
+// counts[rank][expert]: some experts empty everywhere, one rank sends nothing.
+std::vector<std::vector<int>> make_counts(int world, int experts, uint64_t seed) {
+  detail::Rng rng(seed);
+  std::vector<std::vector<int>> c(world, std::vector<int>(experts, 0));
+  for (int r = 0; r < world; ++r)
+    for (int e = 0; e < experts; ++e) {
+      if (r == 1) continue;            // a worker with no tokens at all
+      if (e == experts - 1) continue;  // an expert nobody routes to
+      c[r][e] = rng.next_u64() % 3 == 0 ? 0 : 1 + rng.next_u64() % 5;
+    }
+  return c;
+}
+
+void run_round_trip(const std::vector<int>& levels, const std::vector<int>& domains, bool flat) {
+  const int world = levels.size() == 1 ? levels[0] : levels[0] * levels[1];
+  const int experts = world * 2, width = 3;
+  Cluster cluster(world);
+  auto counts = make_counts(world, experts, 99);
+  std::vector<std::string> failures(world);
+  std::vector<int> received_rows(world, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      Topology topo = flat ? Topology({world}, {1}) : Topology(levels, domains);
+      HybridExpertExchange ex(cluster.transports[r].get(), topo, experts, std::chrono::seconds(20));
+      ex.set_step(7);
+      std::vector<float> rows;
+      for (int e = 0; e < experts; ++e)
+        for (int k = 0; k < counts[r][e]; ++k) rows.insert(rows.end(), {(float)r, (float)e, (float)k});
+      std::vector<float> at_experts, back;
+      std::vector<int> out_counts;
+      ex.to_experts({3, (int)ExchangePhase::kDispatch}, rows.data(), counts[r], width, &at_experts, &out_counts);
+      std::string& err = failures[r];
+      if (!ex.status().is_ok()) { err = ex.status().to_string(); return; }
+      // Every row sits with its expert, grouped in computed_experts() order.
+      size_t row = 0;
+      const auto& computed = ex.computed_experts();
+      for (size_t j = 0; j < computed.size(); ++j)
+        for (int k = 0; k < out_counts[j]; ++k, ++row)
+          if ((int)at_experts[row * width + 1] != computed[j]) err = "row of expert " + std::to_string((int)at_experts[row * width + 1]) + " in the group of " + std::to_string(computed[j]);
+      received_rows[r] = (int)row;
+      // The experts "compute": double the row; Combine brings it home.
+      for (float& v : at_experts) v = 2 * v + 1;
+      ex.to_sources({3, (int)ExchangePhase::kCombine}, at_experts.data(), width, &back);
+      if (!ex.status().is_ok()) { err = ex.status().to_string(); return; }
+      if (back.size() != rows.size()) { err = "combine returned " + std::to_string(back.size()) + " values"; return; }
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (back[i] != 2 * rows[i] + 1) { err = "combine lost the row order at " + std::to_string(i); return; }
+      // Backward: the same route again, then back.
+      ex.to_experts({3, (int)ExchangePhase::kCombineBackward}, rows.data(), counts[r], width, &at_experts, &out_counts);
+      ex.to_sources({3, (int)ExchangePhase::kDispatchBackward}, at_experts.data(), width, &back);
+      if (!ex.status().is_ok() || back != rows) err = "backward round trip changed the rows";
+    });
+  for (auto& t : threads) t.join();
+  int sent = 0, got = 0;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(failures[r], "") << "rank " << r;
+    for (int c : counts[r]) sent += c;
+    got += received_rows[r];
+  }
+  EXPECT_EQ(sent, got);
+  EXPECT_EQ(received_rows.size(), (size_t)world);
+}
+
+TEST(HybridExchange, FlatEpDeliversEveryRowToItsOwnerAndBackWithEmptyWorkersAndExperts) {
+  run_round_trip({4}, {1}, true);
+}
+
+TEST(HybridExchange, HierarchicalEpRoundTripsOnTwoLevels) { run_round_trip({2, 2}, {1, 1}, false); }
+
+TEST(HybridExchange, EveryDomainChoiceOfFourByTwoRoundTrips) {
+  for (int s0 : {1, 2, 4})
+    for (int s1 : {1, 2}) {
+      SCOPED_TRACE("domains " + std::to_string(s0) + "x" + std::to_string(s1));
+      run_round_trip({4, 2}, {s0, s1}, false);
+    }
+}
+
+TEST(HybridExchange, WorkersComputeExactlyTheExpertsOfTheirDomains) {
+  Cluster cluster(4);
+  HybridExpertExchange ep(cluster.transports[3].get(), Topology({2, 2}, {1, 1}), 8);
+  EXPECT_EQ(ep.computed_experts(), (std::vector<int>{6, 7}));
+  HybridExpertExchange inner(cluster.transports[3].get(), Topology({2, 2}, {1, 2}), 8);
+  EXPECT_EQ(inner.computed_experts(), (std::vector<int>{4, 5, 6, 7}));
+  HybridExpertExchange all(cluster.transports[3].get(), Topology({2, 2}, {2, 2}), 8);
+  EXPECT_EQ(all.computed_experts().size(), 8u);
+}
+
+TEST(HybridExchange, ASilentPeerFailsTheExchangeWithAStatusNotAHang) {
+  Cluster cluster(2);
+  HybridExpertExchange ex(cluster.transports[0].get(), Topology({2}, {1}), 4, std::chrono::milliseconds(300));
+  std::vector<float> rows(4 * 3, 1.0f), out;
+  std::vector<int> counts = {1, 1, 1, 1}, out_counts;
+  ex.to_experts({0, (int)ExchangePhase::kDispatch}, rows.data(), counts, 3, &out, &out_counts);
+  EXPECT_EQ(ex.status().code(), Status::Code::kTimeout);
+  // Shapes stay consistent, so the model code can finish the step.
+  EXPECT_EQ(out_counts.size(), ex.computed_experts().size());
+  std::vector<float> back;
+  ex.to_sources({0, (int)ExchangePhase::kCombine}, out.data(), 3, &back);
+  EXPECT_EQ(back.size(), rows.size());
+}
+
+}  // namespace
+}  // namespace xd
