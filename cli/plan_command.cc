@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "coordinator/coordinator.h"
 #include "coordinator/cluster_spec.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
@@ -69,10 +70,8 @@ int run_plan(const PlanOptions& o) {
   }
 
   // Compute: a quick local GEMM probe.
-  const LinearFit gemm_fit = probe_gemm();
-  ComputeModel compute;
-  if (gemm_fit.beta > 0) compute.flops_per_s = 1.0 / gemm_fit.beta;
-  compute.gemm_overhead_s = std::max(0.0, gemm_fit.alpha);
+  LinearFit gemm_fit;
+  const ComputeModel compute = local_compute_model(job, &gemm_fit);
   if (gemm_fit.r2 < 0.9 && !o.json)
     std::fprintf(stderr, "note: the GEMM probe was noisy (r2 %.3f); is the machine busy?\n", gemm_fit.r2);
 

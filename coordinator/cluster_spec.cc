@@ -367,7 +367,16 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
   return c;
 }
 
-JobConfig default_job_config() { return JobConfig{default_train_config(), default_cluster_spec()}; }
+JobConfig default_job_config() {
+  JobConfig job{default_train_config(), default_cluster_spec()};
+  // The distributed demo: more tokens per worker and slimmer experts than the
+  // one-process default, the regime HybridEP targets (tokens outweigh experts
+  // on the slow inter-DC link). examples/2dc.yaml spells out a similar job.
+  job.train.batch_size = 16;
+  job.train.model.expert_intermediate_size = 128;
+  job.train.model.shared_intermediate_size = 128;
+  return job;
+}
 
 Expected<JobConfig> parse_job_config(const std::string& text, const std::string& source) {
   auto train = parse_train_config(text, source, {"cluster"});

@@ -38,14 +38,25 @@ const char* job_state_name(JobState s) {
 }
 }  // namespace
 
-Plan plan_for_job(const JobConfig& job) {
+ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit) {
   ComputeModel compute;
   LinearFit gemm = probe_gemm();
   if (gemm.beta > 0) {
     compute.flops_per_s = 1.0 / gemm.beta;
     compute.gemm_overhead_s = std::max(0.0, gemm.alpha);
   }
-  return plan_iteration(planner_inputs_for(job, spec_link_models(job.cluster), compute));
+  // Without a host list every worker runs on this machine: they share its
+  // cores (the probe measured one thread).
+  if (job.cluster.hosts.empty()) {
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    compute.flops_per_s *= std::min(1.0, cores / job.cluster.world_size());
+  }
+  if (fit) *fit = gemm;
+  return compute;
+}
+
+Plan plan_for_job(const JobConfig& job) {
+  return plan_iteration(planner_inputs_for(job, spec_link_models(job.cluster), local_compute_model(job)));
 }
 
 class Coordinator::Impl {

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "coordinator/cluster_spec.h"
+#include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
 
 namespace xd {
@@ -47,8 +48,13 @@ class Coordinator {
   std::unique_ptr<Impl> impl_;
 };
 
-// The plan a coordinator hands out for a job (also `xdmoe plan`): link models
-// from the spec, compute model from a short local GEMM probe.
+// The compute model of a job's workers: a short one-thread GEMM probe here,
+// shared by the workers when they all run on this machine (no host list).
+// `fit` (nullable) receives the probe's line fit.
+ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit = nullptr);
+
+// The plan a coordinator hands out for a job: link models from the spec,
+// compute model from local_compute_model().
 Plan plan_for_job(const JobConfig& job);
 
 }  // namespace xd

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <memory>
 
+#include <cblas.h>
+
 #include "model/gemm.h"
 #include "transport/transport.h"
 
@@ -137,6 +139,9 @@ LinearFit probe_gemm(const GemmProbeOptions& options) {
       gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
     }
   };
+  // Workers run with one OpenBLAS thread each; so does the probe, by default.
+  const int saved_threads = openblas_get_num_threads();
+  if (options.threads > 0) openblas_set_num_threads(options.threads);
   std::vector<Shape> shapes;
   for (const auto& dims : options.shapes) {
     XD_CHECK(dims.size() == 3 && dims[0] > 0 && dims[1] > 0 && dims[2] > 0);
@@ -156,16 +161,25 @@ LinearFit probe_gemm(const GemmProbeOptions& options) {
   }
   // Rounds over all shapes, keeping each shape's fastest timing: other load
   // on the machine only slows a run down, and a burst of it hits one round of
-  // every shape rather than every round of one shape.
-  for (int round = 0; round < std::max(1, options.samples_per_shape); ++round)
+  // every shape rather than every round of one shape. A noisy fit earns more
+  // rounds while the time budget lasts.
+  const double start = now_s();
+  auto fit = [&] {
+    std::vector<std::pair<double, double>> samples;
+    for (const Shape& s : shapes) samples.emplace_back(2.0 * s.m * s.n * s.k, s.best);
+    return fit_line(std::move(samples));
+  };
+  for (int round = 0;; ++round) {
     for (Shape& s : shapes) {
       const double t0 = now_s();
       for (int r = 0; r < s.reps; ++r) s.call();
       s.best = std::min(s.best, (now_s() - t0) / s.reps);
     }
-  std::vector<std::pair<double, double>> samples;
-  for (const Shape& s : shapes) samples.emplace_back(2.0 * s.m * s.n * s.k, s.best);
-  return fit_line(std::move(samples));
+    if (round + 1 < std::max(1, options.samples_per_shape)) continue;
+    if (now_s() - start > options.max_seconds || fit().r2 >= options.good_r2) break;
+  }
+  if (options.threads > 0) openblas_set_num_threads(saved_threads);
+  return fit();
 }
 
 }  // namespace xd

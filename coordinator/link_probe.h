@@ -3,7 +3,9 @@
 //   * probe_link: messages of a few sizes between two in-process Transports
 //     over loopback, the link shaped like one link class; n is bytes.
 //   * probe_gemm: cblas_sgemm (through model/gemm.h) of a few shapes; n is flops,
-//     so 1 / beta is the GEMM rate and alpha the per-call overhead.
+//     so 1 / beta is the GEMM rate and alpha the per-call overhead. It sets
+//     OpenBLAS's thread count for its duration (not thread-safe against other
+//     GEMMs of this process running meanwhile).
 // A probe takes well under the given time budget (~3 s by default). The fit is
 // reported as measured (alpha may come out slightly negative from noise).
 #pragma once
@@ -47,6 +49,12 @@ struct GemmProbeOptions {
       {64, 64, 64}, {128, 128, 128}, {256, 128, 256}, {256, 256, 256}, {512, 256, 256}};
   double min_seconds_per_shape = 0.05;  // time spent on each shape, all rounds
   int samples_per_shape = 5;            // rounds over all shapes; each shape's fastest is fitted
+  // More rounds follow while the fit's r2 is below good_r2, until max_seconds.
+  double good_r2 = 0.99;
+  double max_seconds = 1.0;
+  // OpenBLAS threads while probing (restored after); 0 keeps the process's
+  // setting. Workers run with OPENBLAS_NUM_THREADS=1, so 1 gives their rate.
+  int threads = 1;
 };
 
 LinearFit probe_gemm(const GemmProbeOptions& options = {});

@@ -119,8 +119,9 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                                  bool alpha_per_message = false);
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
-// sizes (even if infeasible: the caller reports it); auto -> the feasible
-// candidate with the least iteration time (ties: fewer gathered bytes).
+// sizes, which must divide the level sizes (chosen even if infeasible: the
+// caller reports it); auto -> the feasible candidate with the least
+// iteration time (ties: fewer gathered bytes).
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
                    const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
                    bool alpha_per_message = false);
