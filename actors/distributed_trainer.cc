@@ -119,18 +119,18 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
 
 void DistributedTrainer::record_bytes(StepMetrics* m) {
   TransportStats now = transport_->stats();
-  // Per link class and operation: this step's bytes sent.
+  // This step's bytes sent, per "link class/operation" and per link class.
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
   for (const LinkStats& l : now.links) {
-    const double prev = before.count(l.peer) ? before[l.peer]->bytes_sent : 0.0;
+    const LinkStats* prev = before.count(l.peer) ? before[l.peer] : nullptr;
     const std::string name = l.link_class < (int)opts_.link_names.size() ? opts_.link_names[l.link_class]
                                                                          : std::to_string(l.link_class);
-    m->bytes[name + "/total"] += double(l.bytes_sent) - prev;
-  }
-  for (int k = 0; k < kMaxMessageKind; ++k) {
-    const double d = double(now.bytes_sent_by_kind[k]) - double(last_stats_.bytes_sent_by_kind[k]);
-    if (d > 0) m->bytes[std::string("all/") + message_kind_name(static_cast<MessageKind>(k))] += d;
+    m->bytes[name + "/total"] += double(l.bytes_sent) - (prev ? prev->bytes_sent : 0.0);
+    for (int k = 0; k < kMaxMessageKind; ++k) {
+      const double d = double(l.bytes_sent_by_kind[k]) - (prev ? prev->bytes_sent_by_kind[k] : 0.0);
+      if (d > 0) m->bytes[name + "/" + message_kind_name(static_cast<MessageKind>(k))] += d;
+    }
   }
   last_stats_ = std::move(now);
 }
@@ -176,6 +176,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.step_s = seconds_since(start);
   m.tokens_per_s = tc.batch_size * tc.seq_len / m.step_s;
   gather_wait_ = comm_->take_gather_wait_seconds();
+  m.gather_wait_s = gather_wait_;
   double gather_wait = 0;
   for (double w : gather_wait_) gather_wait += w;
   const double blocked = exchange_->take_blocked_seconds() + gather_wait + allreduce_s +

@@ -438,6 +438,7 @@ void Coordinator::Impl::write_summary() {
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
     j["bytes_per_step"] = mean.bytes;
+    j["gather_wait_s_per_layer"] = mean.gather_wait_s;
     j["peak_rss_bytes"] = mean.peak_rss_bytes;
   }
   if (!opts.summary_path.empty()) {
@@ -450,6 +451,11 @@ void Coordinator::Impl::write_summary() {
                 mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(),
                 mean.predicted_step_s * 1e3, mean.peak_rss_bytes / 1e6);
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
+    if (!mean.gather_wait_s.empty()) {
+      std::printf("  wait for gathered experts per layer (ms):");
+      for (double w : mean.gather_wait_s) std::printf(" %.1f", w * 1e3);
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
 }

@@ -22,6 +22,8 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
+  if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
+  for (size_t l = 0; l < m.gather_wait_s.size(); ++l) s.gather_wait_s[l] = std::max(s.gather_wait_s[l], m.gather_wait_s[l]);
   if (s.reporters == world_) {
     complete_.push_back(s);
     pending_.erase(m.step);
@@ -45,6 +47,8 @@ StepSummary JobMetrics::mean(int skip) const {
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
+    if (out.gather_wait_s.size() < s.gather_wait_s.size()) out.gather_wait_s.resize(s.gather_wait_s.size(), 0.0);
+    for (size_t l = 0; l < s.gather_wait_s.size(); ++l) out.gather_wait_s[l] += s.gather_wait_s[l];
   }
   if (n == 0) return out;
   out.loss /= n;
@@ -57,6 +61,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.exposed_comm_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
+  for (double& w : out.gather_wait_s) w /= n;
   out.step = complete_.back().step;
   out.reporters = n;
   return out;
@@ -76,7 +81,8 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"overlap_percent", s.overlap_percent()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
-          {"bytes", s.bytes}};
+          {"bytes", s.bytes},
+          {"gather_wait_s", s.gather_wait_s}};
 }
 }  // namespace
 

@@ -26,7 +26,8 @@ nlohmann::json to_json(const StepMetrics& m) {
           {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
-          {"bytes", m.bytes}};
+          {"bytes", m.bytes},
+          {"gather_wait_s", m.gather_wait_s}};
 }
 
 Expected<StepMetrics> metrics_from_json(const nlohmann::json& j) {
@@ -43,6 +44,7 @@ Expected<StepMetrics> metrics_from_json(const nlohmann::json& j) {
   XD_RETURN_IF_ERROR(read_field(j, "predicted_step_s", &m.predicted_step_s));
   XD_RETURN_IF_ERROR(read_field(j, "peak_rss_bytes", &m.peak_rss_bytes));
   XD_RETURN_IF_ERROR(read_field(j, "bytes", &m.bytes));
+  if (j.contains("gather_wait_s")) XD_RETURN_IF_ERROR(read_field(j, "gather_wait_s", &m.gather_wait_s));
   return m;
 }
 

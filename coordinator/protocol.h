@@ -46,6 +46,9 @@ struct StepMetrics {
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"
   std::map<std::string, double> bytes;
+  // Time the compute thread waited for each layer's gathered experts (the
+  // async communicator's receive queue); empty without replicas.
+  std::vector<double> gather_wait_s;
   double overlap_percent() const {
     return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;
   }

@@ -310,6 +310,7 @@ void Transport::Impl::deliver_due(Link& link, double now) {
     }
     link.messages_sent++;
     link.bytes_sent += s.header.payload_len;
+    link.bytes_sent_by_kind[(int)s.header.kind] += s.header.payload_len;
     sent_bytes_kind[(int)s.header.kind] += s.header.payload_len;
     sent_msgs_kind[(int)s.header.kind]++;
     s.completion->finish_one();  // the hand-off part
@@ -565,6 +566,7 @@ TransportStats Transport::stats() const {
     s.messages_sent = l->messages_sent;
     s.bytes_received = l->bytes_received;
     s.messages_received = l->messages_received;
+    for (int k = 0; k < kMaxMessageKind; ++k) s.bytes_sent_by_kind[k] = l->bytes_sent_by_kind[k];
     std::lock_guard<std::mutex> lock(l->mu);
     s.queued_bytes = l->queued_bytes;
     s.busy_seconds = l->busy_total + (l->queued_bytes ? steady_seconds() - l->busy_since : 0.0);

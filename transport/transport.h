@@ -50,6 +50,7 @@ struct LinkStats {
   uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
   double busy_seconds = 0;  // time with at least one message of this link in flight
   size_t queued_bytes = 0;
+  std::array<uint64_t, kMaxMessageKind> bytes_sent_by_kind{};
 };
 
 struct TransportStats {

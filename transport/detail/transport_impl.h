@@ -48,6 +48,7 @@ struct Link {
   bool blocked = false;                    // ZeroMQ said EAGAIN, I/O thread only
 
   std::atomic<uint64_t> bytes_sent{0}, messages_sent{0}, bytes_received{0}, messages_received{0};
+  std::array<std::atomic<uint64_t>, kMaxMessageKind> bytes_sent_by_kind{};
   std::mutex mu;  // guards the fields below
   std::condition_variable space;  // signalled as queued bytes drain
   size_t queued_bytes = 0;
