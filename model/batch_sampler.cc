@@ -4,18 +4,9 @@
 #include <utility>
 
 #include "common/check.h"
+#include "model/detail/rng.h"
 
 namespace xd {
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 Status BatchSampler::validate(size_t num_tokens, int batch_size, int seq_len, int shard,
                               int num_shards) {
@@ -65,7 +56,7 @@ size_t BatchSampler::window_offset(uint64_t batch_index, int local_row) const {
   const uint64_t global_row =
       static_cast<uint64_t>(shard_) * static_cast<uint64_t>(batch_size_) +
       static_cast<uint64_t>(local_row);
-  const uint64_t hash = splitmix64(splitmix64(splitmix64(seed_) ^ batch_index) ^ global_row);
+  const uint64_t hash = detail::splitmix64(detail::splitmix64(detail::splitmix64(seed_) ^ batch_index) ^ global_row);
   // Offsets 0 .. size - seq_len - 1 keep the whole seq_len + 1 window in range.
   const uint64_t num_offsets = tokens_->size() - static_cast<size_t>(seq_len_);
   return static_cast<size_t>(hash % num_offsets);
