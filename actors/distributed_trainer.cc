@@ -166,7 +166,9 @@ Expected<StepMetrics> DistributedTrainer::step() {
                                             dense_norm_sq + expert_norm_sq);
   if (!std::isfinite(grad_norm)) return Status::internal("gradient norm is not finite");
   ++step_;
-  comm_->start_gather(static_cast<uint32_t>(step_));
+  // The next step's replicas start moving now; after the last step there is
+  // nothing to gather for.
+  if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
 
   StepMetrics m;
   m.step = step_;

@@ -72,13 +72,13 @@ run_gloo() {
 impls=(ours mpi gloo)
 start=$(date +%s)
 echo "collective_bench.sh: worlds [$WORLDS], sizes $SIZES MB/rank, ops $OPS, $ROUNDS rounds x $ITERS iterations (+$WARMUP warm-up)"
-echo "host: $(nproc) cores, $(uname -r); $(mpirun --version 2>/dev/null | head -1); torch $($PY -c 'import torch; print(torch.__version__)')"
+echo "host: $(getconf _NPROCESSORS_ONLN) cores, $(uname -r); $(mpirun --version 2>/dev/null | head -1); torch $($PY -c 'import torch; print(torch.__version__)')"
 # Anything else running skews the comparison (OpenMPI's busy-polling most of all).
 load_note() {
   local l
   l=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "load average $1: $l"
-  awk -v l="${l%% *}" -v c="$(nproc)" 'BEGIN { if (l > c) print "WARNING: load above the core count: other processes are competing; results are noisy" }'
+  awk -v l="${l%% *}" -v c="$(getconf _NPROCESSORS_ONLN)" 'BEGIN { if (l > c) print "WARNING: load above the core count: other processes are competing; results are noisy" }'
 }
 load_note "before"
 QUIET_WAIT="${QUIET_WAIT:-0}"

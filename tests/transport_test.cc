@@ -438,3 +438,36 @@ TEST(Transport, AShapingChangeAtRunTimeAppliesToTheNextMessages) {
 
 }  // namespace
 }  // namespace xd
+
+namespace xd {
+namespace {
+
+TEST(Transport, CancelReleasesWaitersOnReceivesAndOnSendsToADeadPeer) {
+  TransportOptions o;
+  o.rank = 0;
+  auto t = Transport::create(o);
+  ASSERT_TRUE(t);
+  // Rank 1's endpoint has nobody behind it: the send can never leave.
+  ASSERT_TRUE((*t)->connect({{1, "tcp://127.0.0.1:9", 0}}).is_ok());
+  std::vector<uint8_t> data(1000, 1);
+  auto sent = (*t)->send(1, Tag{MessageKind::kPointToPoint, 0, 0, 0, 0}, {OutFrame::copy_of(data.data(), data.size())});
+  auto slot = (*t)->recv(1, Tag{MessageKind::kPointToPoint, 0, 0, 0, 0});
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(100ms);
+    (*t)->cancel(Status::unavailable("job stopped"));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status st = sent->wait(60s);
+  auto m = slot->wait(60s);
+  canceller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(st.code(), Status::Code::kUnavailable);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.status().code(), Status::Code::kUnavailable);
+  // And later operations fail at once.
+  EXPECT_FALSE((*t)->recv(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0})->wait(60s));
+  EXPECT_FALSE((*t)->send(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0}, {})->wait(60s).is_ok());
+}
+
+}  // namespace
+}  // namespace xd

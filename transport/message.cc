@@ -20,6 +20,12 @@ void Completion::finish_one(const Status& st) {
   if (--remaining_ <= 0) cv_.notify_all();
 }
 
+void Completion::abort(const Status& st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.is_ok()) status_ = st;
+  cv_.notify_all();
+}
+
 bool Completion::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return remaining_ <= 0;

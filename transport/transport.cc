@@ -2,6 +2,7 @@
 
 #include <msgpack.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -484,6 +485,18 @@ std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector
     return c;
   }
   auto completion = std::make_shared<Completion>(static_cast<int>(frames.size()) + 1);
+  {
+    // Remembered so cancel() can release waiters of sends to dead peers.
+    std::lock_guard<std::mutex> lock(impl_->match_mu);
+    if (!impl_->cancelled.is_ok()) {
+      completion->abort(impl_->cancelled);
+      return completion;
+    }
+    auto& live = impl_->live_sends;
+    if (live.size() >= 4096)
+      live.erase(std::remove_if(live.begin(), live.end(), [](const auto& w) { return w.expired(); }), live.end());
+    live.push_back(completion);
+  }
   if (!has_peer(dst)) {
     completion->finish_one(Status::invalid_argument("no link to rank " + std::to_string(dst)));
     return completion;
@@ -541,6 +554,9 @@ void Transport::cancel(const Status& why) {
   for (auto& [key, slots] : impl_->posted)
     for (auto& s : slots) s->fail(why);
   impl_->posted.clear();
+  for (auto& w : impl_->live_sends)
+    if (auto c = w.lock()) c->abort(why);
+  impl_->live_sends.clear();
 }
 
 void Transport::set_shaping(int link_class, const LinkShaping& s) {

@@ -85,8 +85,9 @@ class Transport {
                                    std::string meta = {});
   std::shared_ptr<RecvSlot> recv(int src, const Tag& tag);
 
-  // Fails every posted receive, and every later one, with `why` (a job being
-  // torn down: peers may be dead, nothing should wait for them).
+  // Fails every posted receive and every later one, and releases every
+  // waiter on a send's Completion, with `why` (a job being torn down: peers
+  // may be dead, nothing should wait for them).
   void cancel(const Status& why);
 
   void set_shaping(int link_class, const LinkShaping& shaping);

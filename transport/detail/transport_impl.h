@@ -84,6 +84,7 @@ class Transport::Impl {
   std::map<MatchKey, std::deque<IncomingMessage>> unexpected;
   size_t unexpected_bytes = 0;
   Status cancelled;  // guarded by match_mu
+  std::vector<std::weak_ptr<Completion>> live_sends;  // guarded by match_mu
 
   mutable std::mutex shaping_mu;
   std::vector<LinkShaping> shaping;
