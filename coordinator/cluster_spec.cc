@@ -1,5 +1,7 @@
 #include "coordinator/cluster_spec.h"
 
+#include "model/detail/yaml_reader.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -160,98 +162,7 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
   return std::nullopt;
 }
 
-// Reads YAML nodes into typed fields, keeping the first error with the
-// file:line of the offending node, and remembers where each key was read so
-// that rules checked later can still point at the line.
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-
-  std::string where(const YAML::Node& n) const {
-    return source_ + ":" + std::to_string(n.Mark().line + 1);
-  }
-  void fail(const YAML::Node& n, const std::string& key, const std::string& why) {
-    if (status_.is_ok()) status_ = Status::invalid_argument(where(n) + ": " + key + ": " + why);
-  }
-  void fail_at(const std::string& key, const std::string& why) {
-    if (!status_.is_ok()) return;
-    // The mark of the key itself, else of the closest enclosing key.
-    std::string k = key;
-    while (!k.empty()) {
-      auto it = lines_.find(k);
-      if (it != lines_.end()) {
-        status_ = Status::invalid_argument(source_ + ":" + std::to_string(it->second) + ": " + key +
-                                           ": " + why);
-        return;
-      }
-      const size_t cut = k.find_last_of(".[");
-      k = cut == std::string::npos ? "" : k.substr(0, cut);
-    }
-    status_ = Status::invalid_argument(source_ + ": " + key + ": " + why);
-  }
-  void mark(const std::string& key, const YAML::Node& n) { lines_[key] = n.Mark().line + 1; }
-
-  // Visits every key of `map`; unknown keys and missing required keys are errors.
-  template <typename F>
-  void section(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& keys,
-               const std::set<std::string>& required, F field) {
-    if (!ok()) return;
-    if (!map.IsMap()) return fail(map, prefix, "must be a mapping");
-    mark(prefix, map);
-    std::set<std::string> seen;
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      if (!keys.count(key)) {
-        std::string known;
-        for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
-        return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
-      }
-      seen.insert(key);
-      mark(prefix + "." + key, kv.second);
-      field(key, kv.second, prefix + "." + key);
-      if (!ok()) return;
-    }
-    for (const auto& r : required)
-      if (!seen.count(r)) return fail(map, prefix + "." + r, "missing (required)");
-  }
-
-  template <typename T>
-  void get(const YAML::Node& n, const std::string& key, T* out) {
-    if (!ok()) return;
-    if (!n.IsScalar()) return fail(n, key, "expected a scalar");
-    try {
-      *out = n.as<T>();
-    } catch (const YAML::Exception&) {
-      fail(n, key, std::string("expected ") + type_name<T>() + ", got '" + n.Scalar() + "'");
-    }
-  }
-
-  // A scalar run through a unit parser such as parse_bandwidth.
-  template <typename P>
-  void get_unit(const YAML::Node& n, const std::string& key, double* out, P parse) {
-    std::string s;
-    get(n, key, &s);
-    if (!ok()) return;
-    auto v = parse(s);
-    if (!v) return fail(n, key, v.status().message());
-    *out = *v;
-  }
-
-  bool ok() const { return status_.is_ok(); }
-  const Status& status() const { return status_; }
-
- private:
-  template <typename T>
-  static const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "a boolean";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "a string";
-  }
-  std::string source_;
-  Status status_;
-  std::map<std::string, int> lines_;
-};
+using detail::Reader;
 
 void read_level(Reader& r, const YAML::Node& node, const std::string& k, LevelSpec* level) {
   r.section(node, k, {"name", "size", "link"}, {"name", "size", "link"},

@@ -1,6 +1,6 @@
 #include "model/train_config.h"
 
-#include <yaml-cpp/yaml.h>
+#include "model/detail/yaml_reader.h"
 
 #include <cmath>
 #include <fstream>
@@ -66,60 +66,7 @@ double TrainConfig::learning_rate_at(int64_t step) const {
 
 namespace {
 
-// Reads YAML scalars into typed fields, remembering the first error with the
-// file:line of the offending node.
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-
-  std::string where(const YAML::Node& n) const {
-    return source_ + ":" + std::to_string(n.Mark().line + 1);
-  }
-  void fail(const YAML::Node& n, const std::string& key, const std::string& why) {
-    if (status_.is_ok()) status_ = Status::invalid_argument(where(n) + ": " + key + ": " + why);
-  }
-
-  // Visits every key of `map`, dispatching to `field`; unknown keys are errors.
-  template <typename F>
-  void section(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& keys,
-               F field) {
-    if (!map) return;
-    if (!map.IsMap()) return fail(map, prefix, "must be a mapping");
-    for (const auto& kv : map) {
-      const std::string key = kv.first.as<std::string>();
-      if (!keys.count(key)) {
-        std::string known;
-        for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
-        return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
-      }
-      field(key, kv.second, prefix + "." + key);
-      if (!status_.is_ok()) return;
-    }
-  }
-
-  template <typename T>
-  void get(const YAML::Node& n, const std::string& key, T* out) {
-    try {
-      *out = n.as<T>();
-    } catch (const YAML::Exception&) {
-      fail(n, key, std::string("expected ") + type_name<T>() + ", got '" +
-                       (n.IsScalar() ? n.Scalar() : std::string("a non-scalar")) + "'");
-    }
-  }
-
-  const Status& status() const { return status_; }
-
- private:
-  template <typename T>
-  static const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "a boolean";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "a string";
-  }
-  std::string source_;
-  Status status_;
-};
+using detail::Reader;
 
 void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
   static const std::set<std::string> keys = {
