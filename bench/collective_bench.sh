@@ -18,7 +18,7 @@
 #        OUT (bench/results/collectives.csv), QUIET_WAIT (0: before each launch,
 #        wait up to this many seconds for the other processes on the machine to
 #        use < 25 % of the CPUs; the background load is printed either way)
-# Takes about 6 minutes on 2 cores with the defaults.
+# Takes about 5 minutes on 2 cores with the defaults (plus any QUIET_WAIT).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,14 +73,9 @@ impls=(ours mpi gloo)
 start=$(date +%s)
 echo "collective_bench.sh: worlds [$WORLDS], sizes $SIZES MB/rank, ops $OPS, $ROUNDS rounds x $ITERS iterations (+$WARMUP warm-up)"
 echo "host: $(getconf _NPROCESSORS_ONLN) cores, $(uname -r); $(mpirun --version 2>/dev/null | head -1); torch $($PY -c 'import torch; print(torch.__version__)')"
-# Anything else running skews the comparison (OpenMPI's busy-polling most of all).
-load_note() {
-  local l
-  l=$(cut -d' ' -f1-3 /proc/loadavg)
-  echo "load average $1: $l"
-  awk -v l="${l%% *}" -v c="$(getconf _NPROCESSORS_ONLN)" 'BEGIN { if (l > c) print "WARNING: load above the core count: other processes are competing; results are noisy" }'
-}
-load_note "before"
+# Anything else running skews the comparison (OpenMPI's busy-polling most of
+# all): the CPU use of other processes is sampled for 1 s before each launch
+# (while we are idle) and printed; the worst sample is reported at the end.
 QUIET_WAIT="${QUIET_WAIT:-0}"
 busy_pct() {  # share of all CPUs busy over the next second (we are idle between launches)
   local a b
@@ -95,8 +90,11 @@ wait_quiet() {
   while [ "$b" -ge 25 ] && [ "$waited" -lt "$QUIET_WAIT" ]; do
     sleep 4; waited=$((waited + 5)); b=$(busy_pct)
   done
-  echo "    (background CPU use before launch: ${b}%${QUIET_WAIT:+, waited ${waited}s})"
+  echo "    (background CPU use before launch: ${b}%, waited ${waited}s)"
+  [ "$b" -gt "$max_bg" ] && max_bg=$b
+  return 0
 }
+max_bg=0
 for n in $WORLDS; do
   for ((round = 0; round < ROUNDS; round++)); do
     for ((k = 0; k < 3; k++)); do
@@ -110,7 +108,8 @@ for n in $WORLDS; do
   done
 done
 echo "total benchmark time: $(($(date +%s) - start)) s"
-load_note "after"
+echo "worst background CPU use before a launch: ${max_bg}% of $(getconf _NPROCESSORS_ONLN) cores"
+[ "$max_bg" -ge 25 ] && echo "WARNING: other processes were competing for the CPUs; results are noisy (try QUIET_WAIT=120)"
 
 mkdir -p "$(dirname "$OUT")"
 $PY - "$samples" "$OUT" <<'EOF'

@@ -1,6 +1,9 @@
 // SwiGLU expert MLP on a batch of token rows: y = w2(silu(w1 x) * w3 x)
 // (HF Mixtral MixtralBlockSparseTop2MLP). Forward fills the cache the backward
-// needs; backward accumulates into dx, dw1, dw3, dw2. Stateless, thread-safe.
+// needs; backward accumulates into dx, dw1, dw3, dw2. The gate is fused (one
+// sigmoid per element, kept for the backward) on top of six BLAS GEMMs; the
+// unfused ops (swiglu_forward/backward in ops.h) are the reference the tests
+// compare it with. Thread-safe for distinct caches.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +25,9 @@ struct ExpertParams {
 template <typename T>
 struct ExpertCache {
   std::vector<T> h1, h3, gated;  // (n, ff) each
+  std::vector<T> sigmoid;        // (n, ff) sigmoid(h1), so backward needs no exp
+  // Backward scratch, kept to avoid an allocation per call.
+  mutable std::vector<T> scratch_a, scratch_b;  // (n, ff)
 };
 
 template <typename T>
