@@ -70,21 +70,31 @@ Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
   const int n = size();
   if ((int)send_bytes.size() != n || (recv_bytes && (int)recv_bytes->size() != n))
     return Status::invalid_argument("all_to_allv: need one size per member");
+  if (recv_bytes && (*recv_bytes)[index_] != send_bytes[index_])
+    return Status::invalid_argument("all_to_allv: own block size differs from recv_bytes");
   const auto soff = offsets_of(send_bytes);
   std::vector<size_t> roff = recv_bytes ? offsets_of(*recv_bytes) : std::vector<size_t>();
+  const uint8_t* s = static_cast<const uint8_t*>(send);
+  const Tag t = wire_tag(MessageKind::kAllToAll, tag, 0, 0);
   std::vector<std::shared_ptr<RecvSlot>> slots(n);
   for (int i = 0; i < n; ++i)
-    slots[i] = transport_->recv(ranks_[i], wire_tag(MessageKind::kAllToAll, tag, 0, 0));
+    if (i != index_) slots[i] = transport_->recv(ranks_[i], t);
   std::vector<std::shared_ptr<Completion>> sends;
-  const uint8_t* s = static_cast<const uint8_t*>(send);
-  for (int k = 0; k < n; ++k) {  // staggered, so members do not all hit one peer
+  for (int k = 1; k < n; ++k) {  // staggered, so members do not all hit one peer
     const int i = (index_ + k) % n;
-    sends.push_back(transport_->send(ranks_[i], wire_tag(MessageKind::kAllToAll, tag, 0, 0),
-                                     {borrowed(s + soff[i], send_bytes[i])}));
+    sends.push_back(transport_->send(ranks_[i], t, {borrowed(s + soff[i], send_bytes[i])}));
   }
-  if (recv_blocks) recv_blocks->assign(n, {});
+  // The own block never leaves the process: one copy instead of a loopback
+  // message (a copy into a ZeroMQ frame, then a copy out again).
+  const uint8_t* own = s + soff[index_];
+  if (recv_blocks) {
+    recv_blocks->assign(n, {});
+    (*recv_blocks)[index_].assign(own, own + send_bytes[index_]);
+  } else if (send_bytes[index_]) {
+    std::memcpy(recv + roff[index_], own, send_bytes[index_]);
+  }
   Status result;
-  for (int k = 0; k < n; ++k) {
+  for (int k = 1; k < n; ++k) {
     const int i = (index_ - k + n) % n;
     auto m = wait_from(slots[i], i, "all_to_allv");
     if (!m) { result = m.status(); break; }

@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include <malloc.h>
 #include <msgpack.hpp>
 
 #include <algorithm>
@@ -439,6 +440,13 @@ Transport::~Transport() = default;
 Expected<std::unique_ptr<Transport>> Transport::create(const TransportOptions& options) {
   if (options.rank < -1 || options.rank > 0xFFFE) return Status::invalid_argument("rank out of range");
   if (options.link_classes.empty()) return Status::invalid_argument("need at least one link class");
+  if (options.keep_freed_memory) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum for this threshold
+      mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    });
+  }
   auto impl = std::make_unique<Impl>(options);
   XD_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<Transport>(new Transport(std::move(impl)));
