@@ -16,7 +16,9 @@
 // where (c) are bare cblas_sgemm calls with the same transposes, leading
 // dimensions and betas on preallocated buffers (no elementwise work, no allocation).
 // efficiency % = GFLOP/s(ours) / GFLOP/s(sgemm) = t(sgemm) / t(ours).
-// A second table times the non-GEMM pieces of the expert to show where a gap goes.
+// A second table splits the gap into forward and backward: overhead = expert time
+// minus the bare-sgemm time of the same GEMMs (paired medians), also per element of
+// the (n, ff) activations, i.e. what the non-GEMM work (gate, copies) costs.
 //
 // Threads are not set here: run with OPENBLAS_NUM_THREADS=1 (one worker per core)
 // or as wanted; the header prints what OpenBLAS reports. See bench/README.md.
@@ -36,7 +38,6 @@
 #include <string>
 #include <vector>
 
-#include "model/ops.h"
 #include "model/swiglu_expert.h"
 
 namespace {
@@ -54,7 +55,7 @@ struct Options {
   int reps = 30;
   double min_sample_ms = 2.0;  // inner iterations per sample so one sample lasts >= this
   bool realistic = true;       // also d=512, ff=1024, n in {256, 1024}
-  bool breakdown = true;       // time the non-GEMM pieces too
+  bool breakdown = true;       // print the overhead table too
   std::string csv;
 };
 
@@ -75,7 +76,7 @@ void print_help() {
       "  --min-sample-ms  calls are repeated so one sample lasts at least this (default 2)\n"
       "  --csv            also write the results as CSV to FILE\n"
       "  --no-realistic   skip the extra d=512 ff=1024 n={256,1024} shapes\n"
-      "  --no-breakdown   skip the table timing the non-GEMM pieces\n"
+      "  --no-breakdown   skip the forward/backward overhead table\n"
       "Threads are not set: use OPENBLAS_NUM_THREADS.\n");
 }
 
@@ -188,7 +189,7 @@ Stats stats(std::vector<double> v) {
   return s;
 }
 
-// Calls per sample so one sample of the slower-looking side lasts >= min_ms.
+// Calls per sample so that one sample of f lasts >= min_ms (best of 3 single calls).
 int calibrate(const std::function<void()>& f, double min_ms) {
   double t = sample(f, 1);
   for (int i = 0; i < 2; ++i) t = std::min(t, sample(f, 1));
@@ -203,6 +204,7 @@ void measure_pair(const std::function<void()>& a, const std::function<void()>& b
     a();
     b();
   }
+  // The same call count for both sides, enough for the faster one to last >= min_ms.
   const int iters = std::max(calibrate(a, min_ms), calibrate(b, min_ms));
   std::vector<double> ta, tb;
   ta.reserve(reps);
@@ -220,21 +222,16 @@ void measure_pair(const std::function<void()>& a, const std::function<void()>& b
   *sb = stats(std::move(tb));
 }
 
-Stats measure_one(const std::function<void()>& f, int reps, double min_ms) {
-  for (int w = 0; w < 3; ++w) f();
-  const int iters = calibrate(f, min_ms);
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) t.push_back(sample(f, iters));
-  return stats(std::move(t));
-}
-
 struct Result {
   Shape s;
   double fwd_gflop = 0, fb_gflop = 0;
   Stats ours_fwd, base_fwd, ours_fb, base_fb;
-  // breakdown (median ms): GEMMs only, elementwise and scratch pieces of the expert
-  Stats gemm_fwd, gemm_bwd, swiglu_fwd, swiglu_bwd, scratch_bwd;
-  bool has_breakdown = false;
+  // Overhead = expert median - sgemm median (ms per call); bwd = (f+b) - fwd.
+  double fwd_overhead() const { return ours_fwd.median - base_fwd.median; }
+  double bwd_overhead() const {
+    return (ours_fb.median - ours_fwd.median) - (base_fb.median - base_fwd.median);
+  }
+  double ns_per_elem(double ms) const { return ms * 1e6 / ((double)s.n * s.ff); }
 };
 
 double gflops(double gflop, double ms) { return ms > 0 ? gflop / (ms * 1e-3) : 0.0; }
@@ -300,29 +297,6 @@ Result run_shape(const Shape& s, const Options& o) {
   measure_pair(ours_fwd, base_fwd, o.reps, o.min_sample_ms, &r.ours_fwd, &r.base_fwd);
   measure_pair(ours_fb, base_fb, o.reps, o.min_sample_ms, &r.ours_fb, &r.base_fb);
 
-  if (o.breakdown) {
-    // The pieces the expert does besides its GEMMs, each on its own.
-    std::vector<float> da(nf, 0.f), db(nf, 0.f);
-    r.gemm_fwd = measure_one(base_fwd, o.reps, o.min_sample_ms);
-    r.gemm_bwd = measure_one(base_bwd, o.reps, o.min_sample_ms);
-    r.swiglu_fwd = measure_one(
-        [&] { xd::swiglu_forward(gated.data(), h1.data(), h3.data(), (int64_t)nf); }, o.reps,
-        o.min_sample_ms);
-    r.swiglu_bwd = measure_one(
-        [&] {
-          xd::swiglu_backward(da.data(), db.data(), dgated.data(), h1.data(), h3.data(),
-                              (int64_t)nf);
-        },
-        o.reps, o.min_sample_ms);
-    // swiglu_expert_backward's three zero-filled std::vector<T>(n*ff) temporaries.
-    r.scratch_bwd = measure_one(
-        [&] {
-          std::vector<float> a(nf, 0.f), b(nf, 0.f), c(nf, 0.f);
-          asm volatile("" : : "r"(a.data()), "r"(b.data()), "r"(c.data()) : "memory");
-        },
-        o.reps, o.min_sample_ms);
-    r.has_breakdown = true;
-  }
   return r;
 }
 
@@ -386,30 +360,23 @@ void print_table(const std::vector<Result>& rs, const Options& o) {
 }
 
 void print_breakdown(const std::vector<Result>& rs) {
-  bool any = false;
-  for (const Result& r : rs) any |= r.has_breakdown;
-  if (!any) return;
   std::printf(
-      "\nWhere the time goes (median ms per call). gemm = the bare sgemm sequences above;\n"
-      "swiglu_fwd/bwd = ops.cc swiglu_forward/backward on (n, ff); 3 vec = constructing the\n"
-      "three zero-filled std::vector(n*ff) temporaries swiglu_expert_backward makes; each piece\n"
-      "timed alone. pieces %% = their sum / expert f+b; overhead = expert f+b - 9 sgemm.\n");
-  std::printf("%5s %5s %5s | %9s %9s | %10s %10s %9s | %10s %8s | %9s %8s\n", "d", "ff", "n",
-              "fwd gemm", "bwd gemm", "swiglu_fwd", "swiglu_bwd", "3 vec", "expert f+b",
-              "pieces%", "overhead", "ovh %");
-  std::printf("%.*s\n", 118,
+      "\nWhere the time goes (medians, ms per call). bwd = (f+b) - fwd. overhead = expert - sgemm\n"
+      "on the same GEMMs: the non-GEMM work (gate, copies, allocation); ns/el = overhead per\n"
+      "element of the (n, ff) activations. ovh %% = (fwd + bwd overhead) / expert f+b.\n");
+  std::printf("%5s %5s %5s | %9s %9s %9s %7s | %9s %9s %9s %7s | %6s\n", "d", "ff", "n",
+              "fwd sgemm", "expert", "overhead", "ns/el", "bwd sgemm", "expert", "overhead",
+              "ns/el", "ovh %");
+  std::printf("%.*s\n", 104,
               "-------------------------------------------------------------------------------"
               "-------------------------------------------------------------------------------");
   for (const Result& r : rs) {
-    if (!r.has_breakdown) continue;
-    const double total = r.ours_fb.median;
-    const double pieces = r.swiglu_fwd.median + r.swiglu_bwd.median + r.scratch_bwd.median;
-    const double ovh = r.ours_fb.median - r.base_fb.median;
-    std::printf(
-        "%5d %5d %5d | %9.3f %9.3f | %10.3f %10.3f %9.3f | %10.3f %7.1f%% | %9.3f %7.1f%%\n",
-        r.s.d, r.s.ff, r.s.n, r.gemm_fwd.median, r.gemm_bwd.median, r.swiglu_fwd.median,
-        r.swiglu_bwd.median, r.scratch_bwd.median, total, total > 0 ? 100.0 * pieces / total : 0.0,
-        ovh, total > 0 ? 100.0 * ovh / total : 0.0);
+    const double bs = r.base_fb.median - r.base_fwd.median, bo = r.ours_fb.median - r.ours_fwd.median;
+    const double fo = r.fwd_overhead(), bw = r.bwd_overhead();
+    std::printf("%5d %5d %5d | %9.3f %9.3f %9.3f %7.2f | %9.3f %9.3f %9.3f %7.2f | %5.1f%%\n",
+                r.s.d, r.s.ff, r.s.n, r.base_fwd.median, r.ours_fwd.median, fo,
+                r.ns_per_elem(fo), bs, bo, bw, r.ns_per_elem(bw),
+                r.ours_fb.median > 0 ? 100.0 * (fo + bw) / r.ours_fb.median : 0.0);
   }
 }
 
@@ -420,8 +387,7 @@ bool write_csv(FILE* f, const std::vector<Result>& rs) {
                "ours_fwd_median_gflops,sgemm_fwd_median_gflops,fwd_eff_median_pct,fwd_eff_best_pct,"
                "ours_fb_best_ms,ours_fb_median_ms,sgemm_fb_best_ms,sgemm_fb_median_ms,"
                "ours_fb_median_gflops,sgemm_fb_median_gflops,fb_eff_median_pct,fb_eff_best_pct,"
-               "gemm_fwd_median_ms,gemm_bwd_median_ms,swiglu_fwd_median_ms,swiglu_bwd_median_ms,"
-               "bwd_scratch_median_ms\n");
+               "fwd_overhead_ms,bwd_overhead_ms,fwd_overhead_ns_per_elem,bwd_overhead_ns_per_elem\n");
   const int th = openblas_get_num_threads();
   for (const Result& r : rs) {
     std::fprintf(f, "%d,%d,%d,%d,%.6f,%.6f,", r.s.d, r.s.ff, r.s.n, th, r.fwd_gflop, r.fb_gflop);
@@ -433,11 +399,8 @@ bool write_csv(FILE* f, const std::vector<Result>& rs) {
                  r.base_fb.best, r.base_fb.median, gflops(r.fb_gflop, r.ours_fb.median),
                  gflops(r.fb_gflop, r.base_fb.median), pct(r.base_fb.median, r.ours_fb.median),
                  pct(r.base_fb.best, r.ours_fb.best));
-    if (r.has_breakdown)
-      std::fprintf(f, "%.6f,%.6f,%.6f,%.6f,%.6f\n", r.gemm_fwd.median, r.gemm_bwd.median,
-                   r.swiglu_fwd.median, r.swiglu_bwd.median, r.scratch_bwd.median);
-    else
-      std::fprintf(f, ",,,,\n");
+    std::fprintf(f, "%.6f,%.6f,%.4f,%.4f\n", r.fwd_overhead(), r.bwd_overhead(),
+                 r.ns_per_elem(r.fwd_overhead()), r.ns_per_elem(r.bwd_overhead()));
   }
   return std::fclose(f) == 0;
 }
