@@ -156,7 +156,6 @@ Status Coordinator::Impl::run() {
   started = now_s();
   double next_heartbeat = started + opts.heartbeat_interval_s;
   while (state != JobState::kDone && state != JobState::kFailed) {
-    const double t = now_s();
     if (auto m = workers->poll(std::chrono::milliseconds(20))) handle_worker(*m, now_s());
     while (auto m = cli->poll(std::chrono::milliseconds(0))) handle_cli(*m);
     const double now = now_s();
@@ -191,7 +190,6 @@ Status Coordinator::Impl::run() {
     if (state == JobState::kFinishing && now >= stop_deadline)
       state = outcome.is_ok() ? JobState::kDone : JobState::kFailed;
     refresh_prometheus();
-    (void)t;
   }
   // Let CLI clients that asked for status see the end state for a moment.
   const double linger_until = now_s() + 0.3;
