@@ -136,7 +136,25 @@ Status Coordinator::Impl::run() {
   auto c = ControlServer::bind(opts.cli_endpoint);
   if (!c) return c.status();
   cli = std::move(*c);
-  plan = plan_for_job(job);
+  std::vector<LinkModel> links = spec_link_models(job.cluster);
+  if (opts.probe_links) {
+    for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
+      const LinkClassSpec& spec = job.cluster.levels[l].link;
+      if (!spec.shape) continue;  // a loopback probe says nothing of a real link
+      LinkProbeOptions po;
+      po.time_budget_s = 1.5;
+      auto fit = probe_link(LinkShaping{spec.bandwidth_bytes_per_s, spec.latency_s}, po);
+      if (!fit || fit->beta <= 0) {
+        XD_LOG_WARN("coordinator", "probing link class %s failed; planning with its spec", spec.name.c_str());
+        continue;
+      }
+      links[l] = LinkModel{std::max(0.0, fit->alpha), fit->beta};
+      XD_LOG_INFO("coordinator", "link class %s: fitted alpha %.3f ms, 1/beta %.2f MB/s (r2 %.4f); configured %.3f ms, %.2f MB/s",
+                  spec.name.c_str(), fit->alpha * 1e3, 1e-6 / fit->beta, fit->r2, spec.latency_s * 1e3,
+                  spec.bandwidth_bytes_per_s / 1e6);
+    }
+  }
+  plan = plan_iteration(planner_inputs_for(job, links, local_compute_model(job)));
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);
@@ -150,8 +168,10 @@ Status Coordinator::Impl::run() {
               opts.job_name.c_str(), job_id, registry.world_size(),
               [&] { std::string s; for (int v : job.cluster.level_sizes()) s += (s.empty() ? "" : "x") + std::to_string(v); return s; }().c_str(),
               ep_mode_name(plan.mode), domains.c_str(), choice.iteration_s * 1e3);
-  XD_LOG_INFO("coordinator", "workers connect to %s; CLI at %s; metrics at http://127.0.0.1:%d/metrics",
-              workers->endpoint().c_str(), cli->endpoint().c_str(), http_port);
+  const std::string metrics_url =
+      http_port > 0 ? "http://127.0.0.1:" + std::to_string(http_port) + "/metrics" : "off";
+  XD_LOG_INFO("coordinator", "workers connect to %s; CLI at %s; Prometheus metrics %s",
+              workers->endpoint().c_str(), cli->endpoint().c_str(), metrics_url.c_str());
 
   started = now_s();
   double next_heartbeat = started + opts.heartbeat_interval_s;

@@ -32,6 +32,9 @@ struct CoordinatorOptions {
   std::string summary_path;       // JSON summary written at the end, if set
   std::string endpoints_path;     // where the bound endpoints are written, if set
   double register_timeout_s = 120;
+  // Fit alpha/beta of every shaped link class at start-up (FSMoE Eq. 1) and
+  // plan with the fits instead of the spec's figures.
+  bool probe_links = true;
 };
 
 class Coordinator {
