@@ -117,21 +117,28 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   return Status::ok();
 }
 
-void DistributedTrainer::record_bytes(StepMetrics* m) {
+void DistributedTrainer::record_link_figures(StepMetrics* m) {
   TransportStats now = transport_->stats();
-  // This step's bytes sent, per "link class/operation" and per link class.
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
+  std::map<int, double> busy_by_class;
   for (const LinkStats& l : now.links) {
     const LinkStats* prev = before.count(l.peer) ? before[l.peer] : nullptr;
     const std::string name = l.link_class < (int)opts_.link_names.size() ? opts_.link_names[l.link_class]
                                                                          : std::to_string(l.link_class);
+    // This step's bytes sent, per "link class/operation" and per link class.
     m->bytes[name + "/total"] += double(l.bytes_sent) - (prev ? prev->bytes_sent : 0.0);
     for (int k = 0; k < kMaxMessageKind; ++k) {
       const double d = double(l.bytes_sent_by_kind[k]) - (prev ? prev->bytes_sent_by_kind[k] : 0.0);
       if (d > 0) m->bytes[name + "/" + message_kind_name(static_cast<MessageKind>(k))] += d;
     }
+    busy_by_class[l.link_class] += l.busy_seconds - (prev ? prev->busy_seconds : 0.0);
   }
+  // Total communication time: the busy time of the busiest link class this
+  // step, at least what was exposed.
+  double busy = 0;
+  for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
+  m->comm_s = std::max(busy, m->exposed_comm_s);
   last_stats_ = std::move(now);
 }
 
@@ -185,19 +192,9 @@ Expected<StepMetrics> DistributedTrainer::step() {
                          comm_->take_reduce_wait_seconds();
   m.exposed_comm_s = blocked;
   m.compute_s = std::max(0.0, m.step_s - blocked);
-  // Total communication time: the busy time of this worker's links this step,
-  // at least what was exposed.
-  TransportStats now = transport_->stats();
-  double busy = 0;
-  std::map<int, double> before;
-  for (const LinkStats& l : last_stats_.links) before[l.peer] = l.busy_seconds;
-  std::map<int, double> busy_by_class;
-  for (const LinkStats& l : now.links) busy_by_class[l.link_class] += l.busy_seconds - before[l.peer];
-  for (auto& [c, b] : busy_by_class) busy = std::max(busy, b);
-  m.comm_s = std::max(busy, m.exposed_comm_s);
+  record_link_figures(&m);
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
-  record_bytes(&m);
   return m;
 }
 

@@ -57,7 +57,9 @@ class DistributedTrainer {
  private:
   DistributedTrainer() = default;
   Status reduce_dense_gradients(double* expert_norm_sq);
-  void record_bytes(StepMetrics* m);
+  // Bytes per link class and operation, and total communication time, of
+  // the step just taken (one transport snapshot).
+  void record_link_figures(StepMetrics* m);
 
   JobConfig job_;
   DistributedOptions opts_;

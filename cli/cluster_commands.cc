@@ -8,6 +8,7 @@
 #include "actors/worker_process.h"
 #include "cli/commands.h"
 #include "coordinator/coordinator.h"
+#include "model/detail/atomic_file.h"
 
 namespace xd::cli {
 
@@ -25,10 +26,12 @@ int run_coordinator(const CoordinatorFlags& f) {
   JobConfig job = default_job_config();
   std::string yaml;
   if (!f.config.empty()) {
-    std::ifstream in(f.config);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    yaml = ss.str();
+    auto text = detail::read_file(f.config);
+    if (!text) {
+      std::fprintf(stderr, "xdmoe coordinator: %s\n", text.status().message().c_str());
+      return 2;
+    }
+    yaml = std::move(*text);
     auto parsed = parse_job_config(yaml, f.config);
     if (!parsed) {
       std::fprintf(stderr, "xdmoe coordinator: %s\n", parsed.status().message().c_str());

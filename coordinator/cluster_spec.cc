@@ -1,5 +1,6 @@
 #include "coordinator/cluster_spec.h"
 
+#include "model/detail/atomic_file.h"
 #include "model/detail/yaml_reader.h"
 
 #include <yaml-cpp/yaml.h>
@@ -305,11 +306,9 @@ Expected<JobConfig> parse_job_config(const std::string& text, const std::string&
 }
 
 Expected<JobConfig> load_job_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::io_error("cannot read config '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_job_config(ss.str(), path);
+  auto text = detail::read_file(path);
+  if (!text) return text.status().with_context("cannot read config");
+  return parse_job_config(*text, path);
 }
 
 }  // namespace xd

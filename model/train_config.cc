@@ -1,5 +1,6 @@
 #include "model/train_config.h"
 
+#include "model/detail/atomic_file.h"
 #include "model/detail/yaml_reader.h"
 
 #include <cmath>
@@ -178,11 +179,9 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
 }
 
 Expected<TrainConfig> load_train_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::io_error("cannot read config '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_train_config(ss.str(), path);
+  auto text = detail::read_file(path);
+  if (!text) return text.status().with_context("cannot read config");
+  return parse_train_config(*text, path);
 }
 
 }  // namespace xd
