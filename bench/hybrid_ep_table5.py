@@ -5,7 +5,11 @@ shaped so that communication dominates. Every expert-domain candidate is run, so
 the `auto` plan's pick can be checked against the measured best.
 
 usage: python3 bench/hybrid_ep_table5.py [--xdmoe build/xdmoe] [--steps 8]
-           [--layouts 2x2,4x2] [--batches 1,2,4,8,16] [--out bench/results]
+           [--rounds 2] [--layouts 2x2,4x2] [--batches 1,2,4,8,16] [--out bench/results]
+The candidates of one point run interleaved, round after round (each round in a
+rotated order), so a burst of load from other jobs on the shared machine hits
+one run of a candidate, not all of its runs; a candidate's time is the median
+of its steps after warm-up, pooled over the rounds.
 Writes <out>/table5.csv, <out>/table5.txt and <out>/table5.png (gnuplot).
 """
 import argparse
@@ -75,11 +79,19 @@ def run_case(args, dcs, per_dc, batch, domains, workdir):
         sys.exit(f"run failed ({' '.join(cmd)}); see {workdir}/launch.log")
     with open(summary_path) as f:
         s = json.load(f)
-    # Median over the steps after two warm-up steps.
-    times = sorted(s["step_times_s"][2:]) or sorted(s["step_times_s"])
-    s["median_step_s"] = times[len(times) // 2]
+    s["steady_step_times_s"] = s["step_times_s"][2:] or s["step_times_s"]  # after two warm-up steps
     s["wall_s"] = time.time() - t0
     return s, cfg
+
+
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def load_average():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def planned_choice(args, cfg):
@@ -94,6 +106,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--xdmoe", default="build/xdmoe")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2, help="runs of every candidate, interleaved")
     ap.add_argument("--layouts", default="2x2,4x2")
     ap.add_argument("--batches", default="1,2,4,8,16", help="sequences of 64 tokens per worker")
     ap.add_argument("--dc-bandwidth", default="50mbit")
@@ -107,15 +120,29 @@ def main():
         dcs, per_dc = (int(x) for x in layout.split("x"))
         for batch in (int(b) for b in args.batches.split(",")):
             cases = list(itertools.product(divisors(dcs), divisors(per_dc)))
-            measured = {}
+            runs = {d: [] for d in cases}
             cfg = None
-            for domains in cases:
-                work = os.path.join(args.work, f"{layout}_b{batch}_d{domains[0]}x{domains[1]}")
-                s, cfg = run_case(args, dcs, per_dc, batch, domains, work)
-                measured[domains] = s
-                print(f"{layout} batch {batch:3d} domains {domains}: median step {s['median_step_s']*1e3:8.1f} ms "
-                      f"(compute {s['mean_compute_s']*1e3:.1f}, exposed comm {s['mean_exposed_comm_s']*1e3:.1f}; "
-                      f"predicted {s['predicted_step_s']*1e3:.1f})", flush=True)
+            for rnd in range(args.rounds):
+                for i in range(len(cases)):
+                    domains = cases[(i + rnd) % len(cases)]
+                    work = os.path.join(args.work, f"{layout}_b{batch}_d{domains[0]}x{domains[1]}_r{rnd}")
+                    load = load_average()
+                    s, cfg = run_case(args, dcs, per_dc, batch, domains, work)
+                    runs[domains].append(s)
+                    print(f"{layout} batch {batch:3d} domains {domains} round {rnd + 1}/{args.rounds}: "
+                          f"median step {median(s['steady_step_times_s'])*1e3:8.1f} ms "
+                          f"(compute {s['mean_compute_s']*1e3:.1f}, exposed comm {s['mean_exposed_comm_s']*1e3:.1f}; "
+                          f"predicted {s['predicted_step_s']*1e3:.1f}; load before {load:.2f})", flush=True)
+            measured = {}
+            for d, rs in runs.items():
+                measured[d] = {
+                    "median_step_s": median([t for r in rs for t in r["steady_step_times_s"]]),
+                    "round_medians_s": [median(r["steady_step_times_s"]) for r in rs],
+                    "mean_step_s": sum(r["mean_step_s"] for r in rs) / len(rs),
+                    "mean_compute_s": sum(r["mean_compute_s"] for r in rs) / len(rs),
+                    "mean_exposed_comm_s": sum(r["mean_exposed_comm_s"] for r in rs) / len(rs),
+                    "final_loss": rs[-1]["final_loss"],
+                }
             auto, predicted = planned_choice(args, cfg)
             auto = tuple(auto)
             best = min(measured, key=lambda d: measured[d]["median_step_s"])
@@ -126,6 +153,7 @@ def main():
                     "D_bytes": batch * 64 * 2 * 64 * 4,
                     "domains": f"{d[0]}x{d[1]}", "is_ep": d == (1, 1), "is_auto": d == auto, "is_best": d == best,
                     "median_step_s": s["median_step_s"], "mean_step_s": s["mean_step_s"],
+                    "round_medians_s": " ".join(f"{t:.4f}" for t in s["round_medians_s"]),
                     "compute_s": s["mean_compute_s"], "exposed_comm_s": s["mean_exposed_comm_s"],
                     "predicted_step_s": predicted.get(d, float("nan")), "final_loss": s["final_loss"],
                 })

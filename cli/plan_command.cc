@@ -69,9 +69,10 @@ int run_plan(const PlanOptions& o) {
     source = o.config;
   }
 
-  // Compute: a quick local GEMM probe.
+  // Compute: a quick local GEMM probe, calibrated by one step of the model.
   LinearFit gemm_fit;
-  const ComputeModel compute = local_compute_model(job, &gemm_fit);
+  StepProbe step_probe;
+  const ComputeModel compute = local_compute_model(job, &gemm_fit, &step_probe);
   if (gemm_fit.r2 < 0.9 && !o.json)
     std::fprintf(stderr, "note: the GEMM probe was noisy (r2 %.3f); is the machine busy?\n", gemm_fit.r2);
 
@@ -134,7 +135,10 @@ int run_plan(const PlanOptions& o) {
                              {"r2", links[l].r2}});
     j["compute"] = {{"flops_per_s", compute.flops_per_s},
                     {"gemm_overhead_s", compute.gemm_overhead_s},
-                    {"r2", gemm_fit.r2}};
+                    {"r2", gemm_fit.r2},
+                    {"non_gemm_factor", compute.non_gemm_factor},
+                    {"step_probe_tokens", step_probe.tokens},
+                    {"step_probe_s", step_probe.seconds}};
     j["workload"] = {{"num_moe_layers", w.num_moe_layers},
                      {"experts_per_worker", w.experts_per_worker},
                      {"expert_bytes", w.expert_bytes},
@@ -178,8 +182,10 @@ int run_plan(const PlanOptions& o) {
                 w.num_moe_layers, w.experts_per_worker, fmt_bytes(w.expert_bytes).c_str(),
                 fmt_bytes(w.token_bytes).c_str(), in.tokens_per_worker,
                 fmt_bytes(w.dense_param_bytes).c_str());
-    std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f)\n",
-                compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2);
+    std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f), x %.2f for "
+                "the non-GEMM work (a model step of %lld tokens took %s in one process)\n",
+                compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2,
+                compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str());
     std::printf("links:\n");
     for (const LinkSource& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),

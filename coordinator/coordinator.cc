@@ -38,12 +38,21 @@ const char* job_state_name(JobState s) {
 }
 }  // namespace
 
-ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit) {
+ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit, StepProbe* step) {
   ComputeModel compute;
   LinearFit gemm = probe_gemm();
   if (gemm.beta > 0) {
     compute.flops_per_s = 1.0 / gemm.beta;
     compute.gemm_overhead_s = std::max(0.0, gemm.alpha);
+  }
+  auto probe = probe_model_step(job.train.model, job.train.seq_len,
+                                static_cast<long long>(job.train.batch_size) * job.train.seq_len);
+  if (probe) {
+    compute = calibrated_compute_model(job.train.model, compute, *probe);
+    if (step) *step = *probe;
+  } else {
+    XD_LOG_WARN("coordinator", "model step probe failed (%s); compute counts GEMMs only",
+                probe.status().message().c_str());
   }
   // Without a host list every worker runs on this machine: they share its
   // cores (the probe measured one thread).
@@ -154,7 +163,11 @@ Status Coordinator::Impl::run() {
                   spec.bandwidth_bytes_per_s / 1e6);
     }
   }
-  plan = plan_iteration(planner_inputs_for(job, links, local_compute_model(job)));
+  StepProbe step_probe;
+  const ComputeModel compute = local_compute_model(job, nullptr, &step_probe);
+  XD_LOG_INFO("coordinator", "compute model: %.2f GFLOP/s per worker, x %.2f for non-GEMM work (a model step of %lld tokens took %.1f ms)",
+              compute.flops_per_s / 1e9, compute.non_gemm_factor, step_probe.tokens, step_probe.seconds * 1e3);
+  plan = plan_iteration(planner_inputs_for(job, links, compute));
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);

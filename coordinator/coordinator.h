@@ -16,6 +16,7 @@
 #include "coordinator/cluster_spec.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
+#include "coordinator/step_probe.h"
 
 namespace xd {
 
@@ -52,9 +53,11 @@ class Coordinator {
 };
 
 // The compute model of a job's workers: a short one-thread GEMM probe here,
+// calibrated by a step of the job's model (coordinator/step_probe.h), and
 // shared by the workers when they all run on this machine (no host list).
-// `fit` (nullable) receives the probe's line fit.
-ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit = nullptr);
+// `fit` and `step` (nullable) receive the probes' results.
+ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit = nullptr,
+                                 StepProbe* step = nullptr);
 
 // The plan a coordinator hands out for a job: link models from the spec,
 // compute model from local_compute_model().

@@ -23,6 +23,8 @@ Status PlannerInputs::validate() const {
   if (!(compute.flops_per_s > 0) || !std::isfinite(compute.flops_per_s))
     return bad("compute.flops_per_s must be positive");
   if (!(compute.gemm_overhead_s >= 0)) return bad("compute.gemm_overhead_s must be >= 0");
+  if (!(compute.non_gemm_factor >= 1) || !std::isfinite(compute.non_gemm_factor))
+    return bad("compute.non_gemm_factor must be finite and >= 1");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -90,12 +92,13 @@ Workload workload_of(const PlannerInputs& in) {
                                  double(m.num_experts) * d +
                                  double(m.num_shared_experts) * 3 * d * m.shared_intermediate_size;
   w.dense_param_bytes = (2 * double(m.vocab_size) * d + d + m.num_layers * per_layer_dense) * bytes;
-  w.pre_expert_fwd_s = pre_flops / rate + pre_gemms * ovh;
-  w.pre_expert_bwd_s = 2 * pre_flops / rate + 2 * pre_gemms * ovh;
-  w.expert_fwd_s = expert_flops / rate;
-  w.expert_bwd_s = 2 * expert_flops / rate;
-  w.post_s = 3 * head_flops / rate + 3 * ovh;
-  w.gemm_overhead_s = ovh;
+  const double f = in.compute.non_gemm_factor;
+  w.pre_expert_fwd_s = f * (pre_flops / rate + pre_gemms * ovh);
+  w.pre_expert_bwd_s = f * (2 * pre_flops / rate + 2 * pre_gemms * ovh);
+  w.expert_fwd_s = f * expert_flops / rate;
+  w.expert_bwd_s = f * 2 * expert_flops / rate;
+  w.post_s = f * (3 * head_flops / rate + 3 * ovh);
+  w.gemm_overhead_s = f * ovh;
   return w;
 }
 

@@ -39,10 +39,13 @@ struct LinkModel {
   double beta_s_per_byte = 0;
 };
 
-// A GEMM of f flops takes gemm_overhead_s + f / flops_per_s.
+// A GEMM of f flops takes gemm_overhead_s + f / flops_per_s. Only GEMMs are
+// counted; non_gemm_factor scales every compute term to cover the rest (norms,
+// softmax, router, element-wise ops), fitted by coordinator/step_probe.h.
 struct ComputeModel {
   double flops_per_s = 1e10;
   double gemm_overhead_s = 0;
+  double non_gemm_factor = 1;
 };
 
 struct PlannerInputs {

@@ -11,6 +11,7 @@
 #include "coordinator/cluster_spec.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
+#include "coordinator/step_probe.h"
 #include "model/param_layout.h"
 
 namespace xd {
@@ -222,6 +223,61 @@ TEST(Planner, RejectsWhatItDoesNotModelYet) {
   in.level_sizes = {3, 2};  // 8 experts over 6 workers
   in.links.resize(2);
   EXPECT_NE(in.validate().message().find("multiple of the world size"), std::string::npos);
+}
+
+TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {
+  const ModelConfig m = default_train_config().model;
+  const ComputeModel gemm_only{1e10, 1e-6};
+  PlannerInputs in;
+  in.model = m;
+  in.tokens_per_worker = 256;
+  in.seq_len = 64;
+  in.level_sizes = {1};
+  in.links = {LinkModel{}};
+  in.compute = gemm_only;
+  const double predicted = evaluate_candidate(workload_of(in), {1}, in.links, {1}, 1e300).compute_s;
+  ASSERT_GT(predicted, 0);
+
+  const ComputeModel calibrated = calibrated_compute_model(m, gemm_only, StepProbe{256, 64, 3 * predicted});
+  EXPECT_NEAR(calibrated.non_gemm_factor, 3.0, 1e-9);
+  EXPECT_EQ(calibrated.flops_per_s, gemm_only.flops_per_s);
+  in.compute = calibrated;
+  in.tokens_per_worker = 512;  // the factor carries over to the job's own batch
+  in.level_sizes = {2, 2};
+  in.links = {{0.01, 8e-8}, {2e-4, 8e-9}};
+  const Workload w3 = workload_of(in);
+  in.compute = gemm_only;
+  const Workload w1 = workload_of(in);
+  EXPECT_NEAR(w3.pre_expert_fwd_s, 3 * w1.pre_expert_fwd_s, 1e-12);
+  EXPECT_NEAR(w3.pre_expert_bwd_s, 3 * w1.pre_expert_bwd_s, 1e-12);
+  EXPECT_NEAR(w3.expert_fwd_s, 3 * w1.expert_fwd_s, 1e-12);
+  EXPECT_NEAR(w3.expert_bwd_s, 3 * w1.expert_bwd_s, 1e-12);
+  EXPECT_NEAR(w3.post_s, 3 * w1.post_s, 1e-12);
+  EXPECT_NEAR(w3.gemm_overhead_s, 3 * w1.gemm_overhead_s, 1e-15);
+  EXPECT_EQ(w3.token_bytes, w1.token_bytes);  // traffic does not change
+}
+
+TEST(StepProbe, AStepFasterThanItsGemmsLeavesTheModelAlone) {
+  const ComputeModel gemm_only{1e10, 0};
+  const ModelConfig m = default_train_config().model;
+  EXPECT_EQ(calibrated_compute_model(m, gemm_only, StepProbe{256, 64, 1e-12}).non_gemm_factor, 1.0);
+  EXPECT_EQ(calibrated_compute_model(m, gemm_only, StepProbe{}).non_gemm_factor, 1.0);
+}
+
+TEST(StepProbe, TimesARealStepOfTheModelAndRejectsABadSequenceLength) {
+  ModelConfig m = default_train_config().model;
+  StepProbeOptions o;
+  o.max_tokens = 128;
+  o.repetitions = 1;
+  auto probe = probe_model_step(m, 32, 100000, o);
+  ASSERT_TRUE(probe) << probe.status().message();
+  EXPECT_EQ(probe->tokens, 128);  // capped, whole sequences
+  EXPECT_EQ(probe->seq_len, 32);
+  EXPECT_GT(probe->seconds, 0);
+  EXPECT_FALSE(probe_model_step(m, m.max_seq_len + 1, 1024, o));
+  EXPECT_FALSE(probe_model_step(m, 0, 1024, o));
+  m.hidden_size = 0;
+  EXPECT_FALSE(probe_model_step(m, 32, 1024, o));
 }
 
 // ---- probes -----------------------------------------------------------------

@@ -1,0 +1,82 @@
+#include "coordinator/step_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <vector>
+
+#include <cblas.h>
+
+#include "model/detail/rng.h"
+#include "model/moe_transformer.h"
+#include "model/param_layout.h"
+
+namespace xd {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,
+                                     const StepProbeOptions& options) {
+  XD_RETURN_IF_ERROR(model.validate());
+  if (seq_len <= 0 || seq_len > model.max_seq_len)
+    return Status::invalid_argument("step probe: seq_len must be in 1..max_seq_len");
+  const long long want = std::max<long long>(seq_len, std::min(tokens, options.max_tokens));
+  const int batch = static_cast<int>(want / seq_len);
+
+  ParamLayout layout(model);
+  MoeTransformer<float> net(layout);
+  net.init(0x5eed);
+  std::vector<int32_t> inputs(size_t(batch) * seq_len), targets(inputs.size());
+  detail::Rng rng(7);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
+    targets[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
+  }
+
+  const int saved_threads = openblas_get_num_threads();
+  if (options.threads > 0) openblas_set_num_threads(options.threads);
+  auto one_step = [&] {
+    const double t0 = now_s();
+    net.zero_grad();
+    net.forward(inputs.data(), targets.data(), batch, seq_len);
+    net.backward();
+    return now_s() - t0;
+  };
+  const double warm = one_step();  // first touch of activations and gradients
+  // Fastest of the repetitions: other load on the machine only slows a step.
+  double best = std::numeric_limits<double>::infinity();
+  const double start = now_s();
+  for (int r = 0; r < std::max(1, options.repetitions); ++r) {
+    best = std::min(best, one_step());
+    if (now_s() - start + warm > options.max_seconds) break;
+  }
+  if (options.threads > 0) openblas_set_num_threads(saved_threads);
+  return StepProbe{static_cast<long long>(batch) * seq_len, seq_len, best};
+}
+
+ComputeModel calibrated_compute_model(const ModelConfig& model, const ComputeModel& gemm_only,
+                                      const StepProbe& probe) {
+  ComputeModel out = gemm_only;
+  out.non_gemm_factor = 1;
+  if (probe.seconds <= 0 || probe.tokens <= 0) return out;
+  // The probe's step is one process holding every expert: one level of size 1.
+  PlannerInputs in;
+  in.model = model;
+  in.tokens_per_worker = probe.tokens;
+  in.seq_len = probe.seq_len;
+  in.level_sizes = {1};
+  in.links = {LinkModel{}};
+  in.compute = out;
+  const Workload w = workload_of(in);
+  const double predicted =
+      evaluate_candidate(w, in.level_sizes, in.links, {1}, std::numeric_limits<double>::infinity())
+          .compute_s;
+  if (predicted > 0) out.non_gemm_factor = std::max(1.0, probe.seconds / predicted);
+  return out;
+}
+
+}  // namespace xd

@@ -1,0 +1,39 @@
+// Model-step probe: times one forward and backward of the job's model in this
+// process (random weights and tokens, every expert local, one OpenBLAS thread)
+// so the planner's compute model can be calibrated. The planner counts GEMM
+// flops only; norms, softmax, the router, RoPE and the element-wise parts of
+// the experts are left out, and at small hidden sizes they cost more than the
+// GEMMs themselves. calibrated_compute_model() scales the GEMM-only model by
+// measured / predicted for the same single-process workload. Sets OpenBLAS's
+// thread count for its duration (not thread-safe against other GEMMs of this
+// process running meanwhile).
+#pragma once
+
+#include "common/status.h"
+#include "coordinator/planner.h"
+#include "model/model_config.h"
+
+namespace xd {
+
+struct StepProbeOptions {
+  long long max_tokens = 2048;  // the probe's batch: min(this, the job's tokens per worker)
+  int repetitions = 3;          // timed steps after one warm-up; the fastest counts
+  double max_seconds = 2.0;     // fewer repetitions when a step is slow
+  int threads = 1;              // as every worker runs
+};
+
+struct StepProbe {
+  long long tokens = 0;  // tokens of the timed batch
+  int seq_len = 0;
+  double seconds = 0;    // fastest forward + backward
+};
+
+Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,
+                                     const StepProbeOptions& options = {});
+
+// `gemm_only` with non_gemm_factor = probe.seconds / (its compute prediction
+// for the probe's batch in one process), at least 1.
+ComputeModel calibrated_compute_model(const ModelConfig& model, const ComputeModel& gemm_only,
+                                      const StepProbe& probe);
+
+}  // namespace xd
