@@ -13,10 +13,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-OutFrame owned_frame(std::shared_ptr<std::vector<uint8_t>> buf) {
+// A frame over `count` elements of `buf` from `first`; it keeps the whole
+// buffer alive until ZeroMQ has sent it, so the slices of one staged buffer go
+// out without a copy per peer, and an early error return cannot free them.
+template <typename T>
+OutFrame slice_frame(const std::shared_ptr<std::vector<T>>& buf, size_t first, size_t count) {
   OutFrame f;
-  f.data = buf->data();
-  f.size = buf->size();
+  f.data = buf->data() + first;
+  f.size = count * sizeof(T);
   f.owner = std::shared_ptr<const void>(buf, buf->data());
   return f;
 }
@@ -78,8 +82,10 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
 
   // Outgoing rows grouped by member: forward permutes into send order, reverse
   // already holds the received layout.
-  std::vector<float> staged;
-  std::vector<int> staged_ids;
+  auto staged_buffer = std::make_shared<std::vector<float>>();
+  auto staged_ids_buffer = std::make_shared<std::vector<int32_t>>();
+  std::vector<float>& staged = *staged_buffer;
+  std::vector<int32_t>& staged_ids = *staged_ids_buffer;
   if (forward) {
     staged.resize(hop->send_order.size() * (size_t)width);
     for (size_t k = 0; k < hop->send_order.size(); ++k)
@@ -107,14 +113,8 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
   for (int i = 0; i < members; ++i) {
     if (!slots[i]) continue;
     std::vector<OutFrame> frames;
-    if (ids) {
-      auto idbuf = std::make_shared<std::vector<uint8_t>>((size_t)out_counts[i] * sizeof(int32_t));
-      if (!idbuf->empty()) std::memcpy(idbuf->data(), &staged_ids[out_off[i]], idbuf->size());
-      frames.push_back(owned_frame(idbuf));
-    }
-    auto rows = std::make_shared<std::vector<uint8_t>>((size_t)out_counts[i] * width * sizeof(float));
-    if (!rows->empty()) std::memcpy(rows->data(), &staged[(size_t)out_off[i] * width], rows->size());
-    frames.push_back(owned_frame(rows));
+    if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
+    frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, (size_t)out_counts[i] * width));
     sends.push_back(transport_->send(group[i], tag, std::move(frames)));
   }
 
