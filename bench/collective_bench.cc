@@ -8,6 +8,10 @@
 //   all_to_allv  every rank's send buffer holds S bytes, split into `world`
 //                equal blocks of S/world bytes (the block for itself included,
 //                as in MPI_Alltoall); it receives S bytes.
+//   all_to_allv_inplace  the same exchange through the zero-copy overload
+//                (transport/received_blocks.h): it ends with the S bytes
+//                received readable in place, not copied into one buffer.
+//                Compared with the same baselines as all_to_allv.
 //   all_gather   every rank contributes S bytes; every rank ends with world*S.
 //   all_reduce   every rank holds S bytes of float32 (S/4 floats), summed in place.
 // One timed iteration = barrier, then the collective on every rank; a rank's
@@ -17,7 +21,7 @@
 //
 // usage: collective_bench --rank R --world N --rendezvous DIR
 //                         [--sizes 1,4,16,64] [--iters K] [--warmup W]
-//                         [--ops all_to_allv,all_gather,all_reduce]
+//                         [--ops all_to_allv,all_to_allv_inplace,all_gather,all_reduce]
 //                         [--csv FILE] [--samples FILE] [--impl NAME]
 //                         [--phases] [--variants] [--malloc-tune]
 // Rank 0 prints a table and appends CSV lines to FILE (no header):
@@ -68,7 +72,7 @@ struct Options {
   std::fprintf(stderr,
                "collective_bench: %s\n"
                "usage: collective_bench --rank R --world N --rendezvous DIR [--sizes 1,4,16,64]\n"
-               "       [--iters K] [--warmup W] [--ops all_to_allv,all_gather,all_reduce]\n"
+               "       [--iters K] [--warmup W] [--ops all_to_allv,all_to_allv_inplace,all_gather,all_reduce]\n"
                "       [--csv FILE] [--samples FILE] [--impl NAME] [--phases] [--variants]\n"
                "       [--malloc-tune]\n",
                msg.c_str());
@@ -117,7 +121,8 @@ Options parse(int argc, char** argv) {
     } else if (k == "--ops") {
       o.ops = split(v);
       for (const auto& op : o.ops)
-        if (op != "all_to_allv" && op != "all_gather" && op != "all_reduce") usage("unknown op " + op);
+        if (op != "all_to_allv" && op != "all_to_allv_inplace" && op != "all_gather" && op != "all_reduce")
+          usage("unknown op " + op);
     } else usage("unknown option " + k);
   }
   if (o.rank < 0 || o.world <= 0 || o.rank >= o.world || o.dir.empty()) usage("need --rank, --world, --rendezvous");
@@ -296,10 +301,14 @@ int main(int argc, char** argv) {
       std::vector<uint8_t> send, recv;
       std::vector<float> data;
       std::vector<size_t> blocks(n, S / n);
-      if (op == "all_to_allv") {
+      // Kept from one iteration to the next, as a caller would reuse it; the
+      // next collective releases the previous one's messages.
+      xd::ReceivedBlocks received;
+      const bool a2a = op == "all_to_allv" || op == "all_to_allv_inplace";
+      if (a2a) {
         if (S % n) usage("S must divide by world");
         send.resize(S);
-        recv.assign(S, 0);
+        if (op == "all_to_allv") recv.assign(S, 0);
         for (int j = 0; j < n; ++j) std::memset(send.data() + j * (S / n), a2a_byte(me, j), S / n);
       } else if (op == "all_gather") {
         send.assign(S, static_cast<uint8_t>(me + 1));
@@ -310,6 +319,7 @@ int main(int argc, char** argv) {
       auto run_once = [&]() {
         xd::Status st;
         if (op == "all_to_allv") st = comm.all_to_allv(b.next_tag(), send.data(), blocks, recv.data(), blocks).wait();
+        else if (op == "all_to_allv_inplace") st = comm.all_to_allv(b.next_tag(), send.data(), blocks, &received).wait();
         else if (op == "all_gather") st = comm.all_gather(b.next_tag(), send.data(), S, recv.data()).wait();
         else st = comm.all_reduce(b.next_tag(), data.data(), data.size()).wait();
         die_if(st, op.c_str());
@@ -324,6 +334,13 @@ int main(int argc, char** argv) {
         if (op == "all_to_allv") {
           for (int i = 0; i < n; ++i)
             ok &= recv[i * (S / n)] == a2a_byte(i, me) && recv[(i + 1) * (S / n) - 1] == a2a_byte(i, me);
+        } else if (op == "all_to_allv_inplace") {
+          // Every byte: the blocks are read where they landed.
+          ok &= received.size() == n;
+          for (int i = 0; ok && i < n; ++i) {
+            ok &= received.bytes(i) == S / n;
+            for (size_t k = 0; ok && k < S / n; ++k) ok &= received.data(i)[k] == a2a_byte(i, me);
+          }
         } else if (op == "all_gather") {
           for (int i = 0; i < n; ++i) ok &= recv[i * S] == i + 1 && recv[(i + 1) * S - 1] == i + 1;
         }
@@ -339,7 +356,7 @@ int main(int argc, char** argv) {
       const std::vector<double> iter_max = b.max_over_ranks(samples);
       rows.push_back({op, mb, median(iter_max), *std::min_element(iter_max.begin(), iter_max.end()), iter_max});
       if (me == 0) {
-        std::fprintf(stderr, "  [%s n=%d] %-11s %3d MB: median %.4f s (samples:", o.impl.c_str(), n, op.c_str(), mb,
+        std::fprintf(stderr, "  [%s n=%d] %-19s %3d MB: median %.4f s (samples:", o.impl.c_str(), n, op.c_str(), mb,
                      rows.back().med);
         for (double s : iter_max) std::fprintf(stderr, " %.4f", s);
         std::fprintf(stderr, ")\n");
@@ -396,9 +413,9 @@ int main(int argc, char** argv) {
   if (me == 0) {
     std::printf("collective_bench (%s): world %d, %d timed iterations (+%d warm-up), loopback TCP\n",
                 o.impl.c_str(), n, o.iters, o.warmup);
-    std::printf("%-12s %6s %12s %12s %14s\n", "op", "MB/rank", "median s", "min s", "algbw MB/s");
+    std::printf("%-19s %6s %12s %12s %14s\n", "op", "MB/rank", "median s", "min s", "algbw MB/s");
     for (const Row& r : rows)
-      std::printf("%-12s %6d %12.5f %12.5f %14.1f\n", r.op.c_str(), r.mb, r.med, r.min, r.mb / r.med);
+      std::printf("%-19s %6d %12.5f %12.5f %14.1f\n", r.op.c_str(), r.mb, r.med, r.min, r.mb / r.med);
     if (!o.csv.empty()) {
       std::ofstream out(o.csv, std::ios::app);
       for (const Row& r : rows)

@@ -11,10 +11,16 @@
 # point is the median of its ROUNDS*ITERS samples (each sample = the max over
 # ranks of one iteration); see bench/README.md for the size definitions.
 #
+# Op all_to_allv_inplace is our all_to_allv with the zero-copy receive
+# (Communicator::all_to_allv into ReceivedBlocks); the baselines have a single
+# all-to-all, so its row compares it with their all_to_allv (Alltoall,
+# all_to_all_single), which then runs once per launch for both rows.
+#
 # usage: bash bench/collective_bench.sh
 # env:   BUILD_DIR (default <repo>/build; collective_bench is built there if
 #        missing), WORLDS ("4 8"), SIZES (1,4,16,64), ROUNDS (3), ITERS (3),
-#        WARMUP (1), OPS (all_to_allv,all_gather,all_reduce),
+#        WARMUP (1), OPS (all_to_allv,all_gather,all_reduce; also
+#        all_to_allv_inplace),
 #        OUT (bench/results/collectives.csv), QUIET_WAIT (0: before each launch,
 #        wait up to this many seconds for the other processes on the machine to
 #        use < 25 % of the CPUs; the background load is printed either way)
@@ -47,14 +53,15 @@ work="$(mktemp -d /tmp/collective_bench.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 samples="$work/samples.csv"
 : >"$samples"
-common=(--sizes "$SIZES" --iters "$ITERS" --warmup "$WARMUP" --ops "$OPS" --samples "$samples")
+BASE_OPS="$(tr ',' '\n' <<<"$OPS" | sed 's/^all_to_allv_inplace$/all_to_allv/' | awk '!seen[$0]++' | paste -sd, -)"
+common=(--sizes "$SIZES" --iters "$ITERS" --warmup "$WARMUP" --samples "$samples")
 
 run_ours() {  # world
   local n=$1 dir pids=() rc=0
   dir="$(mktemp -d "$work/rdv.XXXX")"
   for ((r = 0; r < n; r++)); do
     timeout "$LAUNCH_TIMEOUT" "$BUILD_DIR/collective_bench" --rank "$r" --world "$n" --rendezvous "$dir" \
-      --impl xdmoe "${common[@]}" &
+      --impl xdmoe --ops "$OPS" "${common[@]}" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -63,10 +70,11 @@ run_ours() {  # world
 run_mpi() {
   timeout "$LAUNCH_TIMEOUT" mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include lo -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS -np "$1" \
-    $PY "$repo/bench/collective_mpi.py" --impl openmpi "${common[@]}"
+    $PY "$repo/bench/collective_mpi.py" --impl openmpi --ops "$BASE_OPS" "${common[@]}"
 }
 run_gloo() {
-  timeout "$LAUNCH_TIMEOUT" $PY "$repo/bench/collective_gloo.py" --world "$1" --impl gloo "${common[@]}"
+  timeout "$LAUNCH_TIMEOUT" $PY "$repo/bench/collective_gloo.py" --world "$1" --impl gloo --ops "$BASE_OPS" \
+    "${common[@]}"
 }
 
 impls=(ours mpi gloo)
@@ -112,9 +120,11 @@ echo "worst background CPU use before a launch: ${max_bg}% of $(getconf _NPROCES
 [ "$max_bg" -ge 25 ] && echo "WARNING: other processes were competing for the CPUs; results are noisy (try QUIET_WAIT=120)"
 
 mkdir -p "$(dirname "$OUT")"
-$PY - "$samples" "$OUT" <<'EOF'
+$PY - "$samples" "$OUT" "$OPS" <<'EOF'
 import collections, statistics, sys
-samples, out = sys.argv[1], sys.argv[2]
+samples, out, requested = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+# The baselines' row that each of our ops is compared with.
+baseline_op = {"all_to_allv_inplace": "all_to_allv"}
 pts = collections.defaultdict(list)
 for line in open(samples):
     impl, op, world, mb, sec = line.strip().split(",")
@@ -128,11 +138,12 @@ with open(out, "w") as f:
 print()
 print("Median time per collective (s) and algbw = MB per rank / time (MB/s, MB = 2^20 B);")
 print("ratio = time(ours) / time(baseline): < 1 means ours is faster.")
-hdr = f"{'op':<12} {'world':>5} {'MB/rank':>7} | {'xdmoe s':>9} {'openmpi s':>9} {'gloo s':>9} | " \
+width = max(12, *(len(op) for op in requested))
+hdr = f"{'op':<{width}} {'world':>5} {'MB/rank':>7} | {'xdmoe s':>9} {'openmpi s':>9} {'gloo s':>9} | " \
       f"{'xdmoe MB/s':>10} {'ompi MB/s':>10} {'gloo MB/s':>10} | {'ours/ompi':>9} {'ours/gloo':>9}"
 print(hdr)
 print("-" * len(hdr))
-ops = sorted({k[1] for k in pts}, key=["all_to_allv", "all_gather", "all_reduce"].index)
+ops = [op for op in dict.fromkeys(requested) if op in {k[1] for k in pts}]
 worlds = sorted({k[2] for k in pts})
 sizes = sorted({k[3] for k in pts})
 fmt_t = lambda x: f"{x:9.4f}" if x is not None else f"{'n/a':>9}"
@@ -141,16 +152,20 @@ fmt_r = lambda a, b: f"{a / b:9.2f}" if a is not None and b is not None else f"{
 for op in ops:
     for w in worlds:
         for mb in sizes:
-            o, m, g = (med.get((i, op, w, mb)) for i in ("xdmoe", "openmpi", "gloo"))
-            print(f"{op:<12} {w:>5} {mb:>7} | {fmt_t(o)} {fmt_t(m)} {fmt_t(g)} | "
+            base = baseline_op.get(op, op)
+            o = med.get(("xdmoe", op, w, mb))
+            m, g = (med.get((i, base, w, mb)) for i in ("openmpi", "gloo"))
+            print(f"{op:<{width}} {w:>5} {mb:>7} | {fmt_t(o)} {fmt_t(m)} {fmt_t(g)} | "
                   f"{fmt_b(mb, o)} {fmt_b(mb, m)} {fmt_b(mb, g)} | {fmt_r(o, m)} {fmt_r(o, g)}")
 print()
 print("Target: our all_to_allv at 16 MB per rank at least as fast as OpenMPI's Alltoall:")
-for w in worlds:
-    o, m = med.get(("xdmoe", "all_to_allv", w, 16)), med.get(("openmpi", "all_to_allv", w, 16))
-    if o is None or m is None:
-        print(f"  world {w}: not measured")
-    else:
-        print(f"  world {w}: ours {o:.4f} s vs OpenMPI {m:.4f} s (ratio {o / m:.2f}) -> {'MET' if o <= m else 'NOT MET'}")
+for op in [op for op in ("all_to_allv", "all_to_allv_inplace") if op in requested]:
+    for w in worlds:
+        o, m = med.get(("xdmoe", op, w, 16)), med.get(("openmpi", "all_to_allv", w, 16))
+        if o is None or m is None:
+            print(f"  {op:<19} world {w}: not measured")
+        else:
+            print(f"  {op:<19} world {w}: ours {o:.4f} s vs OpenMPI {m:.4f} s (ratio {o / m:.2f}) -> "
+                  f"{'MET' if o <= m else 'NOT MET'}")
 print(f"\nwrote {out}")
 EOF

@@ -64,16 +64,10 @@ CollectiveHandle Communicator::launch(F body) {
 }
 
 Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
-                                     const std::vector<size_t>& send_bytes, uint8_t* recv,
-                                     const std::vector<size_t>* recv_bytes,
-                                     std::vector<std::vector<uint8_t>>* recv_blocks) {
+                                     const std::vector<size_t>& send_bytes, const BlockSink& sink) {
   const int n = size();
-  if ((int)send_bytes.size() != n || (recv_bytes && (int)recv_bytes->size() != n))
-    return Status::invalid_argument("all_to_allv: need one size per member");
-  if (recv_bytes && (*recv_bytes)[index_] != send_bytes[index_])
-    return Status::invalid_argument("all_to_allv: own block size differs from recv_bytes");
+  if ((int)send_bytes.size() != n) return Status::invalid_argument("all_to_allv: need one size per member");
   const auto soff = offsets_of(send_bytes);
-  std::vector<size_t> roff = recv_bytes ? offsets_of(*recv_bytes) : std::vector<size_t>();
   const uint8_t* s = static_cast<const uint8_t*>(send);
   const Tag t = wire_tag(MessageKind::kAllToAll, tag, 0, 0);
   std::vector<std::shared_ptr<RecvSlot>> slots(n);
@@ -84,34 +78,18 @@ Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
     const int i = (index_ + k) % n;
     sends.push_back(transport_->send(ranks_[i], t, {borrowed(s + soff[i], send_bytes[i])}));
   }
-  // The own block never leaves the process: one copy instead of a loopback
-  // message (a copy into a ZeroMQ frame, then a copy out again).
-  const uint8_t* own = s + soff[index_];
-  if (recv_blocks) {
-    recv_blocks->assign(n, {});
-    (*recv_blocks)[index_].assign(own, own + send_bytes[index_]);
-  } else if (send_bytes[index_]) {
-    std::memcpy(recv + roff[index_], own, send_bytes[index_]);
-  }
-  Status result;
-  for (int k = 1; k < n; ++k) {
+  // The own block never leaves the process: a loopback message would cost a
+  // copy into a ZeroMQ frame and another out of it.
+  Status result = sink(index_, s + soff[index_], send_bytes[index_], nullptr);
+  for (int k = 1; k < n && result.is_ok(); ++k) {
     const int i = (index_ - k + n) % n;
     auto m = wait_from(slots[i], i, "all_to_allv");
     if (!m) { result = m.status(); break; }
     const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
-    const void* src = m->num_tensors() ? m->tensor_data(0) : nullptr;
-    if (recv_blocks) {
-      (*recv_blocks)[i].assign(static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + got);
-    } else {
-      if (got != (*recv_bytes)[i]) {
-        result = Status::invalid_argument("all_to_allv: rank " + std::to_string(ranks_[i]) + " sent " +
-                                          std::to_string(got) + " bytes, expected " +
-                                          std::to_string((*recv_bytes)[i]));
-        break;
-      }
-      if (got) std::memcpy(recv + roff[i], src, got);
-    }
+    const uint8_t* src = m->num_tensors() ? static_cast<const uint8_t*>(m->tensor_data(0)) : nullptr;
+    result = sink(i, src, got, &*m);
   }
+  // Sends borrow `send`, so they must finish even when receiving failed.
   Status sent = wait_all(sends, timeout_);
   return result.is_ok() ? sent : result;
 }
@@ -119,8 +97,20 @@ Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
 CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void* send,
                                            std::vector<size_t> send_bytes, void* recv,
                                            std::vector<size_t> recv_bytes) {
-  return launch([=, this, sb = std::move(send_bytes), rb = std::move(recv_bytes)] {
-    return all_to_allv_now(tag, send, sb, static_cast<uint8_t*>(recv), &rb, nullptr);
+  return launch([=, this, sb = std::move(send_bytes), rb = std::move(recv_bytes)]() -> Status {
+    if ((int)rb.size() != size() || (int)sb.size() != size())
+      return Status::invalid_argument("all_to_allv: need one size per member");
+    if (rb[index_] != sb[index_])
+      return Status::invalid_argument("all_to_allv: own block size differs from recv_bytes");
+    const auto roff = offsets_of(rb);
+    uint8_t* out = static_cast<uint8_t*>(recv);
+    return all_to_allv_now(tag, send, sb, [&](int member, const uint8_t* data, size_t bytes, IncomingMessage*) {
+      if (bytes != rb[member])
+        return Status::invalid_argument("all_to_allv: rank " + std::to_string(ranks_[member]) + " sent " +
+                                        std::to_string(bytes) + " bytes, expected " + std::to_string(rb[member]));
+      if (bytes) std::memcpy(out + roff[member], data, bytes);
+      return Status::ok();
+    });
   });
 }
 
@@ -128,7 +118,29 @@ CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void*
                                            std::vector<size_t> send_bytes,
                                            std::vector<std::vector<uint8_t>>* recv) {
   return launch([=, this, sb = std::move(send_bytes)] {
-    return all_to_allv_now(tag, send, sb, nullptr, nullptr, recv);
+    recv->assign(size(), {});
+    return all_to_allv_now(tag, send, sb, [recv](int member, const uint8_t* data, size_t bytes, IncomingMessage*) {
+      (*recv)[member].assign(data, data + bytes);
+      return Status::ok();
+    });
+  });
+}
+
+CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void* send,
+                                           std::vector<size_t> send_bytes, ReceivedBlocks* recv) {
+  XD_CHECK_MSG(recv != nullptr, "all_to_allv: null ReceivedBlocks");
+  return launch([=, this, sb = std::move(send_bytes)] {
+    // Dropping the previous collective's messages first lets ZeroMQ reuse
+    // their memory for this one's.
+    recv->reset(size());
+    Status st = all_to_allv_now(tag, send, sb,
+                                [recv](int member, const uint8_t* data, size_t bytes, IncomingMessage* message) {
+                                  if (message) recv->set_received(member, std::move(*message));
+                                  else recv->set_borrowed(member, data, bytes);
+                                  return Status::ok();
+                                });
+    if (!st.is_ok()) recv->clear();
+    return st;
   });
 }
 

@@ -5,16 +5,26 @@
 // kept apart by their CollectiveTag, which all members must pass alike.
 // Zero-size blocks and ranks with nothing to send are normal cases. A peer
 // that never answers turns into a timeout Status, not a hang. Thread-safe.
+//
+// all_to_allv comes in three forms that move the same messages and differ only
+// in where a received block ends up: copied into one caller buffer of known
+// layout, copied into one vector per member (sizes not known in advance), or
+// left in ZeroMQ's receive buffers and handed over as ReceivedBlocks (sizes
+// not known in advance, no copy of any block). The last is the fastest for
+// large blocks: the copy out of ZeroMQ's buffers is a third pass over every
+// received byte, after the kernel's two.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "transport/received_blocks.h"
 #include "transport/transport.h"
 
 namespace xd {
@@ -67,6 +77,11 @@ class Communicator {
   CollectiveHandle all_to_allv(const CollectiveTag& tag, const void* send,
                                std::vector<size_t> send_bytes,
                                std::vector<std::vector<uint8_t>>* recv);
+  // Same, without copying: *recv keeps the received messages and exposes
+  // block i in place (see transport/received_blocks.h); the own block points
+  // into `send`. *recv must not be read until wait() returns.
+  CollectiveHandle all_to_allv(const CollectiveTag& tag, const void* send,
+                               std::vector<size_t> send_bytes, ReceivedBlocks* recv);
   // Member i contributes recv_bytes[i] bytes; everyone gets all, in order.
   CollectiveHandle all_gatherv(const CollectiveTag& tag, const void* send, void* recv,
                                std::vector<size_t> recv_bytes);
@@ -94,10 +109,13 @@ class Communicator {
   Tag wire_tag(MessageKind kind, const CollectiveTag& t, uint32_t sub, uint32_t round) const;
   Expected<IncomingMessage> wait_from(const std::shared_ptr<RecvSlot>& slot, int member,
                                       const char* what) const;
+  // Takes block `member` of an all_to_allv: `data` points into the caller's
+  // send buffer for the own block (`message` null), else into `*message`,
+  // which the sink may keep. A non-ok Status fails the collective.
+  using BlockSink = std::function<Status(int member, const uint8_t* data, size_t bytes,
+                                         IncomingMessage* message)>;
   Status all_to_allv_now(const CollectiveTag& tag, const void* send,
-                         const std::vector<size_t>& send_bytes, uint8_t* recv,
-                         const std::vector<size_t>* recv_bytes,
-                         std::vector<std::vector<uint8_t>>* recv_blocks);
+                         const std::vector<size_t>& send_bytes, const BlockSink& sink);
 
   Transport* transport_;
   std::vector<int> ranks_;

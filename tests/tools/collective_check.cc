@@ -50,42 +50,110 @@ float value(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
   return static_cast<float>(static_cast<int>(agreed(seed, a, b, c) % 201) - 100);
 }
 
+// One all_to_allv pattern: block sizes (a quarter of them zero) and contents
+// that every rank can derive for any pair of members.
+struct AllToAllPattern {
+  uint64_t seed;
+  uint32_t step;
+  uint64_t variant;
+  int silent = -1;  // a member with nothing to send, or none
+  int deaf = -1;    // a member with nothing to receive, or none
+  size_t bytes(int from, int to) const {
+    if (from == silent || to == deaf) return 0;
+    return block_size(seed, 1 + 16 * variant, from * 64 + to, step, 3000);
+  }
+  uint8_t byte_at(int from, int to, size_t k) const {
+    return static_cast<uint8_t>(agreed(seed ^ variant, from, to, k ^ (uint64_t(step) << 40)));
+  }
+  // This member's send buffer and the sizes it sends and receives.
+  void fill(int n, int me, std::vector<uint8_t>* send, std::vector<size_t>* send_bytes,
+            std::vector<size_t>* recv_bytes) const {
+    send->clear();
+    send_bytes->assign(n, 0);
+    recv_bytes->assign(n, 0);
+    for (int j = 0; j < n; ++j) {
+      (*send_bytes)[j] = bytes(me, j);
+      (*recv_bytes)[j] = bytes(j, me);
+      for (size_t k = 0; k < (*send_bytes)[j]; ++k) send->push_back(byte_at(me, j, k));
+    }
+  }
+};
+
+// Compares every byte of every block of a zero-copy all_to_allv with the
+// pattern; the own block must be the caller's send buffer, not a copy.
+void check_received_blocks(const xd::ReceivedBlocks& got, const AllToAllPattern& pattern, int n, int me,
+                           const std::vector<uint8_t>& send, const std::vector<size_t>& send_bytes,
+                           const std::string& label) {
+  check(got.size() == n, label + " has " + std::to_string(got.size()) + " blocks, expected " + std::to_string(n));
+  if (got.size() != n) return;
+  for (int j = 0; j < n; ++j) {
+    const size_t expect = pattern.bytes(j, me);
+    bool ok = got.bytes(j) == expect && (expect == 0 || got.data(j) != nullptr);
+    for (size_t k = 0; ok && k < expect; ++k) ok = got.data(j)[k] == pattern.byte_at(j, me, k);
+    check(ok, label + " block from " + std::to_string(j) + " (" + std::to_string(got.bytes(j)) + " bytes, expected " +
+                  std::to_string(expect) + ")");
+  }
+  size_t own_offset = 0;
+  for (int j = 0; j < me; ++j) own_offset += send_bytes[j];
+  check(send_bytes[me] == 0 || got.data(me) == send.data() + own_offset, label + " own block points into send");
+}
+
 void check_all_to_allv(Communicator& comm, uint64_t seed, uint32_t step, const std::string& label) {
   const int n = comm.size(), me = comm.index();
-  auto bytes = [&](int from, int to) { return block_size(seed, 1, from * 64 + to, step, 3000); };
-  auto byte_at = [&](int from, int to, size_t k) {
-    return static_cast<uint8_t>(agreed(seed, from, to, k ^ (uint64_t(step) << 40)));
-  };
-  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  const AllToAllPattern pattern{seed, step, 0};
+  std::vector<size_t> send_bytes, recv_bytes;
   std::vector<uint8_t> send;
-  for (int j = 0; j < n; ++j) {
-    send_bytes[j] = bytes(me, j);
-    recv_bytes[j] = bytes(j, me);
-    for (size_t k = 0; k < send_bytes[j]; ++k) send.push_back(byte_at(me, j, k));
-  }
+  pattern.fill(n, me, &send, &send_bytes, &recv_bytes);
+
+  // Zero-copy first, read last: its blocks must stay intact while the other
+  // forms below receive (and free) messages through the same transport. Its
+  // own pattern, so that a block whose memory was handed back and refilled by
+  // a later message shows up as a mismatch.
+  const AllToAllPattern zero_copy{seed, step, 2};
+  std::vector<size_t> zero_copy_send_bytes, zero_copy_recv_bytes;
+  std::vector<uint8_t> zero_copy_send;
+  zero_copy.fill(n, me, &zero_copy_send, &zero_copy_send_bytes, &zero_copy_recv_bytes);
+  xd::ReceivedBlocks in_place;
+  check_status(comm.all_to_allv({step, 0, 3}, zero_copy_send.data(), zero_copy_send_bytes, &in_place).wait(),
+               label + " all_to_allv(in place)");
+
   size_t total = 0;
   for (size_t b : recv_bytes) total += b;
   std::vector<uint8_t> recv(total, 0xAB);
   check_status(comm.all_to_allv({step, 0, 0}, send.data(), send_bytes, recv.data(), recv_bytes).wait(),
                label + " all_to_allv");
   size_t off = 0;
-  for (int j = 0; j < n; ++j)
+  bool contents_ok = true;
+  for (int j = 0; j < n && contents_ok; ++j)
     for (size_t k = 0; k < recv_bytes[j]; ++k, ++off)
-      if (recv[off] != byte_at(j, me, k)) {
+      if (recv[off] != pattern.byte_at(j, me, k)) {
         check(false, label + " all_to_allv byte from " + std::to_string(j));
-        j = n;
+        contents_ok = false;
         break;
       }
-  check(true, label + " all_to_allv contents");
+  check(contents_ok, label + " all_to_allv contents");
   // Sizes not known in advance.
   std::vector<std::vector<uint8_t>> blocks;
   check_status(comm.all_to_allv({step, 0, 1}, send.data(), send_bytes, &blocks).wait(),
                label + " all_to_allv(discover)");
   for (int j = 0; j < n; ++j) {
     bool ok = blocks.size() == (size_t)n && blocks[j].size() == recv_bytes[j];
-    for (size_t k = 0; ok && k < recv_bytes[j]; ++k) ok = blocks[j][k] == byte_at(j, me, k);
+    for (size_t k = 0; ok && k < recv_bytes[j]; ++k) ok = blocks[j][k] == pattern.byte_at(j, me, k);
     check(ok, label + " all_to_allv(discover) block from " + std::to_string(j));
   }
+  check_received_blocks(in_place, zero_copy, n, me, zero_copy_send, zero_copy_send_bytes,
+                        label + " all_to_allv(in place)");
+
+  // The same object refilled by a collective with other sizes and contents,
+  // where one member sends nothing and another receives nothing.
+  const AllToAllPattern other{seed, step, 1, static_cast<int>(step % n), static_cast<int>((step + 1) % n)};
+  std::vector<size_t> other_send_bytes, other_recv_bytes;
+  std::vector<uint8_t> other_send;
+  other.fill(n, me, &other_send, &other_send_bytes, &other_recv_bytes);
+  check_status(comm.all_to_allv({step, 0, 4}, other_send.data(), other_send_bytes, &in_place).wait(),
+               label + " all_to_allv(in place, refilled)");
+  check_received_blocks(in_place, other, n, me, other_send, other_send_bytes,
+                        label + " all_to_allv(in place, refilled)");
 }
 
 void check_all_gatherv(Communicator& comm, uint64_t seed, uint32_t step, const std::string& label) {
