@@ -66,6 +66,8 @@ struct Options {
   bool phases = false;
   bool variants = false;    // time prototype all_to_allv variants (profiling)
   bool malloc_tune = false; // mallopt: keep freed memory (no page faults on receive)
+  int socket_buffer_kb = 0; // TransportOptions::socket_buffer_bytes / 1024; 0: kernel autotuning
+  int io_threads = 1;       // TransportOptions::io_threads (ZeroMQ I/O threads)
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -74,7 +76,7 @@ struct Options {
                "usage: collective_bench --rank R --world N --rendezvous DIR [--sizes 1,4,16,64]\n"
                "       [--iters K] [--warmup W] [--ops all_to_allv,all_to_allv_inplace,all_gather,all_reduce]\n"
                "       [--csv FILE] [--samples FILE] [--impl NAME] [--phases] [--variants]\n"
-               "       [--malloc-tune]\n",
+               "       [--malloc-tune] [--socket-buffer-kb K] [--io-threads N]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -115,6 +117,8 @@ Options parse(int argc, char** argv) {
     else if (k == "--csv") o.csv = v;
     else if (k == "--samples") o.samples = v;
     else if (k == "--impl") o.impl = v;
+    else if (k == "--socket-buffer-kb") o.socket_buffer_kb = to_int(k, v, 0, 1 << 20);
+    else if (k == "--io-threads") o.io_threads = to_int(k, v, 1, 64);
     else if (k == "--sizes") {
       o.sizes_mb.clear();
       for (const auto& s : split(v)) o.sizes_mb.push_back(to_int(k, s, 1, 4096));
@@ -276,6 +280,8 @@ int main(int argc, char** argv) {
   xd::TransportOptions topts;
   topts.rank = o.rank;
   topts.job = 4242;
+  topts.socket_buffer_bytes = o.socket_buffer_kb * 1024;
+  topts.io_threads = o.io_threads;
   // The largest all_gather holds world * S bytes of unmatched messages at worst.
   const size_t max_s = size_t(*std::max_element(o.sizes_mb.begin(), o.sizes_mb.end())) << 20;
   topts.recv_queue_bytes = std::max(topts.recv_queue_bytes, max_s * o.world * 2);

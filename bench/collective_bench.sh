@@ -21,7 +21,8 @@
 #        missing), WORLDS ("4 8"), SIZES (1,4,16,64), ROUNDS (3), ITERS (3),
 #        WARMUP (1), OPS (all_to_allv,all_gather,all_reduce; also
 #        all_to_allv_inplace),
-#        OUT (bench/results/collectives.csv), QUIET_WAIT (0: before each launch,
+#        OUT (bench/results/collectives.csv), XDMOE_ARGS (extra flags for our
+#        collective_bench, e.g. "--socket-buffer-kb 2048"), QUIET_WAIT (0: before each launch,
 #        wait up to this many seconds for the other processes on the machine to
 #        use < 25 % of the CPUs; the background load is printed either way)
 # Takes about 5 minutes on 2 cores with the defaults (plus any QUIET_WAIT).
@@ -61,7 +62,7 @@ run_ours() {  # world
   dir="$(mktemp -d "$work/rdv.XXXX")"
   for ((r = 0; r < n; r++)); do
     timeout "$LAUNCH_TIMEOUT" "$BUILD_DIR/collective_bench" --rank "$r" --world "$n" --rendezvous "$dir" \
-      --impl xdmoe --ops "$OPS" "${common[@]}" &
+      --impl xdmoe --ops "$OPS" "${common[@]}" ${XDMOE_ARGS:-} &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done

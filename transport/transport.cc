@@ -119,6 +119,10 @@ void Transport::Impl::run() {
     router_->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
     router_->set(zmq::sockopt::rcvhwm, 0);
     router_->set(zmq::sockopt::linger, 0);
+    if (options.socket_buffer_bytes > 0) {
+      router_->set(zmq::sockopt::sndbuf, options.socket_buffer_bytes);
+      router_->set(zmq::sockopt::rcvbuf, options.socket_buffer_bytes);
+    }
     const std::string monitor_ep = "inproc://xdmoe-monitor-" + std::to_string((uintptr_t)this);
     if (zmq_socket_monitor(router_->handle(), monitor_ep.c_str(),
                            ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
@@ -219,6 +223,10 @@ Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
       link->dealer->set(zmq::sockopt::routing_id, routing_id(options.rank));
       link->dealer->set(zmq::sockopt::sndhwm, 0);  // bounded by our own byte budget
       link->dealer->set(zmq::sockopt::linger, 0);
+      if (options.socket_buffer_bytes > 0) {
+        link->dealer->set(zmq::sockopt::sndbuf, options.socket_buffer_bytes);
+        link->dealer->set(zmq::sockopt::rcvbuf, options.socket_buffer_bytes);
+      }
       link->dealer->connect(p.endpoint);
     } catch (const zmq::error_t& e) {
       return Status::io_error("cannot connect to rank " + std::to_string(p.rank) + " at '" +

@@ -48,6 +48,10 @@ struct TransportOptions {
   // thresholds once per process, so freed buffers are reused (more resident
   // memory, fewer page faults).
   bool keep_freed_memory = true;
+  // SO_SNDBUF / SO_RCVBUF of every data socket's TCP connections, in bytes;
+  // 0 leaves the kernel's autotuning. The kernel caps it at net.core.wmem_max
+  // and rmem_max.
+  int socket_buffer_bytes = 0;
 };
 
 struct LinkStats {
