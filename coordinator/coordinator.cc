@@ -48,7 +48,7 @@ ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit, StepProbe
   auto probe = probe_model_step(job.train.model, job.train.seq_len,
                                 static_cast<long long>(job.train.batch_size) * job.train.seq_len);
   if (probe) {
-    compute = calibrated_compute_model(job.train.model, compute, *probe);
+    compute = calibrated_compute_model(compute, *probe);
     if (step) *step = *probe;
   } else {
     XD_LOG_WARN("coordinator", "model step probe failed (%s); compute counts GEMMs only",

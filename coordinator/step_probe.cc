@@ -19,11 +19,17 @@ double now_s() {
 }
 }  // namespace
 
-Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,
+Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, long long tokens,
                                      const StepProbeOptions& options) {
-  XD_RETURN_IF_ERROR(model.validate());
-  if (seq_len <= 0 || seq_len > model.max_seq_len)
+  XD_RETURN_IF_ERROR(job_model.validate());
+  if (seq_len <= 0 || seq_len > job_model.max_seq_len)
     return Status::invalid_argument("step probe: seq_len must be in 1..max_seq_len");
+  ModelConfig model = job_model;
+  model.num_layers = std::min(model.num_layers, std::max(1, options.max_layers));
+  if (!model.connectivity.empty()) model.connectivity.resize(model.num_layers);
+  model.num_experts = std::min(model.num_experts, std::max(1, options.max_experts));
+  model.top_k = std::min(model.top_k, model.num_experts);
+  XD_RETURN_IF_ERROR(model.validate().with_context("the step probe's cut-down model"));
   const long long want = std::max<long long>(seq_len, std::min(tokens, options.max_tokens));
   const int batch = static_cast<int>(want / seq_len);
 
@@ -55,17 +61,16 @@ Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long
     if (now_s() - start + warm > options.max_seconds) break;
   }
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
-  return StepProbe{static_cast<long long>(batch) * seq_len, seq_len, best};
+  return StepProbe{model, static_cast<long long>(batch) * seq_len, seq_len, best};
 }
 
-ComputeModel calibrated_compute_model(const ModelConfig& model, const ComputeModel& gemm_only,
-                                      const StepProbe& probe) {
+ComputeModel calibrated_compute_model(const ComputeModel& gemm_only, const StepProbe& probe) {
   ComputeModel out = gemm_only;
   out.non_gemm_factor = 1;
   if (probe.seconds <= 0 || probe.tokens <= 0) return out;
   // The probe's step is one process holding every expert: one level of size 1.
   PlannerInputs in;
-  in.model = model;
+  in.model = probe.model;
   in.tokens_per_worker = probe.tokens;
   in.seq_len = probe.seq_len;
   in.level_sizes = {1};

@@ -4,7 +4,10 @@
 // flops only; norms, softmax, the router, RoPE and the element-wise parts of
 // the experts are left out, and at small hidden sizes they cost more than the
 // GEMMs themselves. calibrated_compute_model() scales the GEMM-only model by
-// measured / predicted for the same single-process workload. Sets OpenBLAS's
+// measured / predicted for the same single-process workload. The probe keeps
+// at most a few layers and experts, so the coordinator never has to hold a
+// model that only fits sharded; the factor is a ratio per layer, which that
+// does not change much. Sets OpenBLAS's
 // thread count for its duration (not thread-safe against other GEMMs of this
 // process running meanwhile).
 #pragma once
@@ -17,12 +20,15 @@ namespace xd {
 
 struct StepProbeOptions {
   long long max_tokens = 2048;  // the probe's batch: min(this, the job's tokens per worker)
+  int max_layers = 2;           // the probe's model: the job's, cut to these many layers
+  int max_experts = 8;          // ... and routed experts (top_k is kept, capped by it)
   int repetitions = 3;          // timed steps after one warm-up; the fastest counts
   double max_seconds = 2.0;     // fewer repetitions when a step is slow
   int threads = 1;              // as every worker runs
 };
 
 struct StepProbe {
+  ModelConfig model;     // what was timed
   long long tokens = 0;  // tokens of the timed batch
   int seq_len = 0;
   double seconds = 0;    // fastest forward + backward
@@ -32,8 +38,7 @@ Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long
                                      const StepProbeOptions& options = {});
 
 // `gemm_only` with non_gemm_factor = probe.seconds / (its compute prediction
-// for the probe's batch in one process), at least 1.
-ComputeModel calibrated_compute_model(const ModelConfig& model, const ComputeModel& gemm_only,
-                                      const StepProbe& probe);
+// for the probe's model and batch in one process), at least 1.
+ComputeModel calibrated_compute_model(const ComputeModel& gemm_only, const StepProbe& probe);
 
 }  // namespace xd

@@ -238,7 +238,7 @@ TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {
   const double predicted = evaluate_candidate(workload_of(in), {1}, in.links, {1}, 1e300).compute_s;
   ASSERT_GT(predicted, 0);
 
-  const ComputeModel calibrated = calibrated_compute_model(m, gemm_only, StepProbe{256, 64, 3 * predicted});
+  const ComputeModel calibrated = calibrated_compute_model(gemm_only, StepProbe{m, 256, 64, 3 * predicted});
   EXPECT_NEAR(calibrated.non_gemm_factor, 3.0, 1e-9);
   EXPECT_EQ(calibrated.flops_per_s, gemm_only.flops_per_s);
   in.compute = calibrated;
@@ -260,8 +260,8 @@ TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {
 TEST(StepProbe, AStepFasterThanItsGemmsLeavesTheModelAlone) {
   const ComputeModel gemm_only{1e10, 0};
   const ModelConfig m = default_train_config().model;
-  EXPECT_EQ(calibrated_compute_model(m, gemm_only, StepProbe{256, 64, 1e-12}).non_gemm_factor, 1.0);
-  EXPECT_EQ(calibrated_compute_model(m, gemm_only, StepProbe{}).non_gemm_factor, 1.0);
+  EXPECT_EQ(calibrated_compute_model(gemm_only, StepProbe{m, 256, 64, 1e-12}).non_gemm_factor, 1.0);
+  EXPECT_EQ(calibrated_compute_model(gemm_only, StepProbe{}).non_gemm_factor, 1.0);
 }
 
 TEST(StepProbe, TimesARealStepOfTheModelAndRejectsABadSequenceLength) {
@@ -278,6 +278,27 @@ TEST(StepProbe, TimesARealStepOfTheModelAndRejectsABadSequenceLength) {
   EXPECT_FALSE(probe_model_step(m, 0, 1024, o));
   m.hidden_size = 0;
   EXPECT_FALSE(probe_model_step(m, 32, 1024, o));
+}
+
+TEST(StepProbe, TimesACutDownModelSoTheCoordinatorNeverHoldsAllOfABigOne) {
+  ModelConfig m = default_train_config().model;
+  m.num_layers = 6;
+  m.num_experts = 32;
+  m.top_k = 2;
+  m.connectivity.assign(6, Connectivity::kRegular);
+  m.connectivity[1] = Connectivity::kFarSkip;
+  StepProbeOptions o;
+  o.max_tokens = 64;
+  o.repetitions = 1;
+  auto probe = probe_model_step(m, 32, 4096, o);
+  ASSERT_TRUE(probe) << probe.status().message();
+  EXPECT_EQ(probe->model.num_layers, 2);
+  EXPECT_EQ(probe->model.num_experts, 8);
+  EXPECT_EQ(probe->model.top_k, 2);
+  ASSERT_EQ(probe->model.connectivity.size(), 2u);
+  EXPECT_EQ(probe->model.connectivity[1], Connectivity::kFarSkip);
+  EXPECT_EQ(probe->model.hidden_size, m.hidden_size);
+  EXPECT_EQ(probe->model.expert_intermediate_size, m.expert_intermediate_size);
 }
 
 // ---- probes -----------------------------------------------------------------
