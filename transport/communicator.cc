@@ -41,6 +41,16 @@ Communicator::Communicator(Transport* transport, std::vector<int> ranks,
   index_ = static_cast<int>(it - ranks_.begin());
 }
 
+size_t Communicator::chunk_count(size_t bytes) const {
+  return bytes == 0 ? 1 : (bytes + chunk_bytes_ - 1) / chunk_bytes_;  // an empty block is one empty message
+}
+
+void Communicator::set_all_gather_chunking(size_t chunk_bytes, size_t ring_min_block_bytes) {
+  XD_CHECK(chunk_bytes > 0);
+  chunk_bytes_ = chunk_bytes;
+  ring_min_block_bytes_ = ring_min_block_bytes;
+}
+
 Tag Communicator::wire_tag(MessageKind kind, const CollectiveTag& t, uint32_t sub,
                            uint32_t round) const {
   // chunk = sub-operation (8 bits) | round (24 bits), so the steps of one
@@ -144,33 +154,85 @@ CollectiveHandle Communicator::all_to_allv(const CollectiveTag& tag, const void*
   });
 }
 
+void Communicator::send_chunks(int member, MessageKind kind, const CollectiveTag& tag, uint32_t sub,
+                               uint32_t round_base, const uint8_t* block, size_t bytes,
+                               std::vector<std::shared_ptr<Completion>>* sends) {
+  for (size_t c = 0; c < chunk_count(bytes); ++c) {
+    const size_t first = std::min(c * chunk_bytes_, bytes);
+    sends->push_back(transport_->send(ranks_[member], wire_tag(kind, tag, sub, round_base | uint32_t(c)),
+                                      {borrowed(block + first, std::min(chunk_bytes_, bytes - first))}));
+  }
+}
+
+std::vector<std::shared_ptr<RecvSlot>> Communicator::post_chunks(int member, MessageKind kind,
+                                                                 const CollectiveTag& tag, uint32_t sub,
+                                                                 uint32_t round_base, size_t bytes) {
+  std::vector<std::shared_ptr<RecvSlot>> slots;
+  for (size_t c = 0; c < chunk_count(bytes); ++c)
+    slots.push_back(transport_->recv(ranks_[member], wire_tag(kind, tag, sub, round_base | uint32_t(c))));
+  return slots;
+}
+
+Status Communicator::receive_chunks(const std::vector<std::shared_ptr<RecvSlot>>& slots, int member,
+                                    uint8_t* block, size_t bytes) {
+  size_t filled = 0;
+  for (const auto& slot : slots) {
+    auto m = wait_from(slot, member, "all_gather");
+    if (!m) return m.status();
+    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+    const size_t want = std::min(chunk_bytes_, bytes - filled);
+    if (got != want)
+      return Status::invalid_argument("all_gather: rank " + std::to_string(ranks_[member]) + " sent a chunk of " +
+                                      std::to_string(got) + " bytes, expected " + std::to_string(want) +
+                                      " (block of " + std::to_string(bytes) + " bytes)");
+    if (got) std::memcpy(block + filled, m->tensor_data(0), got);
+    filled += got;
+  }
+  return Status::ok();
+}
+
 Status Communicator::all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind,
                                      void* data, const std::vector<size_t>& bytes) {
   const int n = size();
   if ((int)bytes.size() != n) return Status::invalid_argument("all_gatherv: need one size per member");
   const auto off = offsets_of(bytes);
   uint8_t* buf = static_cast<uint8_t*>(data);
-  std::vector<std::shared_ptr<RecvSlot>> slots(n);
+  const size_t largest = *std::max_element(bytes.begin(), bytes.end());
+  // The ring's wire rounds are (round << 12 | chunk).
+  if (n > 2 && largest >= ring_min_block_bytes_ && n < 4096 && chunk_count(largest) < 4096)
+    return ring_all_gatherv_now(tag, sub, kind, buf, bytes);
+  std::vector<std::vector<std::shared_ptr<RecvSlot>>> slots(n);
   for (int i = 0; i < n; ++i)
-    if (i != index_) slots[i] = transport_->recv(ranks_[i], wire_tag(kind, tag, sub, 0));
+    if (i != index_) slots[i] = post_chunks(i, kind, tag, sub, 0, bytes[i]);
   std::vector<std::shared_ptr<Completion>> sends;
-  for (int k = 1; k < n; ++k) {
-    const int i = (index_ + k) % n;
-    sends.push_back(transport_->send(ranks_[i], wire_tag(kind, tag, sub, 0),
-                                     {borrowed(buf + off[index_], bytes[index_])}));
-  }
+  for (int k = 1; k < n; ++k)  // staggered, so members do not all hit one peer
+    send_chunks((index_ + k) % n, kind, tag, sub, 0, buf + off[index_], bytes[index_], &sends);
   Status result;
   for (int k = 1; k < n && result.is_ok(); ++k) {
     const int i = (index_ - k + n) % n;
-    auto m = wait_from(slots[i], i, "all_gather");
-    if (!m) { result = m.status(); break; }
-    const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
-    if (got != bytes[i]) {
-      result = Status::invalid_argument("all_gather: rank " + std::to_string(ranks_[i]) + " sent " +
-                                        std::to_string(got) + " bytes, expected " + std::to_string(bytes[i]));
-      break;
-    }
-    if (got) std::memcpy(buf + off[i], m->tensor_data(0), got);
+    result = receive_chunks(slots[i], i, buf + off[i], bytes[i]);
+  }
+  Status sent = wait_all(sends, timeout_);
+  return result.is_ok() ? sent : result;
+}
+
+Status Communicator::ring_all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind,
+                                          uint8_t* buf, const std::vector<size_t>& bytes) {
+  // Round r sends block (i - r) to the right neighbour and receives block
+  // (i - r - 1) from the left, which the next round forwards. Each block is
+  // written once and sent only after it is complete, so the borrowed sends
+  // never read a block being written.
+  const int n = size();
+  const auto off = offsets_of(bytes);
+  const int right = (index_ + 1) % n, left = (index_ - 1 + n) % n;
+  std::vector<std::shared_ptr<Completion>> sends;
+  Status result;
+  for (int r = 0; r + 1 < n && result.is_ok(); ++r) {
+    const int out = ((index_ - r) % n + n) % n, in = ((index_ - r - 1) % n + n) % n;
+    const uint32_t base = uint32_t(r) << 12;
+    auto slots = post_chunks(left, kind, tag, sub, base, bytes[in]);
+    send_chunks(right, kind, tag, sub, base, buf + off[out], bytes[out], &sends);
+    result = receive_chunks(slots, left, buf + off[in], bytes[in]);
   }
   Status sent = wait_all(sends, timeout_);
   return result.is_ok() ? sent : result;

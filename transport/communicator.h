@@ -103,6 +103,16 @@ class Communicator {
   Status all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, void* data,
                          const std::vector<size_t>& bytes);
 
+  // all_gather(v) moves blocks in messages of at most chunk_bytes (so each
+  // buffer ZeroMQ mallocs for a received message stays below glibc's mmap
+  // threshold and is reused). With a block of ring_min_block_bytes or more,
+  // and more than two members, it runs as a ring: n - 1 rounds to the right
+  // neighbour instead of one message to everyone, which bounds the data in
+  // flight, and so ZeroMQ's receive buffers, to one block per member. Set
+  // before the first collective (not thread-safe against running ones); tests
+  // use small values to exercise both paths.
+  void set_all_gather_chunking(size_t chunk_bytes, size_t ring_min_block_bytes);
+
  private:
   template <typename F>
   CollectiveHandle launch(F body);
@@ -114,6 +124,16 @@ class Communicator {
   // which the sink may keep. A non-ok Status fails the collective.
   using BlockSink = std::function<Status(int member, const uint8_t* data, size_t bytes,
                                          IncomingMessage* message)>;
+  // The chunked messages of one all_gather(v) block: wire rounds round_base | chunk.
+  size_t chunk_count(size_t bytes) const;
+  void send_chunks(int member, MessageKind kind, const CollectiveTag& tag, uint32_t sub, uint32_t round_base,
+                   const uint8_t* block, size_t bytes, std::vector<std::shared_ptr<Completion>>* sends);
+  std::vector<std::shared_ptr<RecvSlot>> post_chunks(int member, MessageKind kind, const CollectiveTag& tag,
+                                                     uint32_t sub, uint32_t round_base, size_t bytes);
+  Status receive_chunks(const std::vector<std::shared_ptr<RecvSlot>>& slots, int member, uint8_t* block,
+                        size_t bytes);
+  Status ring_all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, uint8_t* buf,
+                              const std::vector<size_t>& bytes);
   Status all_to_allv_now(const CollectiveTag& tag, const void* send,
                          const std::vector<size_t>& send_bytes, const BlockSink& sink);
 
@@ -121,6 +141,8 @@ class Communicator {
   std::vector<int> ranks_;
   int index_ = -1;
   std::chrono::milliseconds timeout_;
+  size_t chunk_bytes_ = size_t(4) << 20;
+  size_t ring_min_block_bytes_ = size_t(16) << 20;
 };
 
 // Hierarchical all-reduce for a two-level layout: reduce-scatter inside the

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,19 @@ int main(int argc, char** argv) {
     check_reductions(world_comm, seed, step, label);
     check_broadcast_and_barrier(world_comm, seed, step, label);
     check_concurrent(world_comm, seed, step);
+  }
+  // all_gather(v) in small chunks, as a ring and one-to-all (the defaults
+  // only chunk and switch to the ring at megabytes), alone and inside the
+  // ring all_reduce.
+  for (const size_t ring_min : {size_t(4000), std::numeric_limits<size_t>::max()}) {
+    Communicator chunked(transport->get(), all, std::chrono::seconds(60));
+    chunked.set_all_gather_chunking(1000, ring_min);
+    const std::string label = ring_min == 4000 ? "chunked ring" : "chunked one-to-all";
+    const uint32_t step = ring_min == 4000 ? 7000 : 7100;
+    for (int round = 0; round < rounds; ++round) {
+      check_all_gatherv(chunked, seed + 7, step + round, label);
+      check_reductions(chunked, seed + 8, step + 50 + round, label);
+    }
   }
   if (inner > 0 && world % inner == 0 && world > inner) {
     // Two levels (outer x inner): collectives along each level, and the
