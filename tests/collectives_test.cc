@@ -2,6 +2,8 @@
 // zero-copy all_to_allv's failure statuses with two transports in one process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "common/subprocess.h"
@@ -29,8 +31,12 @@ TEST_P(CollectivesAcrossProcesses, MatchTheReferenceElementByElement) {
     if (world % 2 == 0 && world > 2) argv.insert(argv.end(), {"--inner", "2"});
     children.push_back(subprocess::spawn(argv, (dir / ("rank" + std::to_string(r) + ".log")).string()));
   }
+  // One deadline for the whole group: a broken collective makes every rank
+  // sit out its timeouts, and waiting for each rank in turn would add them up.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   for (int r = 0; r < world; ++r) {
-    const int code = subprocess::wait_for(children[r], std::chrono::seconds(240));
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+    const int code = subprocess::wait_for(children[r], std::max(left, std::chrono::seconds(1)));
     const std::string log = subprocess::read_text(children[r].log_path);
     EXPECT_EQ(code, 0) << "rank " << r << " log:\n" << log;
     // ", 0 failures", not "0 failures": "10 failures" contains the latter.
