@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "coordinator/topology.h"
+#include "transport/communicator.h"
 
 namespace xd {
 
@@ -186,14 +187,18 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                        " bytes per worker, above the memory cap of " +
                        std::to_string(static_cast<long long>(memory_cap_bytes));
 
-  // Hierarchical all-reduce of the dense gradients: ring reduce-scatter inner
+  // Hierarchical all-reduce of the dense gradients: reduce-scatter inner
   // level first, on the shard left by the inner levels, then all-gather back.
+  // Each phase is one round while the blocks are small, a ring of sf - 1
+  // rounds from Communicator's ring threshold on.
   double shard = w.dense_param_bytes;
   for (int l = num_levels - 1; l >= 0; --l) {
     const int sf = level_sizes[l];
     if (sf > 1 && w.dense_param_bytes > 0) {
       const double bytes = 2.0 * (sf - 1) / sf * shard;
-      c.allreduce_s += 2.0 * (sf - 1) * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
+      const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
+      const double rounds = ring ? sf - 1 : 1;
+      c.allreduce_s += 2.0 * rounds * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
       c.level_bytes[l] += bytes;
     }
     shard /= sf;

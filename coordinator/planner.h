@@ -20,7 +20,9 @@
 // fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
 // their messages' latencies overlap: alpha once per collective and level
 // (alpha_per_message = true charges alpha per message instead, the
-// conservative rule). A ring step costs alpha each.
+// conservative rule). The dense all-reduce is a direct reduce-scatter and
+// all-gather per level (alpha once each) until its blocks reach the
+// Communicator's ring threshold; then each ring step costs alpha.
 // Pure functions; thread-safe.
 #pragma once
 

@@ -45,7 +45,7 @@ size_t Communicator::chunk_count(size_t bytes) const {
   return bytes == 0 ? 1 : (bytes + chunk_bytes_ - 1) / chunk_bytes_;  // an empty block is one empty message
 }
 
-void Communicator::set_all_gather_chunking(size_t chunk_bytes, size_t ring_min_block_bytes) {
+void Communicator::set_chunking(size_t chunk_bytes, size_t ring_min_block_bytes) {
   XD_CHECK(chunk_bytes > 0);
   chunk_bytes_ = chunk_bytes;
   ring_min_block_bytes_ = ring_min_block_bytes;
@@ -256,13 +256,46 @@ CollectiveHandle Communicator::all_gather(const CollectiveTag& tag, const void* 
 
 Status Communicator::reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, float* data,
                                         const std::vector<size_t>& counts) {
-  // Ring: at round r, member i sends its partial sum of block (i - r - 1) to
-  // the right and adds the left neighbour's partial of block (i - r - 2).
-  // After n-1 rounds, block i holds the full sum at member i.
   const int n = size();
   if ((int)counts.size() != n) return Status::invalid_argument("reduce_scatter: need one count per member");
   if (n == 1) return Status::ok();
   const auto off = offsets_of(counts);
+  const size_t largest = *std::max_element(counts.begin(), counts.end()) * sizeof(float);
+  if (n == 2 || largest < ring_min_block_bytes_) {
+    // Direct: block j goes to member j at once, and each member adds the n - 1
+    // partials of its own block in member order: one round, so a slow link's
+    // latency is paid once instead of n - 1 times. The sends read only the
+    // other members' blocks, and only the own block is written.
+    const Tag t = wire_tag(MessageKind::kReduceScatter, tag, sub, 0);
+    std::vector<std::shared_ptr<RecvSlot>> slots(n);
+    for (int i = 0; i < n; ++i)
+      if (i != index_) slots[i] = transport_->recv(ranks_[i], t);
+    std::vector<std::shared_ptr<Completion>> sends;
+    for (int k = 1; k < n; ++k) {  // staggered, so members do not all hit one peer
+      const int j = (index_ + k) % n;
+      sends.push_back(transport_->send(ranks_[j], t, {borrowed(data + off[j], counts[j] * sizeof(float))}));
+    }
+    Status result;
+    float* own = data + off[index_];
+    for (int i = 0; i < n && result.is_ok(); ++i) {
+      if (i == index_) continue;
+      auto m = wait_from(slots[i], i, "reduce_scatter");
+      if (!m) { result = m.status(); break; }
+      const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
+      if (got != counts[index_] * sizeof(float)) {
+        result = Status::invalid_argument("reduce_scatter: block size mismatch from rank " + std::to_string(ranks_[i]));
+        break;
+      }
+      const float* src = static_cast<const float*>(m->tensor_data(0));
+      for (size_t j = 0; j < counts[index_]; ++j) own[j] += src[j];
+    }
+    Status sent = wait_all(sends, timeout_);
+    return result.is_ok() ? sent : result;
+  }
+  // Ring, for large blocks: at round r, member i sends its partial sum of
+  // block (i - r - 1) to the right and adds the left neighbour's partial of
+  // block (i - r - 2). After n - 1 rounds, block i holds the full sum at
+  // member i.
   const int right = (index_ + 1) % n, left = (index_ - 1 + n) % n;
   std::vector<std::shared_ptr<Completion>> sends;
   for (int r = 0; r < n - 1; ++r) {

@@ -88,10 +88,11 @@ class Communicator {
   CollectiveHandle all_gather(const CollectiveTag& tag, const void* send, size_t bytes,
                               void* recv);
   // Sums `data` (counts[i] floats for member i, back to back) and leaves the
-  // sum of block i in member i's `out` (counts[index()] floats).
+  // sum of block i in member i's `out` (counts[index()] floats). Direct or
+  // ring, see set_chunking().
   CollectiveHandle reduce_scatter(const CollectiveTag& tag, const float* data,
                                   std::vector<size_t> counts, float* out);
-  // In-place sum over the group, ring algorithm.
+  // In-place sum over the group: reduce_scatter, then all_gather.
   CollectiveHandle all_reduce(const CollectiveTag& tag, float* data, size_t count);
   CollectiveHandle broadcast(const CollectiveTag& tag, void* data, size_t bytes, int root_index);
   CollectiveHandle barrier(const CollectiveTag& tag);
@@ -105,13 +106,17 @@ class Communicator {
 
   // all_gather(v) moves blocks in messages of at most chunk_bytes (so each
   // buffer ZeroMQ mallocs for a received message stays below glibc's mmap
-  // threshold and is reused). With a block of ring_min_block_bytes or more,
-  // and more than two members, it runs as a ring: n - 1 rounds to the right
-  // neighbour instead of one message to everyone, which bounds the data in
-  // flight, and so ZeroMQ's receive buffers, to one block per member. Set
-  // before the first collective (not thread-safe against running ones); tests
-  // use small values to exercise both paths.
-  void set_all_gather_chunking(size_t chunk_bytes, size_t ring_min_block_bytes);
+  // threshold and is reused). all_gather(v) and reduce_scatter (so also
+  // all_reduce) send every block straight to its member in one round while
+  // the largest block is below ring_min_block_bytes, paying a link's latency
+  // once; from there on (and with more than two members) they run as rings:
+  // n - 1 rounds to the right neighbour, which bounds the data in flight, and
+  // so ZeroMQ's receive buffers, to one block per member. Set before the first
+  // collective (not thread-safe against running ones); tests use small values
+  // to exercise both paths.
+  static constexpr size_t kDefaultChunkBytes = size_t(4) << 20;
+  static constexpr size_t kDefaultRingMinBlockBytes = size_t(16) << 20;
+  void set_chunking(size_t chunk_bytes, size_t ring_min_block_bytes);
 
  private:
   template <typename F>
@@ -141,8 +146,8 @@ class Communicator {
   std::vector<int> ranks_;
   int index_ = -1;
   std::chrono::milliseconds timeout_;
-  size_t chunk_bytes_ = size_t(4) << 20;
-  size_t ring_min_block_bytes_ = size_t(16) << 20;
+  size_t chunk_bytes_ = kDefaultChunkBytes;
+  size_t ring_min_block_bytes_ = kDefaultRingMinBlockBytes;
 };
 
 // Hierarchical all-reduce for a two-level layout: reduce-scatter inside the

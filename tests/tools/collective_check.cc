@@ -290,12 +290,12 @@ int main(int argc, char** argv) {
     check_broadcast_and_barrier(world_comm, seed, step, label);
     check_concurrent(world_comm, seed, step);
   }
-  // all_gather(v) in small chunks, as a ring and one-to-all (the defaults
-  // only chunk and switch to the ring at megabytes), alone and inside the
-  // ring all_reduce.
+  // all_gather(v) in small chunks, and all_gather(v) and reduce_scatter as
+  // rings and direct (the defaults only chunk and switch to rings at
+  // megabytes), alone and inside all_reduce.
   for (const size_t ring_min : {size_t(4000), std::numeric_limits<size_t>::max()}) {
     Communicator chunked(transport->get(), all, std::chrono::seconds(60));
-    chunked.set_all_gather_chunking(1000, ring_min);
+    chunked.set_chunking(1000, ring_min);
     const std::string label = ring_min == 4000 ? "chunked ring" : "chunked one-to-all";
     const uint32_t step = ring_min == 4000 ? 7000 : 7100;
     for (int round = 0; round < rounds; ++round) {
