@@ -228,6 +228,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Predict one training iteration for every expert-domain candidate and pick one");
+  cmd->footer(
+      "Compute comes from a short GEMM probe and one timed step of the job's model on this\n"
+      "machine (about 0.3-1 s); links from the config, or from probes with --probe.\n"
+      "The cost model: docs/planner.md.");
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--json", opts->json, "Print JSON");
