@@ -208,13 +208,9 @@ Status ClusterSpec::validate() const {
 }
 
 Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Status::invalid_argument(source + ":" + std::to_string(e.mark.line + 1) +
-                                    ": YAML syntax error: " + e.msg);
-  }
+  auto document = detail::load_yaml_document(text, source);
+  if (!document) return document.status();
+  const YAML::Node root = *document;
   ClusterSpec c = default_cluster_spec();
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return Status::invalid_argument(source + ": the top level must be a mapping");

@@ -119,13 +119,9 @@ void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
 
 Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source,
                                          const std::vector<std::string>& other_sections) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Status::invalid_argument(source + ":" + std::to_string(e.mark.line + 1) +
-                                    ": YAML syntax error: " + e.msg);
-  }
+  auto document = detail::load_yaml_document(text, source);
+  if (!document) return document.status();
+  const YAML::Node root = *document;
   TrainConfig c = default_train_config();
   Reader r(source);
   if (root && !root.IsNull() && !root.IsMap())

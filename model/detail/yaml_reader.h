@@ -116,4 +116,14 @@ class Reader {
   std::map<std::string, int> lines_;
 };
 
+// Parses one YAML document; a syntax error names the file and line.
+inline Expected<YAML::Node> load_yaml_document(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::invalid_argument(source + ":" + std::to_string(e.mark.line + 1) +
+                                    ": YAML syntax error: " + e.msg);
+  }
+}
+
 }  // namespace xd::detail
