@@ -63,28 +63,25 @@ std::vector<int> ExpertCommunicator::held_after(int m, int level) const {
   return out;
 }
 
-float* ExpertCommunicator::weights_of(int layer, int expert, int which) {
+float* ExpertCommunicator::tensor_of(int layer, int expert, int which, bool gradient) {
   const int owner = expert / experts_per_worker_;
   if (owner == rank_) {
-    const LayerWeights<float>& W = model_->weights().layers[layer];
+    const LayerWeights<float>& W = (gradient ? model_->grad_weights() : model_->weights()).layers[layer];
     float* base = which == 0 ? W.w1 : which == 1 ? W.w3 : W.w2;
     return base + (size_t)(expert - rank_ * experts_per_worker_) * expert_floats_;
   }
   const int slot = replica_slot_[expert];
   XD_CHECK(slot >= 0);
-  return &replica_weights_[(((size_t)layer * replicas_per_layer_ + slot) * 3 + which) * expert_floats_];
+  std::vector<float>& store = gradient ? replica_grads_ : replica_weights_;
+  return &store[(((size_t)layer * replicas_per_layer_ + slot) * 3 + which) * expert_floats_];
+}
+
+float* ExpertCommunicator::weights_of(int layer, int expert, int which) {
+  return tensor_of(layer, expert, which, false);
 }
 
 float* ExpertCommunicator::grads_of(int layer, int expert, int which) {
-  const int owner = expert / experts_per_worker_;
-  if (owner == rank_) {
-    const LayerWeights<float>& G = model_->grad_weights().layers[layer];
-    float* base = which == 0 ? G.w1 : which == 1 ? G.w3 : G.w2;
-    return base + (size_t)(expert - rank_ * experts_per_worker_) * expert_floats_;
-  }
-  const int slot = replica_slot_[expert];
-  XD_CHECK(slot >= 0);
-  return &replica_grads_[(((size_t)layer * replicas_per_layer_ + slot) * 3 + which) * expert_floats_];
+  return tensor_of(layer, expert, which, true);
 }
 
 ExpertParams<float> ExpertCommunicator::replica(int layer, int expert) {

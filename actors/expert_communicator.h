@@ -53,7 +53,9 @@ class ExpertCommunicator {
   Status reduce_layer(uint32_t step, int layer);
   // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).
   std::vector<int> held_after(int m, int level) const;
-  float* weights_of(int layer, int expert, int which);  // which: 0 w1, 1 w3, 2 w2
+  // Owned (in the model) or gathered (replica store); which: 0 w1, 1 w3, 2 w2.
+  float* tensor_of(int layer, int expert, int which, bool gradient);
+  float* weights_of(int layer, int expert, int which);
   float* grads_of(int layer, int expert, int which);
   void finish(int layer, bool gather, const Status& st);
 
