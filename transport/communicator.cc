@@ -74,12 +74,13 @@ CollectiveHandle Communicator::launch(F body) {
 }
 
 Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
-                                     const std::vector<size_t>& send_bytes, const BlockSink& sink) {
+                                     const std::vector<size_t>& send_bytes, const BlockSink& sink,
+                                     MessageKind kind, uint32_t sub) {
   const int n = size();
   if ((int)send_bytes.size() != n) return Status::invalid_argument("all_to_allv: need one size per member");
   const auto soff = offsets_of(send_bytes);
   const uint8_t* s = static_cast<const uint8_t*>(send);
-  const Tag t = wire_tag(MessageKind::kAllToAll, tag, 0, 0);
+  const Tag t = wire_tag(kind, tag, sub, 0);
   std::vector<std::shared_ptr<RecvSlot>> slots(n);
   for (int i = 0; i < n; ++i)
     if (i != index_) slots[i] = transport_->recv(ranks_[i], t);
@@ -262,35 +263,26 @@ Status Communicator::reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, 
   const auto off = offsets_of(counts);
   const size_t largest = *std::max_element(counts.begin(), counts.end()) * sizeof(float);
   if (n == 2 || largest < ring_min_block_bytes_) {
-    // Direct: block j goes to member j at once, and each member adds the n - 1
-    // partials of its own block in member order: one round, so a slow link's
-    // latency is paid once instead of n - 1 times. The sends read only the
-    // other members' blocks, and only the own block is written.
-    const Tag t = wire_tag(MessageKind::kReduceScatter, tag, sub, 0);
-    std::vector<std::shared_ptr<RecvSlot>> slots(n);
-    for (int i = 0; i < n; ++i)
-      if (i != index_) slots[i] = transport_->recv(ranks_[i], t);
-    std::vector<std::shared_ptr<Completion>> sends;
-    for (int k = 1; k < n; ++k) {  // staggered, so members do not all hit one peer
-      const int j = (index_ + k) % n;
-      sends.push_back(transport_->send(ranks_[j], t, {borrowed(data + off[j], counts[j] * sizeof(float))}));
-    }
-    Status result;
+    // Direct: one all-to-all round in which block j goes to member j, and each
+    // member adds the n - 1 partials of its own block as they are taken in
+    // (a fixed order per member): a slow link's latency is paid once instead of
+    // n - 1 times. The sends read only the other members' blocks; only the own
+    // block is written.
+    std::vector<size_t> bytes(n);
+    for (int i = 0; i < n; ++i) bytes[i] = counts[i] * sizeof(float);
     float* own = data + off[index_];
-    for (int i = 0; i < n && result.is_ok(); ++i) {
-      if (i == index_) continue;
-      auto m = wait_from(slots[i], i, "reduce_scatter");
-      if (!m) { result = m.status(); break; }
-      const size_t got = m->num_tensors() ? m->tensor_size(0) : 0;
-      if (got != counts[index_] * sizeof(float)) {
-        result = Status::invalid_argument("reduce_scatter: block size mismatch from rank " + std::to_string(ranks_[i]));
-        break;
-      }
-      const float* src = static_cast<const float*>(m->tensor_data(0));
-      for (size_t j = 0; j < counts[index_]; ++j) own[j] += src[j];
-    }
-    Status sent = wait_all(sends, timeout_);
-    return result.is_ok() ? sent : result;
+    return all_to_allv_now(
+        tag, data, bytes,
+        [&](int member, const uint8_t* block, size_t got, IncomingMessage* message) {
+          if (!message) return Status::ok();  // the own partial is already in place
+          if (got != bytes[index_])
+            return Status::invalid_argument("reduce_scatter: block size mismatch from rank " +
+                                            std::to_string(ranks_[member]));
+          const float* src = reinterpret_cast<const float*>(block);
+          for (size_t j = 0; j < counts[index_]; ++j) own[j] += src[j];
+          return Status::ok();
+        },
+        MessageKind::kReduceScatter, sub);
   }
   // Ring, for large blocks: at round r, member i sends its partial sum of
   // block (i - r - 1) to the right and adds the left neighbour's partial of

@@ -139,8 +139,11 @@ class Communicator {
                         size_t bytes);
   Status ring_all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, uint8_t* buf,
                               const std::vector<size_t>& bytes);
+  // The all-to-all round every all_to_allv form (and the direct
+  // reduce-scatter) runs; `kind` and `sub` set its wire tag.
   Status all_to_allv_now(const CollectiveTag& tag, const void* send,
-                         const std::vector<size_t>& send_bytes, const BlockSink& sink);
+                         const std::vector<size_t>& send_bytes, const BlockSink& sink,
+                         MessageKind kind = MessageKind::kAllToAll, uint32_t sub = 0);
 
   Transport* transport_;
   std::vector<int> ranks_;
