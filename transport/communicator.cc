@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "transport/detail/collective_threads.h"
+
 namespace xd {
 
 namespace {
@@ -68,9 +70,9 @@ Expected<IncomingMessage> Communicator::wait_from(const std::shared_ptr<RecvSlot
 
 template <typename F>
 CollectiveHandle Communicator::launch(F body) {
-  auto status = std::make_shared<Status>();
-  std::thread t([status, body = std::move(body)]() mutable { *status = body(); });
-  return CollectiveHandle(std::move(t), status);
+  auto done = std::make_shared<detail::CollectiveCompletion>();
+  detail::run_collective(std::move(body), done);
+  return CollectiveHandle(done);
 }
 
 Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
@@ -380,8 +382,8 @@ CollectiveHandle Communicator::barrier(const CollectiveTag& tag) {
 
 CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
                                          const CollectiveTag& tag, float* data, size_t count) {
-  auto status = std::make_shared<Status>();
-  std::thread t([=] {
+  auto done = std::make_shared<detail::CollectiveCompletion>();
+  detail::run_collective([=] {
     const int n = inner->size();
     std::vector<size_t> counts(n, count / n);
     for (size_t i = 0; i < count % n; ++i) counts[i]++;
@@ -393,9 +395,9 @@ CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* oute
     Status st = inner->reduce_scatter_now(tag, 10, data, counts);
     if (st.is_ok()) st = outer->ring_all_reduce_now(tag, 6, data + off[inner->index()], counts[inner->index()]);
     if (st.is_ok()) st = inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);
-    *status = st;
-  });
-  return CollectiveHandle(std::move(t), status);
+    return st;
+  }, done);
+  return CollectiveHandle(done);
 }
 
 std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank) {

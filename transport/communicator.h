@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "transport/detail/collective_completion.h"
 #include "transport/received_blocks.h"
 #include "transport/transport.h"
 
@@ -35,25 +35,37 @@ struct CollectiveTag {
   uint16_t phase = 0;
 };
 
-// The running collective; wait() joins it and returns its Status.
+// The running collective; wait() blocks until it has finished and returns its
+// Status. Destroying or overwriting a handle waits too.
 class CollectiveHandle {
  public:
   CollectiveHandle() = default;
-  explicit CollectiveHandle(std::thread t, std::shared_ptr<Status> status)
-      : thread_(std::move(t)), status_(std::move(status)) {}
+  explicit CollectiveHandle(std::shared_ptr<detail::CollectiveCompletion> done) : done_(std::move(done)) {}
   CollectiveHandle(CollectiveHandle&&) = default;
-  CollectiveHandle& operator=(CollectiveHandle&&) = default;
-  ~CollectiveHandle() {
-    if (thread_.joinable()) thread_.join();
+  CollectiveHandle& operator=(CollectiveHandle&& other) {
+    if (this != &other) {
+      wait();  // the collective still borrows the caller's buffers
+      done_ = std::move(other.done_);
+      waited_ = other.waited_;
+      status_ = std::move(other.status_);
+    }
+    return *this;
   }
+  ~CollectiveHandle() { wait(); }
+  // Blocks until the collective has finished; later calls return the same Status.
   Status wait() {
-    if (thread_.joinable()) thread_.join();
-    return status_ ? *status_ : Status::ok();
+    if (!done_) return Status::ok();
+    if (!waited_) {
+      status_ = done_->wait();
+      waited_ = true;
+    }
+    return status_;
   }
 
  private:
-  std::thread thread_;
-  std::shared_ptr<Status> status_;
+  std::shared_ptr<detail::CollectiveCompletion> done_;
+  bool waited_ = false;
+  Status status_;
 };
 
 class Communicator {
