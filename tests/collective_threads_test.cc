@@ -16,9 +16,7 @@ namespace xd {
 namespace {
 
 CollectiveHandle start(std::function<Status()> body) {
-  auto done = std::make_shared<detail::CollectiveCompletion>();
-  detail::run_collective(std::move(body), done);
-  return CollectiveHandle(done);
+  return CollectiveHandle(detail::run_collective(std::move(body)));
 }
 
 TEST(CollectiveThreads, ABodyThatWaitsForALaterOneDoesNotBlockIt) {
@@ -55,6 +53,24 @@ TEST(CollectiveThreads, EachHandleReturnsItsOwnBodysStatusEveryTimeItIsAsked) {
       EXPECT_NE(first.to_string().find("body " + std::to_string(i)), std::string::npos);
     }
   }
+}
+
+TEST(CollectiveThreads, EveryBodyRunsExactlyOnceWhetherAPoolThreadOrItsWaiterTakesIt) {
+  // Waiting right away often finds the body not yet taken and runs it in the
+  // waiter; waiting late finds it done by the pool. Both must run it once.
+  constexpr int kBodies = 200;
+  std::vector<std::atomic<int>> runs(kBodies);
+  std::vector<CollectiveHandle> late;
+  for (int i = 0; i < kBodies; ++i) {
+    CollectiveHandle h = start([&runs, i] {
+      runs[i]++;
+      return Status::ok();
+    });
+    if (i % 2) EXPECT_TRUE(h.wait().is_ok());
+    else late.push_back(std::move(h));
+  }
+  for (auto& h : late) EXPECT_TRUE(h.wait().is_ok());
+  for (int i = 0; i < kBodies; ++i) EXPECT_EQ(runs[i].load(), 1) << "body " << i;
 }
 
 TEST(CollectiveThreads, DestroyingOrReplacingAHandleWaitsForItsBody) {

@@ -70,9 +70,7 @@ Expected<IncomingMessage> Communicator::wait_from(const std::shared_ptr<RecvSlot
 
 template <typename F>
 CollectiveHandle Communicator::launch(F body) {
-  auto done = std::make_shared<detail::CollectiveCompletion>();
-  detail::run_collective(std::move(body), done);
-  return CollectiveHandle(done);
+  return CollectiveHandle(detail::run_collective(std::move(body)));
 }
 
 Status Communicator::all_to_allv_now(const CollectiveTag& tag, const void* send,
@@ -382,8 +380,7 @@ CollectiveHandle Communicator::barrier(const CollectiveTag& tag) {
 
 CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
                                          const CollectiveTag& tag, float* data, size_t count) {
-  auto done = std::make_shared<detail::CollectiveCompletion>();
-  detail::run_collective([=] {
+  return CollectiveHandle(detail::run_collective([=] {
     const int n = inner->size();
     std::vector<size_t> counts(n, count / n);
     for (size_t i = 0; i < count % n; ++i) counts[i]++;
@@ -396,8 +393,7 @@ CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* oute
     if (st.is_ok()) st = outer->ring_all_reduce_now(tag, 6, data + off[inner->index()], counts[inner->index()]);
     if (st.is_ok()) st = inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);
     return st;
-  }, done);
-  return CollectiveHandle(done);
+  }));
 }
 
 std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank) {

@@ -14,14 +14,9 @@ namespace {
 // enough that a burst of concurrent ones does not leave threads behind.
 constexpr auto kIdleExit = std::chrono::seconds(10);
 
-struct Job {
-  std::function<Status()> body;
-  std::shared_ptr<CollectiveCompletion> done;
-};
-
 class Pool {
  public:
-  void submit(Job job) {
+  void submit(std::shared_ptr<CollectiveCompletion> job) {
     std::unique_lock<std::mutex> lock(mu_);
     jobs_.push_back(std::move(job));
     if (idle_ > (int)jobs_.size() - 1) {
@@ -43,14 +38,12 @@ class Pool {
         --idle_;
         return;
       }
-      Job job = std::move(jobs_.front());
+      std::shared_ptr<CollectiveCompletion> job = std::move(jobs_.front());
       jobs_.pop_front();
       --idle_;
       lock.unlock();
-      Status s = job.body();
-      job.body = nullptr;  // release captures before waking the waiter
-      job.done->set(std::move(s));
-      job.done.reset();
+      job->run_if_unclaimed();  // a no-op when its caller already ran it
+      job.reset();
       lock.lock();
       ++idle_;
     }
@@ -58,15 +51,17 @@ class Pool {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;
+  std::deque<std::shared_ptr<CollectiveCompletion>> jobs_;
   int idle_ = 0;  // threads waiting for a job (or about to)
 };
 
 }  // namespace
 
-void run_collective(std::function<Status()> body, std::shared_ptr<CollectiveCompletion> done) {
+std::shared_ptr<CollectiveCompletion> run_collective(std::function<Status()> body) {
   static Pool* pool = new Pool;  // never destroyed: detached threads use it until exit
-  pool->submit({std::move(body), std::move(done)});
+  auto job = std::make_shared<CollectiveCompletion>(std::move(body));
+  pool->submit(job);
+  return job;
 }
 
 }  // namespace xd::detail

@@ -17,8 +17,8 @@
 
 namespace xd::detail {
 
-// Runs `body` on an idle pool thread (or a new one) and stores its Status in
-// `done`, which wakes every waiter.
-void run_collective(std::function<Status()> body, std::shared_ptr<CollectiveCompletion> done);
+// Starts `body` on an idle pool thread (or a new one); the caller's wait() on
+// the result runs it instead if no pool thread has taken it yet.
+std::shared_ptr<CollectiveCompletion> run_collective(std::function<Status()> body);
 
 }  // namespace xd::detail
