@@ -19,7 +19,7 @@
 # usage: bash bench/collective_bench.sh
 # env:   BUILD_DIR (default <repo>/build; collective_bench is built there if
 #        missing), WORLDS ("4 8"), SIZES (1,4,16,64), ROUNDS (3), ITERS (3),
-#        WARMUP (1), OPS (all_to_allv,all_to_allv_inplace,all_gather,all_reduce),
+#        WARMUP (3), OPS (all_to_allv,all_to_allv_inplace,all_gather,all_reduce),
 #        OUT (bench/results/collectives.csv), XDMOE_ARGS (extra flags for our
 #        collective_bench, e.g. "--socket-buffer-kb 2048"), QUIET_WAIT (0: before each launch,
 #        wait up to this many seconds for the other processes on the machine to
@@ -33,7 +33,7 @@ WORLDS="${WORLDS:-4 8}"
 SIZES="${SIZES:-1,4,16,64}"
 ROUNDS="${ROUNDS:-3}"
 ITERS="${ITERS:-3}"
-WARMUP="${WARMUP:-1}"
+WARMUP="${WARMUP:-3}"
 OPS="${OPS:-all_to_allv,all_to_allv_inplace,all_gather,all_reduce}"
 OUT="${OUT:-$repo/bench/results/collectives.csv}"
 PY=/usr/bin/python3   # the system python: torch and mpi4py come from Debian packages
