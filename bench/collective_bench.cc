@@ -36,6 +36,9 @@
 // Transport API (see a2a_variant below and bench/README.md).
 // --malloc-tune sets mallopt(M_MMAP_THRESHOLD 32 MB, M_TRIM_THRESHOLD 1 GB) so
 // ZeroMQ's receive buffers reuse memory instead of faulting in fresh pages.
+// --socket-buffer-kb K sets SO_SNDBUF and SO_RCVBUF of every connection;
+// --local-sndbuf-kb K the SO_SNDBUF of connections to this host (default 256,
+// TransportOptions::local_send_buffer_bytes); 0 leaves the kernel's autotuning.
 
 #include <malloc.h>
 
@@ -67,6 +70,7 @@ struct Options {
   bool variants = false;    // time prototype all_to_allv variants (profiling)
   bool malloc_tune = false; // mallopt: keep freed memory (no page faults on receive)
   int socket_buffer_kb = 0; // TransportOptions::socket_buffer_bytes / 1024; 0: kernel autotuning
+  int local_sndbuf_kb = 256; // TransportOptions::local_send_buffer_bytes / 1024; 0: kernel autotuning
   int io_threads = 1;       // TransportOptions::io_threads (ZeroMQ I/O threads)
 };
 
@@ -76,7 +80,7 @@ struct Options {
                "usage: collective_bench --rank R --world N --rendezvous DIR [--sizes 1,4,16,64]\n"
                "       [--iters K] [--warmup W] [--ops all_to_allv,all_to_allv_inplace,all_gather,all_reduce]\n"
                "       [--csv FILE] [--samples FILE] [--impl NAME] [--phases] [--variants]\n"
-               "       [--malloc-tune] [--socket-buffer-kb K] [--io-threads N]\n",
+               "       [--malloc-tune] [--socket-buffer-kb K] [--local-sndbuf-kb K] [--io-threads N]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -118,6 +122,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--samples") o.samples = v;
     else if (k == "--impl") o.impl = v;
     else if (k == "--socket-buffer-kb") o.socket_buffer_kb = to_int(k, v, 0, 1 << 20);
+    else if (k == "--local-sndbuf-kb") o.local_sndbuf_kb = to_int(k, v, 0, 1 << 20);
     else if (k == "--io-threads") o.io_threads = to_int(k, v, 1, 64);
     else if (k == "--sizes") {
       o.sizes_mb.clear();
@@ -281,6 +286,7 @@ int main(int argc, char** argv) {
   topts.rank = o.rank;
   topts.job = 4242;
   topts.socket_buffer_bytes = o.socket_buffer_kb * 1024;
+  topts.local_send_buffer_bytes = o.local_sndbuf_kb * 1024;
   topts.io_threads = o.io_threads;
   // The largest all_gather holds world * S bytes of unmatched messages at worst.
   const size_t max_s = size_t(*std::max_element(o.sizes_mb.begin(), o.sizes_mb.end())) << 20;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "transport/detail/same_host.h"
 #include "transport/detail/transport_impl.h"
 
 namespace xd {
@@ -224,9 +225,12 @@ Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
       link->dealer->set(zmq::sockopt::sndhwm, 0);  // bounded by our own byte budget
       link->dealer->set(zmq::sockopt::linger, 0);
       if (options.socket_buffer_bytes > 0) {
-        link->dealer->set(zmq::sockopt::sndbuf, options.socket_buffer_bytes);
+        link->send_buffer_bytes = options.socket_buffer_bytes;
         link->dealer->set(zmq::sockopt::rcvbuf, options.socket_buffer_bytes);
+      } else if (options.local_send_buffer_bytes > 0 && detail::endpoint_is_on_this_host(p.endpoint)) {
+        link->send_buffer_bytes = options.local_send_buffer_bytes;
       }
+      if (link->send_buffer_bytes > 0) link->dealer->set(zmq::sockopt::sndbuf, link->send_buffer_bytes);
       link->dealer->connect(p.endpoint);
     } catch (const zmq::error_t& e) {
       return Status::io_error("cannot connect to rank " + std::to_string(p.rank) + " at '" +
@@ -594,6 +598,7 @@ TransportStats Transport::stats() const {
     LinkStats s;
     s.peer = l->peer;
     s.link_class = l->link_class;
+    s.send_buffer_bytes = l->send_buffer_bytes;
     s.bytes_sent = l->bytes_sent;
     s.messages_sent = l->messages_sent;
     s.bytes_received = l->bytes_received;

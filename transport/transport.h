@@ -50,8 +50,17 @@ struct TransportOptions {
   bool keep_freed_memory = true;
   // SO_SNDBUF / SO_RCVBUF of every data socket's TCP connections, in bytes;
   // 0 leaves the kernel's autotuning. The kernel caps it at net.core.wmem_max
-  // and rmem_max.
+  // and rmem_max. When set, it overrides local_send_buffer_bytes.
   int socket_buffer_bytes = 0;
+  // SO_SNDBUF of the connections to peers on this host (loopback, or one of
+  // its own addresses: detail/same_host.h); 0 leaves autotuning. Workers on one
+  // host share its cores; with autotuning a sender pushes megabytes per write
+  // and the receivers, waiting for a core, read them after they have left the
+  // cache. A small send buffer cuts each write short, so senders and
+  // receivers take turns in finer slices (16 MB all_to_allv on 2 cores:
+  // 13.2 -> 8.4 ms at 4 ranks, 26.4 -> 23.3 ms at 8; bench/README.md).
+  // Links to other hosts keep autotuning, which a long, fast link needs.
+  int local_send_buffer_bytes = 256 << 10;
 };
 
 struct LinkStats {
@@ -60,6 +69,7 @@ struct LinkStats {
   uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
   double busy_seconds = 0;  // time with at least one message of this link in flight
   size_t queued_bytes = 0;
+  int send_buffer_bytes = 0;  // SO_SNDBUF asked for this link's connection; 0: autotuning
   std::array<uint64_t, kMaxMessageKind> bytes_sent_by_kind{};
 };
 

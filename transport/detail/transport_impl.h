@@ -37,6 +37,7 @@ struct PendingSend {
 struct Link {
   int peer = 0;
   int link_class = 0;
+  int send_buffer_bytes = 0;              // SO_SNDBUF asked for; 0: autotuning
   std::unique_ptr<zmq::socket_t> dealer;  // I/O thread only
   // Shaping is a two-stage pipeline: `queue` waits for this worker's egress of
   // the link class to transmit it (bandwidth, shared by every peer of the
