@@ -1,6 +1,9 @@
 // The pool that runs collective bodies: bodies run concurrently (a body never
 // waits behind another), handles report each body's Status, and destroying a
 // handle waits for its body.
+#include <dirent.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -71,6 +74,28 @@ TEST(CollectiveThreads, EveryBodyRunsExactlyOnceWhetherAPoolThreadOrItsWaiterTak
   }
   for (auto& h : late) EXPECT_TRUE(h.wait().is_ok());
   for (int i = 0; i < kBodies; ++i) EXPECT_EQ(runs[i].load(), 1) << "body " << i;
+}
+
+int threads_in_process() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  while (dirent* e = d ? readdir(d) : nullptr)
+    if (e->d_name[0] != '.') ++n;
+  if (d) closedir(d);
+  return n;
+}
+
+TEST(CollectiveThreads, BodiesTheirWaitersRanDoNotMakeThePoolGrow) {
+  // Waiting at once usually runs the body in the waiter; the queued entry it
+  // leaves behind must not count as work that needs another thread.
+  const int before = threads_in_process();
+  int peak = before;
+  for (int i = 0; i < 3000; ++i) {
+    EXPECT_TRUE(start([] { return Status::ok(); }).wait().is_ok());
+    if (i % 100 == 0) peak = std::max(peak, threads_in_process());
+  }
+  peak = std::max(peak, threads_in_process());
+  EXPECT_LE(peak - before, 4) << "pool threads started: " << peak - before;
 }
 
 TEST(CollectiveThreads, DestroyingOrReplacingAHandleWaitsForItsBody) {

@@ -32,6 +32,8 @@ class CollectiveCompletion {
     return true;
   }
 
+  bool claimed() const { return claimed_.load(); }
+
   // Runs the body here if nobody has started it yet, else waits for it.
   Status wait() {
     run_if_unclaimed();

@@ -4,8 +4,11 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
+
+#include "common/log.h"
 
 namespace xd::detail {
 namespace {
@@ -18,8 +21,11 @@ class Pool {
  public:
   void submit(std::shared_ptr<CollectiveCompletion> job) {
     std::unique_lock<std::mutex> lock(mu_);
+    // Jobs their callers already ran would otherwise count as waiting and
+    // start threads nobody needs.
+    std::erase_if(jobs_, [](const auto& j) { return j->claimed(); });
     jobs_.push_back(std::move(job));
-    if (idle_ > (int)jobs_.size() - 1) {
+    if (idle_ >= (int)jobs_.size()) {
       lock.unlock();
       cv_.notify_one();
       return;
@@ -27,7 +33,14 @@ class Pool {
     // Every idle thread is spoken for: start one more.
     ++idle_;  // counted as idle until it takes a job
     lock.unlock();
-    std::thread([this] { loop(); }).detach();
+    try {
+      std::thread([this] { loop(); }).detach();
+    } catch (const std::system_error& e) {
+      // The job stays queued: an idle thread or its own waiter will run it.
+      XD_LOG_WARN("collective", "cannot start a collective thread: %s", e.what());
+      std::lock_guard<std::mutex> relock(mu_);
+      --idle_;
+    }
   }
 
  private:
@@ -40,6 +53,7 @@ class Pool {
       }
       std::shared_ptr<CollectiveCompletion> job = std::move(jobs_.front());
       jobs_.pop_front();
+      if (job->claimed()) continue;  // its waiter ran it; stay idle
       --idle_;
       lock.unlock();
       job->run_if_unclaimed();  // a no-op when its caller already ran it
