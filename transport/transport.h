@@ -58,7 +58,7 @@ struct TransportOptions {
   // and the receivers, waiting for a core, read them after they have left the
   // cache. A small send buffer cuts each write short, so senders and
   // receivers take turns in finer slices (16 MB all_to_allv on 2 cores:
-  // 13.2 -> 8.4 ms at 4 ranks, 26.4 -> 23.3 ms at 8; bench/README.md).
+  // 13.2 -> 8.4 ms at 4 ranks, 25.1 -> 23.4 ms at 8; bench/README.md).
   // Links to other hosts keep autotuning, which a long, fast link needs.
   int local_send_buffer_bytes = 256 << 10;
 };
