@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/link_probe.h"
@@ -21,9 +22,6 @@
 namespace xd {
 
 namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 enum class JobState { kWaiting, kRunning, kFinishing, kDone, kFailed };
 const char* job_state_name(JobState s) {
@@ -186,12 +184,12 @@ Status Coordinator::Impl::run() {
   XD_LOG_INFO("coordinator", "workers connect to %s; CLI at %s; Prometheus metrics %s",
               workers->endpoint().c_str(), cli->endpoint().c_str(), metrics_url.c_str());
 
-  started = now_s();
+  started = steady_seconds();
   double next_heartbeat = started + opts.heartbeat_interval_s;
   while (state != JobState::kDone && state != JobState::kFailed) {
-    if (auto m = workers->poll(std::chrono::milliseconds(20))) handle_worker(*m, now_s());
+    if (auto m = workers->poll(std::chrono::milliseconds(20))) handle_worker(*m, steady_seconds());
     while (auto m = cli->poll(std::chrono::milliseconds(0))) handle_cli(*m);
-    const double now = now_s();
+    const double now = steady_seconds();
     if (now >= next_heartbeat) {
       for (const auto& e : registry.workers())
         if (e && (e->state == WorkerState::kRegistered || e->state == WorkerState::kRunning))
@@ -225,8 +223,8 @@ Status Coordinator::Impl::run() {
     refresh_prometheus();
   }
   // Let CLI clients that asked for status see the end state for a moment.
-  const double linger_until = now_s() + 0.3;
-  while (now_s() < linger_until)
+  const double linger_until = steady_seconds() + 0.3;
+  while (steady_seconds() < linger_until)
     if (auto m = cli->poll(std::chrono::milliseconds(20))) handle_cli(*m);
   write_summary();
   if (http) {
@@ -323,7 +321,7 @@ void Coordinator::Impl::stop_all(const std::string& reason) {
     if (e && e->state != WorkerState::kLost)
       workers->send(e->peer_id, MessageKind::kControl, {{"op", op::kStop}, {"reason", reason}});
   state = JobState::kFinishing;
-  stop_deadline = now_s() + 2.0;
+  stop_deadline = steady_seconds() + 2.0;
 }
 
 void Coordinator::Impl::fail(const Status& st) {
@@ -387,7 +385,7 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
     cli->send(m.peer, MessageKind::kControl, {{"ok", false}, {"error", "request without 'op'"}});
     return;
   }
-  const double now = now_s();
+  const double now = steady_seconds();
   if (opname == op::kStatus) {
     nlohmann::json j = status_json(now);
     j["ok"] = true;

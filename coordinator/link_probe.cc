@@ -1,22 +1,16 @@
 #include "coordinator/link_probe.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 
 #include <cblas.h>
 
+#include "common/clock.h"
 #include "model/gemm.h"
 #include "transport/transport.h"
 
 namespace xd {
-
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 LinearFit fit_line(std::vector<std::pair<double, double>> samples) {
   LinearFit f;
@@ -102,10 +96,10 @@ Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOption
   auto send_one = [&](size_t bytes) -> Expected<double> {
     const Tag tag{MessageKind::kPointToPoint, seq++, kNoLayer, 0, 0};
     auto slot = (*b)->recv(0, tag);
-    const double t0 = now_s();
+    const double t0 = steady_seconds();
     (*a)->send(1, tag, {OutFrame{buffer->data(), bytes, buffer}});
     auto m = slot->wait(options.timeout);
-    const double t1 = now_s();
+    const double t1 = steady_seconds();
     if (!m) return m.status().with_context("link probe: message of " + std::to_string(bytes) + " bytes");
     if (m->payload_bytes() != bytes) return Status::internal("link probe: wrong payload size");
     return t1 - t0;
@@ -152,9 +146,9 @@ LinearFit probe_gemm(const GemmProbeOptions& options) {
     for (size_t i = 0; i < s.a.size(); ++i) s.a[i] = float((i * 7 + 3) % 13) / 13.0f - 0.5f;
     for (size_t i = 0; i < s.b.size(); ++i) s.b[i] = float((i * 5 + 1) % 11) / 11.0f - 0.5f;
     s.call();  // warm-up
-    const double t0 = now_s();
+    const double t0 = steady_seconds();
     s.call();
-    const double once = std::max(1e-7, now_s() - t0);
+    const double once = std::max(1e-7, steady_seconds() - t0);
     const int rounds = std::max(1, options.samples_per_shape);
     s.reps = std::max(1, static_cast<int>(options.min_seconds_per_shape / rounds / once));
     shapes.push_back(std::move(s));
@@ -163,7 +157,7 @@ LinearFit probe_gemm(const GemmProbeOptions& options) {
   // on the machine only slows a run down, and a burst of it hits one round of
   // every shape rather than every round of one shape. A noisy fit earns more
   // rounds while the time budget lasts.
-  const double start = now_s();
+  const double start = steady_seconds();
   auto fit = [&] {
     std::vector<std::pair<double, double>> samples;
     for (const Shape& s : shapes) samples.emplace_back(2.0 * s.m * s.n * s.k, s.best);
@@ -171,12 +165,12 @@ LinearFit probe_gemm(const GemmProbeOptions& options) {
   };
   for (int round = 0;; ++round) {
     for (Shape& s : shapes) {
-      const double t0 = now_s();
+      const double t0 = steady_seconds();
       for (int r = 0; r < s.reps; ++r) s.call();
-      s.best = std::min(s.best, (now_s() - t0) / s.reps);
+      s.best = std::min(s.best, (steady_seconds() - t0) / s.reps);
     }
     if (round + 1 < std::max(1, options.samples_per_shape)) continue;
-    if (now_s() - start > options.max_seconds || fit().r2 >= options.good_r2) break;
+    if (steady_seconds() - start > options.max_seconds || fit().r2 >= options.good_r2) break;
   }
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
   return fit();

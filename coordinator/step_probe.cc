@@ -1,23 +1,17 @@
 #include "coordinator/step_probe.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <vector>
 
 #include <cblas.h>
 
+#include "common/clock.h"
 #include "model/detail/rng.h"
 #include "model/moe_transformer.h"
 #include "model/param_layout.h"
 
 namespace xd {
-
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, long long tokens,
                                      const StepProbeOptions& options) {
@@ -46,19 +40,19 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   const int saved_threads = openblas_get_num_threads();
   if (options.threads > 0) openblas_set_num_threads(options.threads);
   auto one_step = [&] {
-    const double t0 = now_s();
+    const double t0 = steady_seconds();
     net.zero_grad();
     net.forward(inputs.data(), targets.data(), batch, seq_len);
     net.backward();
-    return now_s() - t0;
+    return steady_seconds() - t0;
   };
   const double warm = one_step();  // first touch of activations and gradients
   // Fastest of the repetitions: other load on the machine only slows a step.
   double best = std::numeric_limits<double>::infinity();
-  const double start = now_s();
+  const double start = steady_seconds();
   for (int r = 0; r < std::max(1, options.repetitions); ++r) {
     best = std::min(best, one_step());
-    if (now_s() - start + warm > options.max_seconds) break;
+    if (steady_seconds() - start + warm > options.max_seconds) break;
   }
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
   return StepProbe{model, static_cast<long long>(batch) * seq_len, seq_len, best};

@@ -14,10 +14,6 @@
 
 namespace xd {
 
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 uint64_t TransportStats::total_rejected() const {
   uint64_t n = 0;
   for (uint64_t r : rejected) n += r;

@@ -16,12 +16,11 @@
 #include <variant>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mailbox.h"
 #include "transport/transport.h"
 
 namespace xd {
-
-double steady_seconds();
 
 struct PendingSend {
   FrameHeader header;

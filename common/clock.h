@@ -1,0 +1,13 @@
+// steady_seconds: the monotonic clock in seconds, for deadlines and timings
+// that are plain doubles (shaping, heartbeats, probes). Thread-safe.
+#pragma once
+
+#include <chrono>
+
+namespace xd {
+
+inline double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace xd
