@@ -46,26 +46,15 @@ class CollectiveHandle {
     if (this != &other) {
       wait();  // the collective still borrows the caller's buffers
       done_ = std::move(other.done_);
-      waited_ = other.waited_;
-      status_ = std::move(other.status_);
     }
     return *this;
   }
   ~CollectiveHandle() { wait(); }
   // Blocks until the collective has finished; later calls return the same Status.
-  Status wait() {
-    if (!done_) return Status::ok();
-    if (!waited_) {
-      status_ = done_->wait();
-      waited_ = true;
-    }
-    return status_;
-  }
+  Status wait() { return done_ ? done_->wait() : Status::ok(); }
 
  private:
   std::shared_ptr<detail::CollectiveCompletion> done_;
-  bool waited_ = false;
-  Status status_;
 };
 
 class Communicator {

@@ -17,10 +17,10 @@ class CollectiveCompletion {
  public:
   explicit CollectiveCompletion(std::function<Status()> body) : body_(std::move(body)) {}
 
-  // Runs the body if no other thread has claimed it; false if one has.
-  bool run_if_unclaimed() {
+  // Runs the body unless another thread has claimed it.
+  void run_if_unclaimed() {
     bool expected = false;
-    if (!claimed_.compare_exchange_strong(expected, true)) return false;
+    if (!claimed_.compare_exchange_strong(expected, true)) return;
     Status s = body_();
     body_ = nullptr;  // release the captures before waking the waiters
     {
@@ -29,12 +29,12 @@ class CollectiveCompletion {
       done_ = true;
     }
     cv_.notify_all();
-    return true;
   }
 
   bool claimed() const { return claimed_.load(); }
 
-  // Runs the body here if nobody has started it yet, else waits for it.
+  // Runs the body here if nobody has started it yet, else waits for it; every
+  // call returns the body's Status.
   Status wait() {
     run_if_unclaimed();
     std::unique_lock<std::mutex> lock(mu_);
