@@ -17,8 +17,8 @@
 
 #include "actors/expert_communicator.h"
 #include "actors/hybrid_exchange.h"
-#include "coordinator/cluster_spec.h"
-#include "coordinator/protocol.h"
+#include "cluster/job_config.h"
+#include "cluster/protocol.h"
 #include "model/adamw.h"
 #include "model/batch_sampler.h"
 #include "model/moe_transformer.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "actors/actor.h"
-#include "coordinator/topology.h"
+#include "cluster/topology.h"
 #include "model/moe_transformer.h"
 #include "transport/transport.h"
 

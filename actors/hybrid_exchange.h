@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "coordinator/topology.h"
+#include "cluster/topology.h"
 #include "model/expert_exchange.h"
 #include "transport/transport.h"
 

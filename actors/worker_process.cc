@@ -10,8 +10,9 @@
 
 #include "actors/actor.h"
 #include "actors/distributed_trainer.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "coordinator/protocol.h"
+#include "cluster/protocol.h"
 #include "model/checkpoint.h"
 #include "transport/control_channel.h"
 
@@ -24,10 +25,6 @@ int rank_from_environment() {
 }
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 class ComputeActor;
 
@@ -57,14 +54,14 @@ class ControlActor : public Actor {
   }
   void report_done() {
     post([this] {
-      send(MessageKind::kControl, {{"op", op::kDone}});
+      send(MessageKind::kControl, to_json(Done{}));
       XD_LOG_INFO(tag_.c_str(), "training finished; waiting for the coordinator to close the job");
       done_ = true;
     });
   }
   void report_error(const Status& st) {
     post([this, st] {
-      send(MessageKind::kControl, {{"op", op::kError}, {"error", st.message()}});
+      send(MessageKind::kControl, to_json(ErrorReport{st.message()}));
       XD_LOG_ERROR(tag_.c_str(), "%s", st.message().c_str());
       s_->finish(1);
     });
@@ -152,7 +149,7 @@ void ControlActor::on_start() {
   req.pid = ::getpid();
   req.data_endpoint = s_->transport->endpoint();
   send(MessageKind::kHello, to_json(req));
-  last_heard_ = last_sent_ = now_s();
+  last_heard_ = last_sent_ = steady_seconds();
   XD_LOG_INFO("worker", "registering with %s (data endpoint %s)", s_->options.coordinator.c_str(),
               req.data_endpoint.c_str());
 }
@@ -160,9 +157,9 @@ void ControlActor::on_start() {
 void ControlActor::on_tick() {
   if (!client_) return;
   while (auto m = client_->poll(std::chrono::milliseconds(0))) handle(*m);
-  const double now = now_s();
+  const double now = steady_seconds();
   if (now - last_sent_ >= s_->options.heartbeat_interval_s) {
-    send(MessageKind::kHeartbeat, {{"op", op::kHeartbeat}});
+    send(MessageKind::kHeartbeat, to_json(Heartbeat{}));
     last_sent_ = now;
   }
   const double silent = now - last_heard_;
@@ -175,31 +172,35 @@ void ControlActor::on_tick() {
 }
 
 void ControlActor::handle(const ControlMessage& m) {
-  last_heard_ = now_s();
-  std::string opname;
-  if (!read_field(m.body, "op", &opname).is_ok()) return;
-  if (opname == op::kHeartbeat) return;
-  if (opname == op::kAssign) {
+  last_heard_ = steady_seconds();
+  auto opname = op_of(m.body);
+  if (!opname) {
+    XD_LOG_WARN(tag_.c_str(), "ignored a control message: %s", opname.status().message().c_str());
+    return;
+  }
+  if (*opname == op::kHeartbeat) return;
+  if (*opname == op::kAssign) {
     on_assign(m.body);
-  } else if (opname == op::kStop) {
-    std::string reason = "stop";
-    (void)read_field(m.body, "reason", &reason);
-    XD_LOG_INFO(tag_.c_str(), "stopping: %s", reason.c_str());
+  } else if (*opname == op::kStop) {
+    StopOrder order{"stop"};
+    (void)from_json(m.body, &order);
+    XD_LOG_INFO(tag_.c_str(), "stopping: %s", order.reason.c_str());
     s_->stop = true;
-    s_->transport->cancel(Status::unavailable("job stopped: " + reason));
+    s_->transport->cancel(Status::unavailable("job stopped: " + order.reason));
     s_->finish(done_ ? 0 : 3);
-  } else if (opname == op::kThrottle) {
-    int level = 0;
-    double bandwidth = 0, latency = 0;
-    if (read_field(m.body, "level", &level).is_ok() && read_field(m.body, "bandwidth", &bandwidth).is_ok() &&
-        read_field(m.body, "latency", &latency).is_ok() && level >= 0) {
-      s_->transport->set_shaping(level, LinkShaping{bandwidth, latency});
-      XD_LOG_INFO(tag_.c_str(), "link class %d now %.3g B/s, %.3g ms", level, bandwidth, latency * 1e3);
+  } else if (*opname == op::kThrottle) {
+    ThrottleOrder order;
+    if (Status st = from_json(m.body, &order); !st.is_ok()) {
+      XD_LOG_WARN(tag_.c_str(), "ignored a throttle order: %s", st.message().c_str());
+      return;
     }
-  } else if (opname == op::kError) {
-    std::string error;
-    (void)read_field(m.body, "error", &error);
-    XD_LOG_ERROR(tag_.c_str(), "coordinator refused us: %s", error.c_str());
+    s_->transport->set_shaping(order.level, LinkShaping{order.bandwidth_bytes_per_s, order.latency_s});
+    XD_LOG_INFO(tag_.c_str(), "link class %d now %.3g B/s, %.3g ms", order.level, order.bandwidth_bytes_per_s,
+                order.latency_s * 1e3);
+  } else if (*opname == op::kError) {
+    ErrorReport report{"(malformed refusal)"};
+    (void)from_json(m.body, &report);
+    XD_LOG_ERROR(tag_.c_str(), "coordinator refused us: %s", report.error.c_str());
     s_->finish(2);
   }
 }
@@ -207,78 +208,38 @@ void ControlActor::handle(const ControlMessage& m) {
 void ControlActor::on_assign(const nlohmann::json& body) {
   if (assigned_) return;
   assigned_ = true;
-  int rank = -1, world = 0;
-  std::vector<int> level_sizes, domain_sizes;
-  std::string mode, job_yaml;
-  double predicted = 0;
-  bool hold = false;
-  Status st = read_field(body, "rank", &rank);
-  if (st.is_ok()) st = read_field(body, "world", &world);
-  if (st.is_ok()) st = read_field(body, "level_sizes", &level_sizes);
-  if (st.is_ok()) st = read_field(body, "domain_sizes", &domain_sizes);
-  if (st.is_ok()) st = read_field(body, "mode", &mode);
-  if (st.is_ok()) st = read_field(body, "job_yaml", &job_yaml);
-  if (st.is_ok()) st = read_field(body, "predicted_step_s", &predicted);
-  if (st.is_ok()) st = read_field(body, "hold", &hold);
-  std::vector<PeerInfo> peers;
-  std::vector<std::string> link_names;
-  if (st.is_ok() && body.contains("peers") && body["peers"].is_array() && body.contains("links") &&
-      body["links"].is_array()) {
-    for (const auto& p : body["peers"]) {
-      PeerInfo info;
-      if (!read_field(p, "rank", &info.rank).is_ok() || !read_field(p, "endpoint", &info.endpoint).is_ok() ||
-          !read_field(p, "link_class", &info.link_class).is_ok())
-        st = Status::invalid_argument("malformed peer in the assignment");
-      peers.push_back(info);
-    }
-  } else if (st.is_ok()) {
-    st = Status::invalid_argument("assignment without peers or links");
-  }
-  std::vector<LinkShaping> shaping;
-  if (st.is_ok()) {
-    for (const auto& l : body["links"]) {
-      std::string name;
-      double bw = 0, lat = 0;
-      bool shape = true;
-      (void)read_field(l, "name", &name);
-      (void)read_field(l, "bandwidth", &bw);
-      (void)read_field(l, "latency", &lat);
-      (void)read_field(l, "shape", &shape);
-      link_names.push_back(name);
-      shaping.push_back(shape ? LinkShaping{bw, lat} : LinkShaping{});
-    }
-  }
-  tag_ = "worker " + std::to_string(rank);
-  if (!st.is_ok()) {
+  Assignment a;
+  if (Status st = from_json(body, &a); !st.is_ok()) {
     report_error(st.with_context("bad assignment"));
     return;
   }
+  tag_ = "worker " + std::to_string(a.rank);
   // Every link class of the job, shaped as the spec says.
-  for (size_t c = 0; c < shaping.size(); ++c) s_->transport->set_shaping(static_cast<int>(c), shaping[c]);
-  st = s_->transport->connect(peers, rank);
-  if (!st.is_ok()) {
+  std::vector<PeerInfo> peers;
+  for (const PeerAssignment& p : a.peers) peers.push_back({p.rank, p.endpoint, p.link_class});
+  const std::vector<LevelSpec>& levels = a.job.cluster.levels;
+  for (size_t c = 0; c < levels.size(); ++c)
+    s_->transport->set_shaping(static_cast<int>(c),
+                               levels[c].link.shape ? LinkShaping{levels[c].link.bandwidth_bytes_per_s,
+                                                                  levels[c].link.latency_s}
+                                                    : LinkShaping{});
+  if (Status st = s_->transport->connect(peers, a.rank, a.job_id); !st.is_ok()) {
     report_error(st);
     return;
   }
-  XD_LOG_INFO(tag_.c_str(), "assigned: %d of %d, %s mode", rank, world, mode.c_str());
-  if (hold) return;
-  auto job = job_yaml.empty() ? Expected<JobConfig>(default_job_config()) : parse_job_config(job_yaml, "<job>");
-  if (!job) {
-    report_error(job.status());
-    return;
-  }
-  int64_t steps = job->train.steps;
-  if (read_field(body, "steps", &steps).is_ok() && steps > 0) job->train.steps = steps;
+  XD_LOG_INFO(tag_.c_str(), "assigned: %d of %d in job %s (id %u), %s mode", a.rank, a.job.cluster.world_size(),
+              a.job_name.c_str(), a.job_id, a.flat_ep ? "ep_flat" : ep_mode_name(a.job.cluster.expert_parallel.mode));
+  if (a.hold) return;
   DistributedOptions o;
-  o.rank = rank;
-  o.level_sizes = level_sizes;
-  o.domain_sizes = domain_sizes;
-  o.flat_ep = mode == "ep_flat";
-  o.link_names = link_names;
-  o.predicted_step_s = predicted;
-  o.memory_cap_bytes = std::isfinite(job->cluster.expert_parallel.memory_cap_bytes)
-                           ? job->cluster.expert_parallel.memory_cap_bytes : 0;
-  compute_->run_job(*job, o);
+  o.rank = a.rank;
+  o.level_sizes = a.job.cluster.level_sizes();
+  o.domain_sizes = a.domain_sizes;
+  o.flat_ep = a.flat_ep;
+  for (const LevelSpec& l : levels) o.link_names.push_back(l.link.name);
+  o.predicted_step_s = a.predicted_step_s;
+  o.memory_cap_bytes = std::isfinite(a.job.cluster.expert_parallel.memory_cap_bytes)
+                           ? a.job.cluster.expert_parallel.memory_cap_bytes : 0;
+  compute_->run_job(a.job, o);
 }
 
 }  // namespace

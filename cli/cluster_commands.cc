@@ -8,7 +8,6 @@
 #include "actors/worker_process.h"
 #include "cli/commands.h"
 #include "coordinator/coordinator.h"
-#include "model/detail/atomic_file.h"
 
 namespace xd::cli {
 
@@ -24,15 +23,8 @@ struct CoordinatorFlags {
 
 int run_coordinator(const CoordinatorFlags& f) {
   JobConfig job = default_job_config();
-  std::string yaml;
   if (!f.config.empty()) {
-    auto text = detail::read_file(f.config);
-    if (!text) {
-      std::fprintf(stderr, "xdmoe coordinator: %s\n", text.status().message().c_str());
-      return 2;
-    }
-    yaml = std::move(*text);
-    auto parsed = parse_job_config(yaml, f.config);
+    auto parsed = load_job_config(f.config);
     if (!parsed) {
       std::fprintf(stderr, "xdmoe coordinator: %s\n", parsed.status().message().c_str());
       return 2;
@@ -49,7 +41,7 @@ int run_coordinator(const CoordinatorFlags& f) {
   }
   if (!f.domains.empty()) job.cluster.expert_parallel.domain_sizes = f.domains;
   if (f.steps > 0) job.train.steps = f.steps;
-  if (Status st = job.cluster.validate(); !st.is_ok()) {
+  if (Status st = job.validate(); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
   }
@@ -58,7 +50,6 @@ int run_coordinator(const CoordinatorFlags& f) {
   o.cli_endpoint = f.cli_endpoint;
   o.http_port = f.http_port;
   o.job_name = f.name;
-  o.job_yaml = yaml;
   o.hold = f.hold;
   o.summary_path = f.summary;
   o.endpoints_path = f.endpoints_file;

@@ -18,7 +18,7 @@
 
 #include "cli/commands.h"
 #include "common/subprocess.h"
-#include "coordinator/cluster_spec.h"
+#include "cluster/job_config.h"
 
 namespace xd::cli {
 

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "coordinator/protocol.h"
+#include "cluster/protocol.h"
 #include "transport/control_channel.h"
-#include "transport/link_shaping.h"
+#include "common/units.h"
 
 namespace xd::cli {
 
@@ -37,10 +37,10 @@ Expected<nlohmann::json> ask(const MonitorFlags& f, const nlohmann::json& reques
   if (!reply)
     return Status::unavailable("no coordinator reachable at " + ep +
                                " (is a job running? pass --coordinator or set XDMOE_COORDINATOR)");
-  bool ok = false;
-  if (!read_field(*reply, "ok", &ok).is_ok() || !ok) {
+  if (!reply->is_object() || !reply->value("ok", false)) {
     std::string error = "the coordinator refused the request";
-    (void)read_field(*reply, "error", &error);
+    if (reply->is_object() && reply->contains("error") && (*reply)["error"].is_string())
+      error = (*reply)["error"].get<std::string>();
     return Status::invalid_argument(error);
   }
   return reply;
@@ -68,48 +68,60 @@ std::string human_rate(double bytes_per_s) {
   return buf;
 }
 
+// Cuts `s` to `width` characters, marking the cut with '~'.
+std::string fit(const std::string& s, size_t width) {
+  return s.size() <= width ? s : s.substr(0, width - 1) + "~";
+}
+
+std::string list_of(const nlohmann::json& s, const char* key) {
+  return s.contains(key) ? s[key].dump() : "?";
+}
+
+// Every line fits 80 columns (the widest is 78).
 void print_status(const nlohmann::json& s) {
-  std::printf("job %s (id %s): %s | %s workers | mode %s, domains %s | predicted %s ms/step | up %s s\n",
-              s.value("job", "?").c_str(), s.contains("job_id") ? s["job_id"].dump().c_str() : "?",
-              s.value("state", "?").c_str(), s.contains("world") ? s["world"].dump().c_str() : "?",
-              s.value("mode", "?").c_str(), s.contains("domain_sizes") ? s["domain_sizes"].dump().c_str() : "?",
-              num(s, "predicted_step_s", "%.1f", 1e3).c_str(), num(s, "uptime_s", "%.0f").c_str());
+  std::printf("job %s (id %s): %s, %s workers, mode %s, domains %s\n",
+              fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
+              s.value("state", "?").c_str(), list_of(s, "world").c_str(), s.value("mode", "?").c_str(),
+              fit(list_of(s, "domain_sizes"), 12).c_str());
+  std::printf("predicted %s ms/step, up %s s\n", num(s, "predicted_step_s", "%.1f", 1e3).c_str(),
+              num(s, "uptime_s", "%.0f").c_str());
   if (s.contains("error")) std::printf("error: %s\n", s["error"].get<std::string>().c_str());
-  std::printf("%-5s %-10s %-16s %-8s %-10s %-7s %-9s %-10s %-10s\n", "rank", "state", "host", "pid",
-              "last seen", "step", "loss", "tok/s", "step ms");
+  std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", "rank", "state", "host", "pid", "seen",
+              "step", "loss", "tok/s", "step ms");
   for (const auto& w : s.value("workers", nlohmann::json::array())) {
-    std::printf("%-5s %-10s %-16s %-8s %-10s %-7s %-9s %-10s %-10s\n", w["rank"].dump().c_str(),
-                w.value("state", "?").c_str(), w.value("host", "-").c_str(),
+    std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", w["rank"].dump().c_str(),
+                fit(w.value("state", "?"), 9).c_str(), fit(w.value("host", "-"), 14).c_str(),
                 w.contains("pid") ? w["pid"].dump().c_str() : "-",
-                (num(w, "last_seen_s_ago", "%.1f") + " s ago").c_str(),
+                (num(w, "last_seen_s_ago", "%.1f") + "s").c_str(),
                 w.contains("step") ? w["step"].dump().c_str() : "-", num(w, "loss", "%.4f").c_str(),
                 num(w, "tokens_per_s", "%.0f").c_str(), num(w, "step_s", "%.1f", 1e3).c_str());
   }
   if (s.contains("last_step")) {
     const auto& l = s["last_step"];
-    std::printf("last complete step %s: loss %s, %s tok/s, step %s ms = compute %s + exposed comm %s (overlap %s%%)\n",
-                l["step"].dump().c_str(), num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str(),
+    std::printf("last complete step %s: loss %s, %s tok/s\n", l["step"].dump().c_str(),
+                num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str());
+    std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
   }
 }
 
 void print_links(const nlohmann::json& s, const nlohmann::json& last) {
-  std::printf("%-12s %-16s %-10s %-8s %-16s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step");
+  std::printf("%-12s %-14s %-11s %-6s %16s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step");
   for (const auto& l : s.value("links", nlohmann::json::array())) {
     const std::string name = l.value("name", "?");
     double bytes = 0;
     if (last.contains("bytes"))
       for (auto it = last["bytes"].begin(); it != last["bytes"].end(); ++it)
         if (it.key() == name + "/total") bytes = it.value().get<double>();
-    std::printf("%-12s %-16s %-10s %-8s %-16.0f\n", name.c_str(),
+    std::printf("%-12s %-14s %-11s %-6s %16.0f\n", fit(name, 12).c_str(),
                 human_rate(l.value("bandwidth_bytes_per_s", 0.0)).c_str(),
                 (num(l, "latency_s", "%.2f", 1e3) + " ms").c_str(), l.value("shaped", false) ? "yes" : "no", bytes);
   }
 }
 
 int run_status(const MonitorFlags& f) {
-  auto s = ask(f, {{"op", "status"}});
+  auto s = ask(f, to_json(StatusRequest{}));
   if (!s) return fail("status", s.status());
   s->erase("ok");
   if (f.json) std::printf("%s\n", s->dump(2).c_str());
@@ -122,7 +134,7 @@ volatile std::sig_atomic_t g_interrupted = 0;
 int run_top(const MonitorFlags& f) {
   std::signal(SIGINT, [](int) { g_interrupted = 1; });
   for (int i = 0; (f.iterations == 0 || i < f.iterations) && !g_interrupted; ++i) {
-    auto s = ask(f, {{"op", "status"}});
+    auto s = ask(f, to_json(StatusRequest{}));
     if (!s) return fail("top", s.status());
     s->erase("ok");
     if (f.json) {
@@ -142,7 +154,7 @@ int run_top(const MonitorFlags& f) {
 }
 
 int run_metrics(const MonitorFlags& f) {
-  auto m = ask(f, {{"op", "metrics"}});
+  auto m = ask(f, to_json(MetricsRequest{}));
   if (!m) return fail("metrics", m.status());
   m->erase("ok");
   if (f.json) {
@@ -152,11 +164,12 @@ int run_metrics(const MonitorFlags& f) {
   std::printf("steps complete: %s\n", (*m)["steps_complete"].dump().c_str());
   if (m->contains("last_step")) {
     const auto& l = (*m)["last_step"];
-    std::printf("last step %s: loss %s | %s tok/s | step %s ms | compute %s ms | comm %s ms | exposed %s ms | overlap %s%% | predicted %s ms\n",
-                l["step"].dump().c_str(), num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str(),
-                num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
+    std::printf("last step %s: loss %s, %s tok/s, step %s ms (predicted %s ms)\n", l["step"].dump().c_str(),
+                num(l, "loss", "%.4f").c_str(), num(l, "tokens_per_s", "%.0f").c_str(),
+                num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "predicted_step_s", "%.1f", 1e3).c_str());
+    std::printf("  compute %s ms, comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "comm_s", "%.1f", 1e3).c_str(), num(l, "exposed_comm_s", "%.1f", 1e3).c_str(),
-                num(l, "overlap_percent", "%.0f").c_str(), num(l, "predicted_step_s", "%.1f", 1e3).c_str());
+                num(l, "overlap_percent", "%.0f").c_str());
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());
@@ -165,7 +178,7 @@ int run_metrics(const MonitorFlags& f) {
 }
 
 int run_stop(const MonitorFlags& f) {
-  auto r = ask(f, {{"op", "stop"}});
+  auto r = ask(f, to_json(StopOrder{"stopped by request from the CLI"}));
   if (!r) return fail("stop", r.status());
   std::printf("stop sent; job is %s\n", r->value("state", "?").c_str());
   return 0;
@@ -174,13 +187,13 @@ int run_stop(const MonitorFlags& f) {
 int run_throttle(const MonitorFlags& f) {
   auto bw = parse_bandwidth(f.bandwidth);
   if (!bw) return fail("throttle", bw.status());
-  nlohmann::json req = {{"op", "throttle"}, {"link", f.link}, {"bandwidth", *bw}};
+  ThrottleRequest req{f.link, *bw, -1};
   if (!f.latency.empty()) {
     auto lat = parse_duration(f.latency);
     if (!lat) return fail("throttle", lat.status());
-    req["latency"] = *lat;
+    req.latency_s = *lat;
   }
-  auto r = ask(f, req);
+  auto r = ask(f, to_json(req));
   if (!r) return fail("throttle", r.status());
   std::printf("link class %s: %s%s\n", f.link.c_str(), human_rate(*bw).c_str(),
               f.latency.empty() ? "" : (", latency " + f.latency).c_str());

@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/cluster_spec.h"
+#include "cluster/job_config.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
 

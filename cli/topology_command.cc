@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "coordinator/topology.h"
+#include "cluster/topology.h"
 
 namespace xd::cli {
 

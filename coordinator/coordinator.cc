@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/link_probe.h"
-#include "coordinator/protocol.h"
+#include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
 #include "transport/link_shaping.h"
@@ -99,6 +99,7 @@ class Coordinator::Impl {
 
  private:
   void handle_worker(const ControlMessage& m, double now);
+  void refuse(const std::string& peer, const std::string& why);
   void handle_cli(const ControlMessage& m);
   void assign_all();
   void stop_all(const std::string& reason);
@@ -193,7 +194,7 @@ Status Coordinator::Impl::run() {
     if (now >= next_heartbeat) {
       for (const auto& e : registry.workers())
         if (e && (e->state == WorkerState::kRegistered || e->state == WorkerState::kRunning))
-          workers->send(e->peer_id, MessageKind::kHeartbeat, {{"op", op::kHeartbeat}});
+          workers->send(e->peer_id, MessageKind::kHeartbeat, to_json(Heartbeat{}));
       next_heartbeat = now + opts.heartbeat_interval_s;
     }
     for (int rank : registry.expire(now)) {
@@ -214,7 +215,7 @@ Status Coordinator::Impl::run() {
       for (const auto& e : registry.workers()) all_done &= e && e->state == WorkerState::kDone;
       if (all_done) {
         for (const auto& e : registry.workers())
-          workers->send(e->peer_id, MessageKind::kControl, {{"op", op::kStop}, {"reason", "job finished"}});
+          workers->send(e->peer_id, MessageKind::kControl, to_json(StopOrder{"job finished"}));
         state = JobState::kDone;
       }
     }
@@ -234,82 +235,70 @@ Status Coordinator::Impl::run() {
   return outcome;
 }
 
+void Coordinator::Impl::refuse(const std::string& peer, const std::string& why) {
+  workers->send(peer, MessageKind::kControl, to_json(ErrorReport{why}));
+}
+
 void Coordinator::Impl::handle_worker(const ControlMessage& m, double now) {
-  std::string opname;
-  if (!read_field(m.body, "op", &opname).is_ok()) return;
-  if (opname == op::kRegister) {
-    auto req = register_from_json(m.body);
-    if (!req) {
-      workers->send(m.peer, MessageKind::kControl, {{"op", op::kError}, {"error", req.status().message()}});
-      return;
+  auto opname = op_of(m.body);
+  if (!opname) return;
+  if (*opname == op::kRegister) {
+    RegisterRequest req;
+    if (Status st = from_json(m.body, &req); !st.is_ok()) {
+      XD_LOG_WARN("coordinator", "refused a worker from %s (pid %d): %s", req.host.c_str(), req.pid,
+                  st.message().c_str());
+      return refuse(m.peer, st.message());
     }
-    if (state != JobState::kWaiting) {
-      workers->send(m.peer, MessageKind::kControl, {{"op", op::kError}, {"error", "the job has already started"}});
-      return;
-    }
-    auto rank = registry.add(m.peer, *req, now);
+    if (state != JobState::kWaiting) return refuse(m.peer, "the job has already started");
+    auto rank = registry.add(m.peer, req, now);
     if (!rank) {
-      workers->send(m.peer, MessageKind::kControl, {{"op", op::kError}, {"error", rank.status().message()}});
-      XD_LOG_WARN("coordinator", "refused a worker from %s: %s", req->host.c_str(), rank.status().message().c_str());
-      return;
+      XD_LOG_WARN("coordinator", "refused a worker from %s: %s", req.host.c_str(), rank.status().message().c_str());
+      return refuse(m.peer, rank.status().message());
     }
-    XD_LOG_INFO("coordinator", "worker %d registered (%s pid %d, data %s)", *rank, req->host.c_str(),
-                req->pid, req->data_endpoint.c_str());
+    XD_LOG_INFO("coordinator", "worker %d registered (%s pid %d, data %s)", *rank, req.host.c_str(),
+                req.pid, req.data_endpoint.c_str());
     return;
   }
   auto rank = registry.touch(m.peer, now);
-  if (!rank) {
-    workers->send(m.peer, MessageKind::kControl, {{"op", op::kError}, {"error", "unknown worker: register first"}});
-    return;
-  }
+  if (!rank) return refuse(m.peer, "unknown worker: register first");
   WorkerEntry* e = registry.find(*rank);
-  if (opname == op::kMetrics) {
-    auto sm = metrics_from_json(m.body);
-    if (!sm) {
-      XD_LOG_WARN("coordinator", "bad metrics from worker %d: %s", *rank, sm.status().message().c_str());
+  if (*opname == op::kMetrics) {
+    StepMetrics sm;
+    if (Status st = from_json(m.body, &sm); !st.is_ok()) {
+      XD_LOG_WARN("coordinator", "bad metrics from worker %d: %s", *rank, st.message().c_str());
       return;
     }
-    e->last_metrics = *sm;
-    metrics.record(*rank, *sm);
+    e->last_metrics = sm;
+    metrics.record(*rank, sm);
     log_progress();
-  } else if (opname == op::kDone) {
+  } else if (*opname == op::kDone) {
     e->state = WorkerState::kDone;
-  } else if (opname == op::kError) {
-    std::string error = "unknown error";
-    (void)read_field(m.body, "error", &error);
+  } else if (*opname == op::kError) {
+    ErrorReport report;
+    if (!from_json(m.body, &report).is_ok()) report.error = "unknown error (malformed report)";
     e->state = WorkerState::kFailed;
-    e->error = error;
-    XD_LOG_ERROR("coordinator", "worker %d failed: %s", *rank, error.c_str());
-    fail(Status::internal("worker " + std::to_string(*rank) + " failed: " + error));
+    e->error = report.error;
+    XD_LOG_ERROR("coordinator", "worker %d failed: %s", *rank, report.error.c_str());
+    fail(Status::internal("worker " + std::to_string(*rank) + " failed: " + report.error));
   }
 }
 
 void Coordinator::Impl::assign_all() {
   const std::vector<int> sizes = job.cluster.level_sizes();
-  nlohmann::json links = nlohmann::json::array();
-  for (const LevelSpec& l : job.cluster.levels)
-    links.push_back({{"name", l.link.name}, {"bandwidth", l.link.bandwidth_bytes_per_s},
-                     {"latency", l.link.latency_s}, {"shape", l.link.shape}});
-  const PlanCandidate& choice = plan.choice();
+  Assignment a;
+  a.job_id = job_id;
+  a.job_name = opts.job_name;
+  a.domain_sizes = plan.choice().domain_sizes;
+  a.flat_ep = opts.flat_ep && plan.mode == EpMode::kEp;
+  a.predicted_step_s = plan.choice().iteration_s;
+  a.hold = opts.hold;
+  a.job = job;
   for (const auto& e : registry.workers()) {
-    nlohmann::json peers = nlohmann::json::array();
+    a.rank = e->rank;
+    a.peers.clear();
     for (const auto& p : registry.workers())
-      peers.push_back({{"rank", p->rank}, {"endpoint", p->info.data_endpoint},
-                       {"link_class", std::max(0, link_level(sizes, e->rank, p->rank))}});
-    nlohmann::json body = {{"op", op::kAssign},
-                           {"rank", e->rank},
-                           {"world", registry.world_size()},
-                           {"job_id", job_id},
-                           {"level_sizes", sizes},
-                           {"links", links},
-                           {"peers", peers},
-                           {"mode", opts.flat_ep && plan.mode == EpMode::kEp ? "ep_flat" : ep_mode_name(plan.mode)},
-                           {"steps", job.train.steps},
-                           {"domain_sizes", choice.domain_sizes},
-                           {"predicted_step_s", choice.iteration_s},
-                           {"job_yaml", opts.job_yaml},
-                           {"hold", opts.hold}};
-    workers->send(e->peer_id, MessageKind::kControl, body);
+      a.peers.push_back({p->rank, p->info.data_endpoint, std::max(0, link_level(sizes, e->rank, p->rank))});
+    workers->send(e->peer_id, MessageKind::kControl, to_json(a));
     registry.find(e->rank)->state = WorkerState::kRunning;
   }
   state = JobState::kRunning;
@@ -319,7 +308,7 @@ void Coordinator::Impl::assign_all() {
 void Coordinator::Impl::stop_all(const std::string& reason) {
   for (const auto& e : registry.workers())
     if (e && e->state != WorkerState::kLost)
-      workers->send(e->peer_id, MessageKind::kControl, {{"op", op::kStop}, {"reason", reason}});
+      workers->send(e->peer_id, MessageKind::kControl, to_json(StopOrder{reason}));
   state = JobState::kFinishing;
   stop_deadline = steady_seconds() + 2.0;
 }
@@ -380,55 +369,48 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
 }
 
 void Coordinator::Impl::handle_cli(const ControlMessage& m) {
-  std::string opname;
-  if (!read_field(m.body, "op", &opname).is_ok()) {
-    cli->send(m.peer, MessageKind::kControl, {{"ok", false}, {"error", "request without 'op'"}});
-    return;
-  }
+  auto reply_error = [&](const std::string& why) {
+    cli->send(m.peer, MessageKind::kControl, {{"ok", false}, {"error", why}});
+  };
+  auto opname = op_of(m.body);
+  if (!opname) return reply_error(opname.status().message());
   const double now = steady_seconds();
-  if (opname == op::kStatus) {
+  if (*opname == op::kStatus) {
     nlohmann::json j = status_json(now);
     j["ok"] = true;
     cli->send(m.peer, MessageKind::kControl, j);
-  } else if (opname == op::kMetrics) {
+  } else if (*opname == op::kMetrics) {
     nlohmann::json j = metrics.to_json();
     j["ok"] = true;
     j["links"] = status_json(now)["links"];
     cli->send(m.peer, MessageKind::kControl, j);
-  } else if (opname == op::kStop) {
-    XD_LOG_INFO("coordinator", "stop requested from the CLI");
-    if (outcome.is_ok()) outcome = Status::unavailable("stopped by request");
-    stop_all("stopped by request");
+  } else if (*opname == op::kStop) {
+    StopOrder order;
+    if (!from_json(m.body, &order).is_ok() || order.reason.empty()) order.reason = "stopped by request";
+    XD_LOG_INFO("coordinator", "stop requested from the CLI: %s", order.reason.c_str());
+    if (outcome.is_ok()) outcome = Status::unavailable(order.reason);
+    stop_all(order.reason);
     cli->send(m.peer, MessageKind::kControl, {{"ok", true}, {"state", job_state_name(state)}});
-  } else if (opname == op::kThrottle) {
-    std::string link;
-    double bandwidth = 0, latency = -1;
-    Status st = read_field(m.body, "link", &link);
-    if (st.is_ok()) st = read_field(m.body, "bandwidth", &bandwidth);
-    (void)read_field(m.body, "latency", &latency);
+  } else if (*opname == op::kThrottle) {
+    ThrottleRequest req;
+    if (Status st = from_json(m.body, &req); !st.is_ok()) return reply_error(st.message());
     int level = -1;
     for (size_t l = 0; l < job.cluster.levels.size(); ++l)
-      if (job.cluster.levels[l].link.name == link || job.cluster.levels[l].name == link) level = (int)l;
-    if (st.is_ok() && level < 0) st = Status::invalid_argument("no link class named '" + link + "'");
-    if (st.is_ok() && !(bandwidth >= 0)) st = Status::invalid_argument("bandwidth must be >= 0");
-    if (!st.is_ok()) {
-      cli->send(m.peer, MessageKind::kControl, {{"ok", false}, {"error", st.message()}});
-      return;
-    }
+      if (job.cluster.levels[l].link.name == req.link || job.cluster.levels[l].name == req.link) level = (int)l;
+    if (level < 0) return reply_error("no link class named '" + req.link + "'");
     LinkClassSpec& spec = job.cluster.levels[level].link;
-    spec.bandwidth_bytes_per_s = bandwidth;
-    if (latency >= 0) spec.latency_s = latency;
+    spec.bandwidth_bytes_per_s = req.bandwidth_bytes_per_s;
+    if (req.latency_s >= 0) spec.latency_s = req.latency_s;
     spec.shape = true;
+    const ThrottleOrder order{level, spec.bandwidth_bytes_per_s, spec.latency_s};
     for (const auto& e : registry.workers())
       if (e && e->state == WorkerState::kRunning)
-        workers->send(e->peer_id, MessageKind::kControl,
-                      {{"op", op::kThrottle}, {"level", level}, {"bandwidth", spec.bandwidth_bytes_per_s},
-                       {"latency", spec.latency_s}});
-    XD_LOG_INFO("coordinator", "throttled link class %s to %.3g B/s, %.3g ms", link.c_str(),
+        workers->send(e->peer_id, MessageKind::kControl, to_json(order));
+    XD_LOG_INFO("coordinator", "throttled link class %s to %.3g B/s, %.3g ms", req.link.c_str(),
                 spec.bandwidth_bytes_per_s, spec.latency_s * 1e3);
     cli->send(m.peer, MessageKind::kControl, {{"ok", true}});
   } else {
-    cli->send(m.peer, MessageKind::kControl, {{"ok", false}, {"error", "unknown op '" + opname + "'"}});
+    reply_error("unknown op '" + *opname + "'");
   }
 }
 

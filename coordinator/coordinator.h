@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "coordinator/cluster_spec.h"
+#include "cluster/job_config.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
 #include "coordinator/step_probe.h"
@@ -25,7 +25,6 @@ struct CoordinatorOptions {
   std::string cli_endpoint = "tcp://127.0.0.1:7370";
   int http_port = 7372;           // Prometheus /metrics; 0: a free port; -1: off
   std::string job_name = "xdmoe";
-  std::string job_yaml;           // the job file's text, handed to workers ("" = default)
   double heartbeat_interval_s = 1.0;
   int liveness = 3;
   bool hold = false;              // workers stay idle after assignment until stopped

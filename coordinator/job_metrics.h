@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/protocol.h"
+#include "cluster/protocol.h"
 
 namespace xd {
 

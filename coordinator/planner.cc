@@ -4,7 +4,7 @@
 #include <cmath>
 #include <deque>
 
-#include "coordinator/topology.h"
+#include "cluster/topology.h"
 #include "transport/communicator.h"
 
 namespace xd {

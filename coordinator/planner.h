@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/cluster_spec.h"
+#include "cluster/job_config.h"
 #include "model/model_config.h"
 
 namespace xd {

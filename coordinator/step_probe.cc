@@ -7,7 +7,7 @@
 #include <cblas.h>
 
 #include "common/clock.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "model/moe_transformer.h"
 #include "model/param_layout.h"
 
@@ -31,7 +31,7 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   MoeTransformer<float> net(layout);
   net.init(0x5eed);
   std::vector<int32_t> inputs(size_t(batch) * seq_len), targets(inputs.size());
-  detail::Rng rng(7);
+  Rng rng(7);
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
     targets[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);

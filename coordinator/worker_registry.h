@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/protocol.h"
+#include "cluster/protocol.h"
 
 namespace xd {
 

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "common/check.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 
 namespace xd {
 
@@ -56,7 +56,7 @@ size_t BatchSampler::window_offset(uint64_t batch_index, int local_row) const {
   const uint64_t global_row =
       static_cast<uint64_t>(shard_) * static_cast<uint64_t>(batch_size_) +
       static_cast<uint64_t>(local_row);
-  const uint64_t hash = detail::splitmix64(detail::splitmix64(detail::splitmix64(seed_) ^ batch_index) ^ global_row);
+  const uint64_t hash = splitmix64(splitmix64(splitmix64(seed_) ^ batch_index) ^ global_row);
   // Offsets 0 .. size - seq_len - 1 keep the whole seq_len + 1 window in range.
   const uint64_t num_offsets = tokens_->size() - static_cast<size_t>(seq_len_);
   return static_cast<size_t>(hash % num_offsets);

@@ -12,7 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "model/detail/atomic_file.h"
+#include "common/atomic_file.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 
@@ -47,11 +47,11 @@ Status write_json(const std::string& path, const json& j) {
   } catch (const json::exception& e) {
     return Status::internal("encoding " + path + ": " + e.what());
   }
-  return detail::write_file_atomic(path, text.data(), text.size());
+  return write_file_atomic(path, text.data(), text.size());
 }
 
 Expected<json> read_json(const std::string& path) {
-  Expected<std::string> text = detail::read_file(path);
+  Expected<std::string> text = read_file(path);
   if (!text) return text.status();
   try {
     return json::parse(*text);
@@ -146,18 +146,18 @@ Status trainer_from_json(const json& j, const std::string& path, TrainerState* t
 
 // Replaces `dir` with the fully written `tmp`, then drops the old contents.
 Status swap_into_place(const std::string& tmp, const std::string& dir) {
-  const std::string parent = detail::parent_dir(dir);
+  const std::string parent = parent_dir(dir);
   std::error_code ec;
   bool exists = fs::exists(fs::symlink_status(dir, ec));
   if (!exists) {
     if (::rename(tmp.c_str(), dir.c_str()) != 0)
       return Status::io_error("cannot rename " + tmp + " to " + dir + ": " + std::strerror(errno));
-    return detail::fsync_dir(parent);
+    return fsync_dir(parent);
   }
 #ifdef RENAME_EXCHANGE
   // One atomic step: no instant without a complete <dir>.
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    XD_RETURN_IF_ERROR(detail::fsync_dir(parent));
+    XD_RETURN_IF_ERROR(fsync_dir(parent));
     fs::remove_all(tmp, ec);  // now the old checkpoint; leftovers are harmless
     return Status::ok();
   }
@@ -174,7 +174,7 @@ Status swap_into_place(const std::string& tmp, const std::string& dir) {
     ::rename(old.c_str(), dir.c_str());  // put the old checkpoint back
     return Status::io_error("cannot rename " + tmp + " to " + dir + ": " + std::strerror(err));
   }
-  XD_RETURN_IF_ERROR(detail::fsync_dir(parent));
+  XD_RETURN_IF_ERROR(fsync_dir(parent));
   fs::remove_all(old, ec);
   return Status::ok();
 }
@@ -193,7 +193,7 @@ Status write_all_files(const std::string& tmp, const ParamLayout& layout, const 
                                          {{"format", "pt"}, {"step", std::to_string(adam_step)}}));
   }
   XD_RETURN_IF_ERROR(write_json(join(tmp, kTrainerFile), trainer_to_json(trainer)));
-  return detail::fsync_dir(tmp);
+  return fsync_dir(tmp);
 }
 
 Expected<CheckpointData> load_impl(const std::string& dir) {
@@ -263,7 +263,7 @@ Status save_checkpoint(const std::string& dir_in, const ParamLayout& layout, con
     return Status::invalid_argument(where + ": give both AdamW moments or neither");
 
   std::error_code ec;
-  const std::string parent = detail::parent_dir(dir);
+  const std::string parent = parent_dir(dir);
   fs::create_directories(parent, ec);
   if (ec) return fs_error("cannot create", parent, ec).with_context(where);
   const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());

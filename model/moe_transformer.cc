@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "model/ops.h"
 
 namespace xd {
@@ -54,7 +54,7 @@ void MoeTransformer<T>::init(uint64_t seed) {
       std::fill(p, p + s.numel(), T(1));
       continue;
     }
-    detail::Rng rng(detail::hash_string(s.name, seed));
+    Rng rng(hash_string(s.name, seed));
     for (size_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(rng.normal() * stddev);
   }
 }

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "model/detail/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace xd {
 
@@ -143,7 +143,7 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsE
   const std::string where = "writing " + path;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<detail::ConstBuffer> pieces(2);  // length and header go first
+  std::vector<ConstBuffer> pieces(2);  // length and header go first
   std::set<std::string> seen;
   size_t offset = 0;
   for (const SafetensorsEntry& t : tensors) {
@@ -173,11 +173,11 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsE
   uint64_t n = text.size();  // stored little-endian; the host is little-endian
   pieces[0] = {&n, sizeof(n)};
   pieces[1] = {text.data(), text.size()};
-  return detail::write_file_atomic(path, pieces);
+  return write_file_atomic(path, pieces);
 }
 
 Expected<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  Expected<std::string> bytes = detail::read_file(path);
+  Expected<std::string> bytes = read_file(path);
   if (!bytes) return bytes.status().with_context("reading safetensors");
   return parse(std::move(bytes).value(), path);
 }

@@ -4,7 +4,7 @@
 // padded with spaces so the data starts 8-byte aligned, then the byte buffer.
 //
 // write_safetensors lays tensors out back to back in the order given (no gaps, as
-// the reference reader demands) and writes atomically (model/detail/atomic_file.h).
+// the reference reader demands) and writes atomically (common/atomic_file.h).
 // Tensors are only naturally aligned if the caller orders them so; readers here
 // never assume alignment.
 //

@@ -1,7 +1,7 @@
 #include "model/train_config.h"
 
-#include "model/detail/atomic_file.h"
-#include "model/detail/yaml_reader.h"
+#include "common/atomic_file.h"
+#include "common/yaml_reader.h"
 
 #include <cmath>
 #include <fstream>
@@ -67,9 +67,8 @@ double TrainConfig::learning_rate_at(int64_t step) const {
 
 namespace {
 
-using detail::Reader;
 
-void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
+void read_model(YamlReader& r, const YAML::Node& node, ModelConfig* m) {
   static const std::set<std::string> keys = {
       "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len",
       "num_experts", "top_k", "expert_intermediate_size", "num_shared_experts",
@@ -119,11 +118,11 @@ void read_model(Reader& r, const YAML::Node& node, ModelConfig* m) {
 
 Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source,
                                          const std::vector<std::string>& other_sections) {
-  auto document = detail::load_yaml_document(text, source);
+  auto document = load_yaml_document(text, source);
   if (!document) return document.status();
   const YAML::Node root = *document;
   TrainConfig c = default_train_config();
-  Reader r(source);
+  YamlReader r(source);
   if (root && !root.IsNull() && !root.IsMap())
     return Status::invalid_argument(source + ": the top level must be a mapping");
   std::set<std::string> sections = {"model", "train", "data"};
@@ -175,7 +174,7 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
 }
 
 Expected<TrainConfig> load_train_config(const std::string& path) {
-  auto text = detail::read_file(path);
+  auto text = read_file(path);
   if (!text) return text.status().with_context("cannot read config");
   return parse_train_config(*text, path);
 }

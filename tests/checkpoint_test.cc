@@ -16,7 +16,7 @@
 #include <set>
 
 #include "model/checkpoint.h"
-#include "model/detail/atomic_file.h"
+#include "common/atomic_file.h"
 #include "model/hf_config.h"
 #include "model/param_layout.h"
 #include "model/safetensors.h"
@@ -49,7 +49,7 @@ class TempDir {
   std::string path_;
 };
 
-std::string slurp(const std::string& path) { return detail::read_file(path).value(); }
+std::string slurp(const std::string& path) { return read_file(path).value(); }
 
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -296,19 +296,19 @@ TEST(Safetensors, WriterRefusesDuplicateAndReservedNames) {
 TEST(AtomicFile, ReplacesTheFileAndLeavesNoTempBehind) {
   TempDir tmp;
   const std::string path = tmp / "f";
-  ASSERT_TRUE(detail::write_file_atomic(path, "old", 3).is_ok());
-  ASSERT_TRUE(detail::write_file_atomic(path, "new!", 4).is_ok());
+  ASSERT_TRUE(write_file_atomic(path, "old", 3).is_ok());
+  ASSERT_TRUE(write_file_atomic(path, "new!", 4).is_ok());
   EXPECT_EQ(slurp(path), "new!");
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
-  EXPECT_TRUE(has_message(detail::write_file_atomic(tmp / "no/such/dir/f", "x", 1),
+  EXPECT_TRUE(has_message(write_file_atomic(tmp / "no/such/dir/f", "x", 1),
                           {"no/such/dir"}));
 }
 
 TEST(AtomicFile, ParentDirHandlesBareNamesRootAndTrailingSlashes) {
-  EXPECT_EQ(detail::parent_dir("a/b/c"), "a/b");
-  EXPECT_EQ(detail::parent_dir("c"), ".");
-  EXPECT_EQ(detail::parent_dir("/c"), "/");
-  EXPECT_EQ(detail::parent_dir("a/b/"), "a");
+  EXPECT_EQ(parent_dir("a/b/c"), "a/b");
+  EXPECT_EQ(parent_dir("c"), ".");
+  EXPECT_EQ(parent_dir("/c"), "/");
+  EXPECT_EQ(parent_dir("a/b/"), "a");
 }
 
 // ---------------------------------------------------------------- config.json

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "actors/hybrid_exchange.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 
 namespace xd {
 namespace {
@@ -30,7 +30,7 @@ struct Cluster {
 
 // counts[rank][expert]: some experts empty everywhere, one rank sends nothing.
 std::vector<std::vector<int>> make_counts(int world, int experts, uint64_t seed) {
-  detail::Rng rng(seed);
+  Rng rng(seed);
   std::vector<std::vector<int>> c(world, std::vector<int>(experts, 0));
   for (int r = 0; r < world; ++r)
     for (int e = 0; e < experts; ++e) {

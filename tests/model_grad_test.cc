@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "grad_check.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "model/moe_layer.h"
 #include "model/moe_transformer.h"
 
@@ -36,7 +36,7 @@ ModelConfig tiny_config(Gating gating, Connectivity conn) {
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  detail::Rng rng(seed);
+  Rng rng(seed);
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
   return t;
@@ -44,7 +44,7 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
 
 // Samples a few entries of every tensor, so every parameter kind is checked.
 std::vector<size_t> sample_entries(const ParamLayout& layout, int per_tensor, uint64_t seed) {
-  detail::Rng rng(seed);
+  Rng rng(seed);
   std::vector<size_t> out;
   for (const TensorSlot& s : layout.slots())
     for (int i = 0; i < per_tensor; ++i) out.push_back(s.offset + rng.next_u64() % s.numel());
@@ -115,7 +115,7 @@ TEST(MoeBlock, WeightedSumOfSelectedExpertsMatchesADirectComputation) {
   MoeTransformer<double> model(layout);
   model.init(11);
   const int N = 10, d = cfg.hidden_size, ff = cfg.expert_intermediate_size;
-  detail::Rng rng(5);
+  Rng rng(5);
   std::vector<double> x(N * d);
   for (auto& v : x) v = rng.normal();
   const LayerWeights<double>& W = model.weights().layers[0];

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "grad_check.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "model/gemm.h"
 #include "model/ops.h"
 #include "model/swiglu_expert.h"
@@ -16,7 +16,7 @@ using testing::all_entries;
 using testing::gradient_relative_error;
 
 std::vector<double> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
-  detail::Rng rng(seed);
+  Rng rng(seed);
   std::vector<double> v(n);
   for (double& x : v) x = rng.normal() * scale;
   return v;

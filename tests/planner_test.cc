@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cluster_spec.h"
+#include "cluster/job_config.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
 #include "coordinator/step_probe.h"

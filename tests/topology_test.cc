@@ -14,8 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/cluster_spec.h"
-#include "coordinator/topology.h"
+#include "cluster/job_config.h"
+#include "cluster/topology.h"
+#include "common/units.h"
 
 namespace xd {
 namespace {

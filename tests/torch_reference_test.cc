@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "model/checkpoint.h"
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "model/moe_transformer.h"
 #include "model/safetensors.h"
 
@@ -95,7 +95,7 @@ ScriptRun run_script(const std::string& args, const std::string& err_path) {
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  detail::Rng rng(seed);
+  Rng rng(seed);
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
   return t;

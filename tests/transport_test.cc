@@ -17,6 +17,7 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 
+#include "common/units.h"
 #include "transport/transport.h"
 
 namespace xd {

@@ -8,6 +8,16 @@
 
 namespace xd {
 
+CollectiveHandle& CollectiveHandle::operator=(CollectiveHandle&& other) {
+  if (this != &other) {
+    wait();  // the collective still borrows the caller's buffers
+    done_ = std::move(other.done_);
+  }
+  return *this;
+}
+
+Status CollectiveHandle::wait() { return done_ ? done_->wait() : Status::ok(); }
+
 namespace {
 std::vector<size_t> offsets_of(const std::vector<size_t>& sizes) {
   std::vector<size_t> off(sizes.size() + 1, 0);

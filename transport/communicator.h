@@ -23,11 +23,14 @@
 #include <vector>
 
 #include "common/status.h"
-#include "transport/detail/collective_completion.h"
 #include "transport/received_blocks.h"
 #include "transport/transport.h"
 
 namespace xd {
+
+namespace detail {
+class CollectiveCompletion;  // transport/detail/collective_completion.h
+}
 
 struct CollectiveTag {
   uint32_t step = 0;
@@ -42,16 +45,10 @@ class CollectiveHandle {
   CollectiveHandle() = default;
   explicit CollectiveHandle(std::shared_ptr<detail::CollectiveCompletion> done) : done_(std::move(done)) {}
   CollectiveHandle(CollectiveHandle&&) = default;
-  CollectiveHandle& operator=(CollectiveHandle&& other) {
-    if (this != &other) {
-      wait();  // the collective still borrows the caller's buffers
-      done_ = std::move(other.done_);
-    }
-    return *this;
-  }
+  CollectiveHandle& operator=(CollectiveHandle&& other);  // waits for the one it replaces
   ~CollectiveHandle() { wait(); }
   // Blocks until the collective has finished; later calls return the same Status.
-  Status wait() { return done_ ? done_->wait() : Status::ok(); }
+  Status wait();
 
  private:
   std::shared_ptr<detail::CollectiveCompletion> done_;

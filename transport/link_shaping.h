@@ -1,12 +1,10 @@
-// LinkShaping: the in-process emulation of a slow link (netem is unavailable).
-// A token bucket paces each directed peer link at `bandwidth_bytes_per_s`, and
-// every message is held back a further `latency_s` (one-way latency), while the
-// next message already transmits. Plain data.
+// LinkShaping: the in-process emulation of one link class (netem is
+// unavailable). A worker's egress on a link class is one zero-burst token
+// bucket shared by all its peers of that class, paced at
+// `bandwidth_bytes_per_s` (oldest message first across those peers), and every
+// message is held back a further `latency_s` (one-way latency) while the next
+// one already transmits. Plain data. Unit parsers: common/units.h.
 #pragma once
-
-#include <string>
-
-#include "common/status.h"
 
 namespace xd {
 
@@ -15,10 +13,5 @@ struct LinkShaping {
   double latency_s = 0;
   bool shaped() const { return bandwidth_bytes_per_s > 0 || latency_s > 0; }
 };
-
-// Parses "100mbit", "1.5gbit", "10MB/s", "800kbit" or a plain bytes/s number.
-Expected<double> parse_bandwidth(const std::string& text);
-// Parses "5ms", "250us", "0.1s" or a plain number of seconds.
-Expected<double> parse_duration(const std::string& text);
 
 }  // namespace xd

@@ -2,7 +2,24 @@
 
 #include <cstring>
 
+#include "transport/detail/received_frames.h"
+
 namespace xd {
+
+IncomingMessage::IncomingMessage() = default;
+IncomingMessage::IncomingMessage(FrameHeader header, std::unique_ptr<detail::ReceivedFrames> frames)
+    : header_(header), frames_(std::move(frames)) {}
+IncomingMessage::IncomingMessage(IncomingMessage&&) noexcept = default;
+IncomingMessage& IncomingMessage::operator=(IncomingMessage&&) noexcept = default;
+IncomingMessage::~IncomingMessage() = default;
+
+const void* IncomingMessage::meta_data() const { return frames_->frames[0].data(); }
+size_t IncomingMessage::meta_size() const { return frames_->frames[0].size(); }
+size_t IncomingMessage::num_tensors() const {
+  return !frames_ || frames_->frames.empty() ? 0 : frames_->frames.size() - 1;
+}
+const void* IncomingMessage::tensor_data(size_t i) const { return frames_->frames[i + 1].data(); }
+size_t IncomingMessage::tensor_size(size_t i) const { return frames_->frames[i + 1].size(); }
 
 OutFrame OutFrame::copy_of(const void* bytes, size_t size) {
   auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[size ? size : 1]);

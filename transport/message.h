@@ -3,8 +3,6 @@
 // and completion handles. All handle types are thread-safe.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +16,10 @@
 #include "transport/wire_format.h"
 
 namespace xd {
+
+namespace detail {
+struct ReceivedFrames;  // ZeroMQ's message frames: transport/detail/received_frames.h
+}
 
 // What a receive matches on, together with the source rank and the job.
 struct Tag {
@@ -42,22 +44,27 @@ struct OutFrame {
 
 // A received message: the validated header, the msgpack metadata and the
 // tensor frames, which stay in ZeroMQ's buffers (no copy on receipt).
+// Move-only.
 class IncomingMessage {
  public:
-  IncomingMessage() = default;
-  IncomingMessage(FrameHeader header, std::vector<zmq::message_t> frames)
-      : header_(header), frames_(std::move(frames)) {}
+  IncomingMessage();
+  // `frames` holds [meta, tensor...].
+  IncomingMessage(FrameHeader header, std::unique_ptr<detail::ReceivedFrames> frames);
+  IncomingMessage(IncomingMessage&&) noexcept;
+  IncomingMessage& operator=(IncomingMessage&&) noexcept;
+  ~IncomingMessage();
+
   const FrameHeader& header() const { return header_; }
-  const void* meta_data() const { return frames_[0].data(); }
-  size_t meta_size() const { return frames_[0].size(); }
-  size_t num_tensors() const { return frames_.empty() ? 0 : frames_.size() - 1; }
-  const void* tensor_data(size_t i) const { return frames_[i + 1].data(); }
-  size_t tensor_size(size_t i) const { return frames_[i + 1].size(); }
+  const void* meta_data() const;
+  size_t meta_size() const;
+  size_t num_tensors() const;
+  const void* tensor_data(size_t i) const;
+  size_t tensor_size(size_t i) const;
   size_t payload_bytes() const { return header_.payload_len; }
 
  private:
   FrameHeader header_;
-  std::vector<zmq::message_t> frames_;  // [meta, tensor...]
+  std::unique_ptr<detail::ReceivedFrames> frames_;
 };
 
 // Counts down outstanding parts; done when all finished. Errors stick.

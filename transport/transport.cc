@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "transport/detail/same_host.h"
+#include "transport/detail/received_frames.h"
 #include "transport/detail/transport_impl.h"
 
 namespace xd {
@@ -196,6 +197,7 @@ void Transport::Impl::handle(Command& c) {
     enqueue(*s);
   } else if (auto* cc = std::get_if<ConnectCommand>(&c)) {
     if (cc->rank >= 0) options.rank = cc->rank;
+    if (cc->job) options.job = *cc->job;
     cc->done->set_value(options.rank < 0 ? Status::invalid_argument("connect() needs a rank")
                                          : connect_peers(cc->peers));
   }
@@ -420,7 +422,7 @@ void Transport::Impl::process(std::vector<zmq::message_t> frames) {
     recv_bytes_kind[(int)h.kind] += payload;
     recv_msgs_kind[(int)h.kind]++;
     frames.erase(frames.begin(), frames.begin() + 2);
-    deliver(IncomingMessage(h, std::move(frames)));
+    deliver(IncomingMessage(h, std::make_unique<detail::ReceivedFrames>(detail::ReceivedFrames{std::move(frames)})));
   }
 }
 
@@ -464,12 +466,12 @@ int Transport::rank() const { return impl_->options.rank; }
 uint32_t Transport::job() const { return impl_->options.job; }
 const std::string& Transport::endpoint() const { return impl_->endpoint; }
 
-Status Transport::connect(const std::vector<PeerInfo>& peers, int rank) {
+Status Transport::connect(const std::vector<PeerInfo>& peers, int rank, std::optional<uint32_t> job) {
   if (impl_->connected) return Status::invalid_argument("connect() may be called once");
   if (rank > 0xFFFE) return Status::invalid_argument("rank out of range");
   auto done = std::make_shared<std::promise<Status>>();
   auto fut = done->get_future();
-  impl_->mailbox.push(ConnectCommand{peers, rank, done}, /*urgent=*/true);
+  impl_->mailbox.push(ConnectCommand{peers, rank, job, done}, /*urgent=*/true);
   return fut.get();
 }
 
@@ -495,7 +497,7 @@ std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector
     std::vector<zmq::message_t> parts;
     parts.emplace_back(meta.data(), meta.size());
     for (const OutFrame& f : frames) parts.emplace_back(f.data, f.size);
-    impl_->deliver(IncomingMessage(h, std::move(parts)));
+    impl_->deliver(IncomingMessage(h, std::make_unique<detail::ReceivedFrames>(detail::ReceivedFrames{std::move(parts)})));
     auto c = std::make_shared<Completion>(1);
     c->finish_one();
     return c;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,7 @@ struct PeerInfo {
 
 struct TransportOptions {
   int rank = 0;  // -1: given later by connect()
-  uint32_t job = 0;
+  uint32_t job = 0;  // see connect()
   std::string bind_endpoint = "tcp://127.0.0.1:*";  // '*' picks a free port
   std::vector<LinkShaping> link_classes = {LinkShaping{}};
   std::vector<std::string> link_class_names = {"default"};
@@ -95,8 +96,10 @@ class Transport {
 
   // Opens links to `peers` (own rank is skipped). May be called once. A
   // transport created with rank -1 (a worker that binds before it knows its
-  // rank) gets its rank here.
-  Status connect(const std::vector<PeerInfo>& peers, int rank = -1);
+  // rank) gets its rank here, and its job id when `job` is given: from then
+  // on every message it sends carries that id, and every message it receives
+  // must (others are dropped and counted as RejectReason::kWrongJob).
+  Status connect(const std::vector<PeerInfo>& peers, int rank = -1, std::optional<uint32_t> job = std::nullopt);
   bool has_peer(int rank) const;
 
   // Queues a message for `dst` (may be this rank). Blocks under backpressure.

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/detail/rng.h"
+#include "common/rng.h"
 #include "rendezvous.h"
 #include "transport/communicator.h"
 
@@ -20,7 +20,7 @@ namespace {
 
 using xd::CollectiveTag;
 using xd::Communicator;
-using xd::detail::splitmix64;
+using xd::splitmix64;
 
 int g_checks = 0, g_failures = 0;
 

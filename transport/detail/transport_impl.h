@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <variant>
@@ -58,7 +59,12 @@ struct Link {
 using MatchKey = std::tuple<uint8_t, uint32_t, uint16_t, uint16_t, uint32_t, uint16_t>;
 
 struct SendCommand { int dst; PendingSend send; };
-struct ConnectCommand { std::vector<PeerInfo> peers; int rank; std::shared_ptr<std::promise<Status>> done; };
+struct ConnectCommand {
+  std::vector<PeerInfo> peers;
+  int rank;
+  std::optional<uint32_t> job;
+  std::shared_ptr<std::promise<Status>> done;
+};
 struct StopCommand {};
 struct WakeCommand {};
 using Command = std::variant<SendCommand, ConnectCommand, StopCommand, WakeCommand>;

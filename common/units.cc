@@ -1,9 +1,13 @@
-#include "transport/link_shaping.h"
+#include "common/units.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <map>
 
 namespace xd {
+
 
 namespace {
 // Splits "12.5mbit" into 12.5 and "mbit" (lower-cased).
@@ -44,6 +48,32 @@ Expected<double> parse_duration(const std::string& text) {
   if (u == "ms") return v * 1e-3;
   if (u == "us") return v * 1e-6;
   return Status::invalid_argument("bad duration unit in '" + text + "' (use s, ms or us)");
+}
+
+
+Expected<double> parse_byte_size(const std::string& text) {
+  std::string t;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch)))
+      t.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+  if (t == "unlimited" || t == "none" || t == "inf")
+    return std::numeric_limits<double>::infinity();
+  const char* begin = t.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || !(v >= 0) || !std::isfinite(v))
+    return Status::invalid_argument("bad size '" + text + "'");
+  const std::string unit(end);
+  static const std::map<std::string, double> units = {
+      {"", 1},      {"b", 1},
+      {"kb", 1e3},  {"mb", 1e6},  {"gb", 1e9},  {"tb", 1e12},
+      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
+      {"tib", 1024.0 * 1024 * 1024 * 1024}};
+  auto it = units.find(unit);
+  if (it == units.end())
+    return Status::invalid_argument("bad size unit in '" + text +
+                                    "' (use B, KB, MB, GB, KiB, MiB, GiB or unlimited)");
+  return v * it->second;
 }
 
 }  // namespace xd

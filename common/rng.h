@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace xd::detail {
+namespace xd {
 
 inline uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -37,4 +37,4 @@ class Rng {
   uint64_t state_;
 };
 
-}  // namespace xd::detail
+}  // namespace xd

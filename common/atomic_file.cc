@@ -1,4 +1,4 @@
-#include "model/detail/atomic_file.h"
+#include "common/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace xd::detail {
+namespace xd {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -119,4 +119,4 @@ Expected<std::string> read_file(const std::string& path) {
   return out;
 }
 
-}  // namespace xd::detail
+}  // namespace xd

@@ -3,7 +3,6 @@
 // level, optional hosts, and the expert-parallel choice. Parsing is strict: an
 // unknown key, a bad unit or an inconsistent value (a domain size that does not
 // divide its level size, ...) is an error naming file:line and the key.
-// JobConfig is the whole job file: the TrainConfig sections plus the cluster.
 // Plain data; copyable.
 //
 // Link classes: the link class of level l joins workers whose locations
@@ -15,7 +14,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/train_config.h"
 
 namespace xd {
 
@@ -74,24 +72,9 @@ ClusterSpec default_cluster_spec();
 // "unlimited" for memory_cap.
 Expected<ClusterSpec> parse_cluster_spec(const std::string& yaml_text, const std::string& source);
 
-// Byte sizes: "512", "64KB", "1.5GB", "64MiB" (case-insensitive), "unlimited".
-Expected<double> parse_byte_size(const std::string& text);
 
 // The level of the first coordinate where workers m and n differ (their link
 // class), or -1 when m == n.
 int link_level(const std::vector<int>& level_sizes, int m, int n);
-
-struct JobConfig {
-  TrainConfig train;
-  ClusterSpec cluster;
-};
-
-// The built-in distributed demo: default_cluster_spec() and default_train_config()
-// with 16 sequences per worker and experts of intermediate size 128.
-JobConfig default_job_config();
-// Parses the sections model/train/data (TrainConfig) and cluster of one file,
-// then checks that they agree (model.num_experts is a multiple of the world size).
-Expected<JobConfig> parse_job_config(const std::string& yaml_text, const std::string& source);
-Expected<JobConfig> load_job_config(const std::string& path);
 
 }  // namespace xd

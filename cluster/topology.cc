@@ -1,4 +1,4 @@
-#include "coordinator/topology.h"
+#include "cluster/topology.h"
 
 #include <sstream>
 

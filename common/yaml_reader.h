@@ -1,4 +1,4 @@
-// Reader: strict YAML-to-struct reading for config files. It keeps the first
+// YamlReader: strict YAML-to-struct reading for config files. It keeps the first
 // error, with the file:line of the offending node and the dotted key, and
 // remembers where each key was read so rules checked later can still point at
 // the line. Unknown keys and missing required keys are errors. Not thread-safe;
@@ -14,11 +14,11 @@
 
 #include "common/status.h"
 
-namespace xd::detail {
+namespace xd {
 
-class Reader {
+class YamlReader {
  public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
+  explicit YamlReader(std::string source) : source_(std::move(source)) {}
 
   std::string where(const YAML::Node& n) const {
     return source_ + ":" + std::to_string(n.Mark().line + 1);
@@ -126,4 +126,4 @@ inline Expected<YAML::Node> load_yaml_document(const std::string& text, const st
   }
 }
 
-}  // namespace xd::detail
+}  // namespace xd

@@ -1,7 +1,7 @@
-#include "coordinator/cluster_spec.h"
+#include "cluster/cluster_spec.h"
 
-#include "model/detail/atomic_file.h"
-#include "model/detail/yaml_reader.h"
+#include "common/atomic_file.h"
+#include "common/yaml_reader.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -16,7 +16,7 @@
 #include <sstream>
 #include <utility>
 
-#include "transport/link_shaping.h"
+#include "common/units.h"
 
 namespace xd {
 
@@ -60,30 +60,6 @@ ClusterSpec default_cluster_spec() {
   return c;
 }
 
-Expected<double> parse_byte_size(const std::string& text) {
-  std::string t;
-  for (char ch : text)
-    if (!std::isspace(static_cast<unsigned char>(ch)))
-      t.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
-  if (t == "unlimited" || t == "none" || t == "inf")
-    return std::numeric_limits<double>::infinity();
-  const char* begin = t.c_str();
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  if (end == begin || !(v >= 0) || !std::isfinite(v))
-    return Status::invalid_argument("bad size '" + text + "'");
-  const std::string unit(end);
-  static const std::map<std::string, double> units = {
-      {"", 1},      {"b", 1},
-      {"kb", 1e3},  {"mb", 1e6},  {"gb", 1e9},  {"tb", 1e12},
-      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
-      {"tib", 1024.0 * 1024 * 1024 * 1024}};
-  auto it = units.find(unit);
-  if (it == units.end())
-    return Status::invalid_argument("bad size unit in '" + text +
-                                    "' (use B, KB, MB, GB, KiB, MiB, GiB or unlimited)");
-  return v * it->second;
-}
 
 int link_level(const std::vector<int>& level_sizes, int m, int n) {
   int stride = 1;
@@ -163,9 +139,8 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
   return std::nullopt;
 }
 
-using detail::Reader;
 
-void read_level(Reader& r, const YAML::Node& node, const std::string& k, LevelSpec* level) {
+void read_level(YamlReader& r, const YAML::Node& node, const std::string& k, LevelSpec* level) {
   r.section(node, k, {"name", "size", "link"}, {"name", "size", "link"},
             [&](const std::string& key, const YAML::Node& v, const std::string& full) {
     if (key == "name") r.get(v, full, &level->name);
@@ -183,7 +158,7 @@ void read_level(Reader& r, const YAML::Node& node, const std::string& k, LevelSp
   level->link.name = level->name;
 }
 
-void read_hosts(Reader& r, const YAML::Node& node, std::vector<HostSpec>* hosts) {
+void read_hosts(YamlReader& r, const YAML::Node& node, std::vector<HostSpec>* hosts) {
   if (!node.IsSequence()) return r.fail(node, "cluster.hosts", "must be a list");
   hosts->clear();
   for (size_t i = 0; i < node.size() && r.ok(); ++i) {
@@ -208,7 +183,7 @@ Status ClusterSpec::validate() const {
 }
 
 Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::string& source) {
-  auto document = detail::load_yaml_document(text, source);
+  auto document = load_yaml_document(text, source);
   if (!document) return document.status();
   const YAML::Node root = *document;
   ClusterSpec c = default_cluster_spec();
@@ -217,7 +192,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
   const YAML::Node node = root["cluster"];
   if (!node) return c;
 
-  Reader r(source);
+  YamlReader r(source);
   bool levels_given = false, domains_given = false;
   r.section(node, "cluster", {"levels", "hosts", "expert_parallel"}, {},
             [&](const std::string& key, const YAML::Node& v, const std::string& full) {
@@ -273,38 +248,6 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
     return r.status();
   }
   return c;
-}
-
-JobConfig default_job_config() {
-  JobConfig job{default_train_config(), default_cluster_spec()};
-  // The distributed demo: more tokens per worker and slimmer experts than the
-  // one-process default, the regime HybridEP targets (tokens outweigh experts
-  // on the slow inter-DC link). examples/2dc.yaml spells out a similar job.
-  job.train.batch_size = 16;
-  job.train.model.expert_intermediate_size = 128;
-  job.train.model.shared_intermediate_size = 128;
-  return job;
-}
-
-Expected<JobConfig> parse_job_config(const std::string& text, const std::string& source) {
-  auto train = parse_train_config(text, source, {"cluster"});
-  if (!train) return train.status();
-  auto cluster = parse_cluster_spec(text, source);
-  if (!cluster) return cluster.status();
-  const int g = cluster->world_size();
-  if (train->model.num_experts % g != 0)
-    return Status::invalid_argument(source + ": model.num_experts (" +
-                                    std::to_string(train->model.num_experts) +
-                                    ") must be a multiple of the world size (" + std::to_string(g) +
-                                    " workers from cluster.levels), so that every worker owns "
-                                    "the same number of experts");
-  return JobConfig{std::move(*train), std::move(*cluster)};
-}
-
-Expected<JobConfig> load_job_config(const std::string& path) {
-  auto text = detail::read_file(path);
-  if (!text) return text.status().with_context("cannot read config");
-  return parse_job_config(*text, path);
 }
 
 }  // namespace xd

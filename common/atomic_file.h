@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-namespace xd::detail {
+namespace xd {
 
 // One piece of a gathered write; the pieces are written back to back.
 struct ConstBuffer {
@@ -32,4 +32,4 @@ Status fsync_dir(const std::string& dir);
 // The directory part of `path` ("." when it has none), for fsync_dir.
 std::string parent_dir(const std::string& path);
 
-}  // namespace xd::detail
+}  // namespace xd

@@ -1,0 +1,207 @@
+#include "cluster/job_config.h"
+
+#include <cmath>
+
+#include "cluster/detail/json_fields.h"
+#include "common/atomic_file.h"
+#include "model/hf_config.h"
+
+namespace xd {
+
+using nlohmann::json;
+using detail::JsonFields;
+
+Status JobConfig::validate() const {
+  XD_RETURN_IF_ERROR(train.validate());
+  XD_RETURN_IF_ERROR(cluster.validate());
+  const int g = cluster.world_size();
+  if (train.model.num_experts % g != 0)
+    return Status::invalid_argument("model.num_experts (" + std::to_string(train.model.num_experts) +
+                                    ") must be a multiple of the world size (" + std::to_string(g) +
+                                    " workers from cluster.levels), so that every worker owns "
+                                    "the same number of experts");
+  return Status::ok();
+}
+
+JobConfig default_job_config() {
+  JobConfig job{default_train_config(), default_cluster_spec()};
+  // The distributed demo: more tokens per worker and slimmer experts than the
+  // one-process default, the regime HybridEP targets (tokens outweigh experts
+  // on the slow inter-DC link). examples/2dc.yaml spells out a similar job.
+  job.train.batch_size = 16;
+  job.train.model.expert_intermediate_size = 128;
+  job.train.model.shared_intermediate_size = 128;
+  return job;
+}
+
+Expected<JobConfig> parse_job_config(const std::string& text, const std::string& source) {
+  auto train = parse_train_config(text, source, {"cluster"});
+  if (!train) return train.status();
+  auto cluster = parse_cluster_spec(text, source);
+  if (!cluster) return cluster.status();
+  JobConfig job{std::move(*train), std::move(*cluster)};
+  if (Status st = job.validate(); !st.is_ok()) return Status::invalid_argument(source + ": " + st.message());
+  return job;
+}
+
+Expected<JobConfig> load_job_config(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return text.status().with_context("cannot read config");
+  return parse_job_config(*text, path);
+}
+
+namespace {
+
+json cluster_to_json(const ClusterSpec& c) {
+  json levels = json::array(), hosts = json::array();
+  for (const LevelSpec& l : c.levels)
+    levels.push_back({{"name", l.name},
+                      {"size", l.size},
+                      {"link", {{"name", l.link.name},
+                                {"bandwidth_bytes_per_s", l.link.bandwidth_bytes_per_s},
+                                {"latency_s", l.link.latency_s},
+                                {"shape", l.link.shape}}}});
+  for (const HostSpec& h : c.hosts) hosts.push_back({{"host", h.host}, {"dc", h.dc}, {"slots", h.slots}});
+  const ExpertParallelSpec& ep = c.expert_parallel;
+  return {{"levels", levels},
+          {"hosts", hosts},
+          {"expert_parallel", {{"mode", ep_mode_name(ep.mode)},
+                               {"domain_sizes", ep.domain_sizes},
+                               // JSON has no infinity: null means no cap.
+                               {"memory_cap_bytes", std::isinf(ep.memory_cap_bytes)
+                                                        ? json(nullptr) : json(ep.memory_cap_bytes)}}}};
+}
+
+template <typename T, typename F>
+void read_list(JsonFields& f, const char* key, std::vector<T>* out, F read_one) {
+  const json* list = f.object(key);
+  if (!list) return;
+  if (!list->is_array()) return f.fail(f.name(key), "must be a list");
+  out->clear();
+  for (size_t i = 0; i < list->size() && f.ok(); ++i) {
+    JsonFields item((*list)[i], f.name(key) + "[" + std::to_string(i) + "]");
+    T value;
+    read_one(item, &value);
+    f.fail(item.finish());
+    out->push_back(value);
+  }
+}
+
+void cluster_from_json(JsonFields& f, ClusterSpec* c) {
+  read_list(f, "levels", &c->levels, [](JsonFields& lf, LevelSpec* l) {
+    lf.get("name", &l->name);
+    lf.get("size", &l->size);
+    const json* link = lf.object("link");
+    if (!link) return;
+    JsonFields k(*link, lf.name("link"));
+    k.get("name", &l->link.name);
+    k.get("bandwidth_bytes_per_s", &l->link.bandwidth_bytes_per_s);
+    k.get("latency_s", &l->link.latency_s);
+    k.get("shape", &l->link.shape);
+    lf.fail(k.finish());
+  });
+  read_list(f, "hosts", &c->hosts, [](JsonFields& hf, HostSpec* h) {
+    hf.get("host", &h->host);
+    hf.get("dc", &h->dc);
+    hf.get("slots", &h->slots);
+  });
+  const json* ep = f.object("expert_parallel");
+  if (!ep) return;
+  JsonFields e(*ep, f.name("expert_parallel"));
+  std::string mode;
+  e.get("mode", &mode);
+  if (e.ok()) {
+    auto m = parse_ep_mode(mode);
+    if (!m) e.fail(e.name("mode"), m.status().message());
+    else c->expert_parallel.mode = *m;
+  }
+  e.get("domain_sizes", &c->expert_parallel.domain_sizes);
+  e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
+  f.fail(e.finish());
+}
+
+}  // namespace
+
+json job_config_to_json(const JobConfig& job) {
+  const TrainConfig& t = job.train;
+  return {{"model", model_config_to_json(t.model)},
+          {"data", {{"source", t.data.source},
+                    {"builtin_bytes", t.data.builtin_bytes},
+                    {"builtin_seed", t.data.builtin_seed},
+                    {"validation_fraction", t.data.validation_fraction}}},
+          {"optimizer", {{"learning_rate", t.optimizer.learning_rate},
+                         {"beta1", t.optimizer.beta1},
+                         {"beta2", t.optimizer.beta2},
+                         {"eps", t.optimizer.eps},
+                         {"weight_decay", t.optimizer.weight_decay},
+                         {"grad_clip", t.optimizer.grad_clip}}},
+          {"train", {{"steps", t.steps},
+                     {"batch_size", t.batch_size},
+                     {"seq_len", t.seq_len},
+                     {"min_learning_rate", t.min_learning_rate},
+                     {"warmup_steps", t.warmup_steps},
+                     {"seed", t.seed},
+                     {"log_every", t.log_every},
+                     {"eval_every", t.eval_every},
+                     {"eval_batches", t.eval_batches},
+                     {"checkpoint_every", t.checkpoint_every},
+                     {"checkpoint_dir", t.checkpoint_dir}}},
+          {"cluster", cluster_to_json(job.cluster)}};
+}
+
+Expected<JobConfig> job_config_from_json(const json& j) {
+  JobConfig job;
+  TrainConfig& t = job.train;
+  JsonFields f(j, "job");
+  if (const json* model = f.object("model")) {
+    auto m = model_config_from_json(*model);
+    if (!m) f.fail("job.model", m.status().message());
+    else t.model = *m;
+  }
+  auto section = [&](const char* key, auto read) {
+    const json* s = f.object(key);
+    if (!s) return;
+    JsonFields sf(*s, f.name(key));
+    read(sf);
+    f.fail(sf.finish());
+  };
+  section("data", [&](JsonFields& d) {
+    d.get("source", &t.data.source);
+    d.get("builtin_bytes", &t.data.builtin_bytes);
+    d.get("builtin_seed", &t.data.builtin_seed);
+    d.get("validation_fraction", &t.data.validation_fraction);
+  });
+  section("optimizer", [&](JsonFields& o) {
+    o.get("learning_rate", &t.optimizer.learning_rate);
+    o.get("beta1", &t.optimizer.beta1);
+    o.get("beta2", &t.optimizer.beta2);
+    o.get("eps", &t.optimizer.eps);
+    o.get("weight_decay", &t.optimizer.weight_decay);
+    o.get("grad_clip", &t.optimizer.grad_clip);
+  });
+  section("train", [&](JsonFields& r) {
+    r.get("steps", &t.steps);
+    r.get("batch_size", &t.batch_size);
+    r.get("seq_len", &t.seq_len);
+    r.get("min_learning_rate", &t.min_learning_rate);
+    r.get("warmup_steps", &t.warmup_steps);
+    r.get("seed", &t.seed);
+    r.get("log_every", &t.log_every);
+    r.get("eval_every", &t.eval_every);
+    r.get("eval_batches", &t.eval_batches);
+    r.get("checkpoint_every", &t.checkpoint_every);
+    r.get("checkpoint_dir", &t.checkpoint_dir);
+  });
+  section("cluster", [&](JsonFields& c) { cluster_from_json(c, &job.cluster); });
+  XD_RETURN_IF_ERROR(f.finish());
+  if (Status st = job.validate(); !st.is_ok()) return st.with_context("job");
+  return job;
+}
+
+TrainConfig one_process_equivalent(const JobConfig& job) {
+  TrainConfig t = job.train;
+  t.batch_size = job.train.batch_size * job.cluster.world_size();
+  return t;
+}
+
+}  // namespace xd

@@ -1,0 +1,49 @@
+// JobConfig: one job, whole -- the model/train/data sections (TrainConfig) and
+// the cluster. It is read once, from YAML, by whoever starts the job (the
+// coordinator, `xdmoe plan`, `xdmoe train`); every override from the command
+// line is applied to it there; and the result, the *effective* configuration,
+// travels to every worker as JSON inside the assignment (cluster/protocol.h).
+// Workers never see or re-parse the YAML. Plain data; copyable; the functions
+// are pure and never throw.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/cluster_spec.h"
+#include "common/status.h"
+#include "model/train_config.h"
+
+namespace xd {
+
+struct JobConfig {
+  TrainConfig train;  // train.batch_size is per worker
+  ClusterSpec cluster;
+
+  // Every rule of the parsers: the train and cluster rules, and that
+  // model.num_experts is a multiple of the world size.
+  Status validate() const;
+};
+
+// The built-in distributed demo: default_cluster_spec() and default_train_config()
+// with 16 sequences per worker and experts of intermediate size 128.
+JobConfig default_job_config();
+// Parses the sections model/train/data (TrainConfig) and cluster of one file,
+// then checks that they agree (JobConfig::validate()).
+Expected<JobConfig> parse_job_config(const std::string& yaml_text, const std::string& source);
+Expected<JobConfig> load_job_config(const std::string& path);
+
+// The effective configuration as JSON, and back. Every field is written, so
+// nothing depends on the reader's defaults; from_json rejects a missing,
+// unknown or mistyped key (naming it) and runs validate().
+nlohmann::json job_config_to_json(const JobConfig& job);
+Expected<JobConfig> job_config_from_json(const nlohmann::json& j);
+
+// The one-process run with the arithmetic of the distributed job: the same
+// model, data and seed, and the global batch (world size x train.batch_size
+// sequences) in every step. The only difference: the router's load-balancing
+// aux loss is taken over the whole batch instead of per worker.
+TrainConfig one_process_equivalent(const JobConfig& job);
+
+}  // namespace xd

@@ -1,0 +1,223 @@
+#include "cluster/protocol.h"
+
+#include "cluster/detail/json_fields.h"
+
+namespace xd {
+
+using nlohmann::json;
+using detail::JsonFields;
+
+namespace {
+
+// Checks the op and hands the other fields to `read`; unknown fields fail.
+template <typename F>
+Status read_message(const json& j, const char* expected_op, F read) {
+  auto op = op_of(j);
+  if (!op) return op.status();
+  if (*op != expected_op)
+    return Status::invalid_argument(std::string("expected a '") + expected_op + "' message, got '" + *op + "'");
+  JsonFields f(j, std::string(expected_op));
+  std::string ignored;
+  f.get("op", &ignored);
+  read(f);
+  return f.finish();
+}
+
+}  // namespace
+
+Expected<std::string> op_of(const json& message) {
+  if (!message.is_object()) return Status::invalid_argument("control message is not a JSON object");
+  auto it = message.find("op");
+  if (it == message.end() || !it->is_string()) return Status::invalid_argument("control message without an 'op' string");
+  return it->get<std::string>();
+}
+
+std::string protocol_mismatch_message(int worker_version) {
+  return "protocol version mismatch: this worker speaks version " + std::to_string(worker_version) +
+         ", the coordinator version " + std::to_string(kProtocolVersion) +
+         "; run the same xdmoe build on every host";
+}
+
+json to_json(const RegisterRequest& m) {
+  return {{"op", op::kRegister},     {"protocol_version", m.protocol_version},
+          {"requested_rank", m.requested_rank}, {"host", m.host},
+          {"pid", m.pid},            {"data_endpoint", m.data_endpoint}};
+}
+
+Status from_json(const json& j, RegisterRequest* out) {
+  // A version-1 worker sends no version: read it first, so that it gets the
+  // version refusal rather than a field error.
+  RegisterRequest r;
+  r.protocol_version = 1;
+  if (j.is_object() && j.contains("protocol_version") && j["protocol_version"].is_number_integer())
+    r.protocol_version = j["protocol_version"].get<int>();
+  if (r.protocol_version != kProtocolVersion) {
+    *out = r;
+    return Status::invalid_argument(protocol_mismatch_message(r.protocol_version));
+  }
+  XD_RETURN_IF_ERROR(read_message(j, op::kRegister, [&](JsonFields& f) {
+    f.get("protocol_version", &r.protocol_version);
+    f.get("requested_rank", &r.requested_rank);
+    f.get("host", &r.host);
+    f.get("pid", &r.pid);
+    f.get("data_endpoint", &r.data_endpoint);
+  }));
+  if (r.data_endpoint.rfind("tcp://", 0) != 0)
+    return Status::invalid_argument("register.data_endpoint must be a tcp:// endpoint");
+  *out = r;
+  return Status::ok();
+}
+
+json to_json(const Assignment& m) {
+  json peers = json::array();
+  for (const PeerAssignment& p : m.peers)
+    peers.push_back({{"rank", p.rank}, {"endpoint", p.endpoint}, {"link_class", p.link_class}});
+  return {{"op", op::kAssign},
+          {"job_id", m.job_id},
+          {"job_name", m.job_name},
+          {"rank", m.rank},
+          {"peers", peers},
+          {"domain_sizes", m.domain_sizes},
+          {"flat_ep", m.flat_ep},
+          {"predicted_step_s", m.predicted_step_s},
+          {"hold", m.hold},
+          {"job", job_config_to_json(m.job)}};
+}
+
+Status from_json(const json& j, Assignment* out) {
+  Assignment a;
+  XD_RETURN_IF_ERROR(read_message(j, op::kAssign, [&](JsonFields& f) {
+    f.get("job_id", &a.job_id);
+    f.get("job_name", &a.job_name);
+    f.get("rank", &a.rank);
+    f.get("domain_sizes", &a.domain_sizes);
+    f.get("flat_ep", &a.flat_ep);
+    f.get("predicted_step_s", &a.predicted_step_s);
+    f.get("hold", &a.hold);
+    if (const json* peers = f.object("peers")) {
+      if (!peers->is_array()) return f.fail("assign.peers", "must be a list");
+      for (size_t i = 0; i < peers->size() && f.ok(); ++i) {
+        JsonFields pf((*peers)[i], "assign.peers[" + std::to_string(i) + "]");
+        PeerAssignment p;
+        pf.get("rank", &p.rank);
+        pf.get("endpoint", &p.endpoint);
+        pf.get("link_class", &p.link_class);
+        f.fail(pf.finish());
+        a.peers.push_back(p);
+      }
+    }
+    if (const json* job = f.object("job")) {
+      auto parsed = job_config_from_json(*job);
+      if (!parsed) return f.fail("assign", parsed.status().message());
+      a.job = std::move(*parsed);
+    }
+  }));
+  const int world = a.job.cluster.world_size();
+  if (static_cast<int>(a.peers.size()) != world)
+    return Status::invalid_argument("assign.peers: " + std::to_string(a.peers.size()) + " peers for " +
+                                    std::to_string(world) + " workers");
+  for (int r = 0; r < world; ++r) {
+    const PeerAssignment& p = a.peers[r];
+    if (p.rank != r) return Status::invalid_argument("assign.peers[" + std::to_string(r) + "].rank: out of order");
+    if (p.link_class < 0 || p.link_class >= static_cast<int>(a.job.cluster.levels.size()))
+      return Status::invalid_argument("assign.peers[" + std::to_string(r) + "].link_class: no such level");
+  }
+  if (a.rank < 0 || a.rank >= world) return Status::invalid_argument("assign.rank: out of range");
+  if (a.domain_sizes.size() != a.job.cluster.levels.size())
+    return Status::invalid_argument("assign.domain_sizes: one per level expected");
+  *out = std::move(a);
+  return Status::ok();
+}
+
+json to_json(const Heartbeat&) { return {{"op", op::kHeartbeat}}; }
+json to_json(const Done&) { return {{"op", op::kDone}}; }
+json to_json(const StatusRequest&) { return {{"op", op::kStatus}}; }
+json to_json(const MetricsRequest&) { return {{"op", op::kMetrics}}; }
+
+json to_json(const StepMetrics& m) {
+  return {{"op", op::kMetrics},       {"step", m.step},
+          {"loss", m.loss},           {"ce_loss", m.ce_loss},
+          {"aux_loss", m.aux_loss},   {"tokens_per_s", m.tokens_per_s},
+          {"step_s", m.step_s},       {"compute_s", m.compute_s},
+          {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
+          {"predicted_step_s", m.predicted_step_s},
+          {"peak_rss_bytes", m.peak_rss_bytes},
+          {"bytes", m.bytes},
+          {"gather_wait_s", m.gather_wait_s}};
+}
+
+Status from_json(const json& j, StepMetrics* out) {
+  StepMetrics m;
+  XD_RETURN_IF_ERROR(read_message(j, op::kMetrics, [&](JsonFields& f) {
+    f.get("step", &m.step);
+    f.get("loss", &m.loss);
+    f.get("ce_loss", &m.ce_loss);
+    f.get("aux_loss", &m.aux_loss);
+    f.get("tokens_per_s", &m.tokens_per_s);
+    f.get("step_s", &m.step_s);
+    f.get("compute_s", &m.compute_s);
+    f.get("comm_s", &m.comm_s);
+    f.get("exposed_comm_s", &m.exposed_comm_s);
+    f.get("predicted_step_s", &m.predicted_step_s);
+    f.get("peak_rss_bytes", &m.peak_rss_bytes);
+    f.get("bytes", &m.bytes);
+    f.get("gather_wait_s", &m.gather_wait_s);
+  }));
+  *out = std::move(m);
+  return Status::ok();
+}
+
+json to_json(const ErrorReport& m) { return {{"op", op::kError}, {"error", m.error}}; }
+
+Status from_json(const json& j, ErrorReport* out) {
+  ErrorReport e;
+  XD_RETURN_IF_ERROR(read_message(j, op::kError, [&](JsonFields& f) { f.get("error", &e.error); }));
+  *out = std::move(e);
+  return Status::ok();
+}
+
+json to_json(const StopOrder& m) { return {{"op", op::kStop}, {"reason", m.reason}}; }
+
+Status from_json(const json& j, StopOrder* out) {
+  StopOrder s;
+  XD_RETURN_IF_ERROR(read_message(j, op::kStop, [&](JsonFields& f) { f.get("reason", &s.reason); }));
+  *out = std::move(s);
+  return Status::ok();
+}
+
+json to_json(const ThrottleRequest& m) {
+  return {{"op", op::kThrottle}, {"link", m.link}, {"bandwidth_bytes_per_s", m.bandwidth_bytes_per_s},
+          {"latency_s", m.latency_s}};
+}
+
+Status from_json(const json& j, ThrottleRequest* out) {
+  ThrottleRequest t;
+  XD_RETURN_IF_ERROR(read_message(j, op::kThrottle, [&](JsonFields& f) {
+    f.get("link", &t.link);
+    f.get("bandwidth_bytes_per_s", &t.bandwidth_bytes_per_s);
+    f.get("latency_s", &t.latency_s);
+  }));
+  if (!(t.bandwidth_bytes_per_s >= 0)) return Status::invalid_argument("throttle: bandwidth must be >= 0");
+  *out = std::move(t);
+  return Status::ok();
+}
+
+json to_json(const ThrottleOrder& m) {
+  return {{"op", op::kThrottle}, {"level", m.level}, {"bandwidth_bytes_per_s", m.bandwidth_bytes_per_s},
+          {"latency_s", m.latency_s}};
+}
+
+Status from_json(const json& j, ThrottleOrder* out) {
+  ThrottleOrder t;
+  XD_RETURN_IF_ERROR(read_message(j, op::kThrottle, [&](JsonFields& f) {
+    f.get("level", &t.level);
+    f.get("bandwidth_bytes_per_s", &t.bandwidth_bytes_per_s);
+    f.get("latency_s", &t.latency_s);
+  }));
+  if (t.level < 0 || !(t.bandwidth_bytes_per_s >= 0) || !(t.latency_s >= 0))
+    return Status::invalid_argument("throttle: level, bandwidth and latency must be >= 0");
+  *out = t;
+  return Status::ok();
+}
+
+}  // namespace xd

@@ -1,0 +1,156 @@
+// The control protocol, version kProtocolVersion: every message between the
+// coordinator, its workers and CLI clients, as typed structs. The one place
+// the control vocabulary is defined (the data plane's is
+// transport/wire_format.h).
+//
+// On the wire a message is a JSON object with an "op" string, packed as
+// msgpack into the metadata frame of a control message (see
+// transport/control_channel.h). to_json() writes the op and every field;
+// from_json() reads one message strictly: a missing, mistyped or unknown
+// field is an error naming it, and nothing throws.
+//
+//   worker -> coordinator   register, heartbeat, metrics, done, error
+//   coordinator -> worker   assign, heartbeat, stop, throttle, error (refusal)
+//   CLI -> coordinator      status, metrics, stop, throttle; one JSON reply
+//                           each: {"ok": true, ...} or {"ok": false, "error"}
+//
+// Versioning: a worker states its protocol version when it registers; the
+// coordinator refuses any other version with an error that names both, so
+// mixed builds fail at once instead of mid-job. Append fields and ops; any
+// change an older peer cannot read raises kProtocolVersion.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/job_config.h"
+#include "common/status.h"
+
+namespace xd {
+
+// 1: untyped JSON with the job's YAML text in the assignment. 2: typed
+// messages; the assignment carries the effective JobConfig.
+inline constexpr int kProtocolVersion = 2;
+
+namespace op {
+inline constexpr const char* kRegister = "register";
+inline constexpr const char* kAssign = "assign";
+inline constexpr const char* kHeartbeat = "heartbeat";
+inline constexpr const char* kMetrics = "metrics";
+inline constexpr const char* kDone = "done";
+inline constexpr const char* kError = "error";
+inline constexpr const char* kStop = "stop";
+inline constexpr const char* kThrottle = "throttle";
+inline constexpr const char* kStatus = "status";
+}  // namespace op
+
+// The message's op, or an error when it has none.
+Expected<std::string> op_of(const nlohmann::json& message);
+
+// worker -> coordinator: the first message of a worker.
+struct RegisterRequest {
+  int protocol_version = kProtocolVersion;
+  int requested_rank = -1;  // from --rank or the launcher's environment; -1: any
+  std::string host;
+  int pid = 0;
+  std::string data_endpoint;  // tcp://...
+};
+
+struct PeerAssignment {
+  int rank = 0;
+  std::string endpoint;  // the peer's data socket
+  int link_class = 0;    // the level of the first coordinate where the ranks differ
+};
+
+// coordinator -> worker: everything a worker needs to run its share of the job.
+struct Assignment {
+  uint32_t job_id = 0;  // stamped on, and checked in, every data-plane message
+  std::string job_name;
+  int rank = 0;
+  std::vector<PeerAssignment> peers;  // every worker, this one included, by rank
+  std::vector<int> domain_sizes;      // the plan's S^l, one per level
+  bool flat_ep = false;               // EP in one all-to-all hop instead of one per level
+  double predicted_step_s = 0;
+  bool hold = false;                  // connect, then stay idle until stopped
+  JobConfig job;                      // the effective configuration
+};
+
+struct Heartbeat {};
+
+// worker -> coordinator: per-step figures; the coordinator aggregates them.
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, ce_loss = 0, aux_loss = 0;
+  double tokens_per_s = 0;
+  double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  double predicted_step_s = 0;
+  double peak_rss_bytes = 0;
+  // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"
+  std::map<std::string, double> bytes;
+  // Time the compute thread waited for each layer's gathered experts (the
+  // async communicator's receive queue); empty without replicas.
+  std::vector<double> gather_wait_s;
+  double overlap_percent() const {
+    return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;
+  }
+};
+
+struct Done {};
+
+// A failure (worker -> coordinator) or a refusal (coordinator -> worker).
+struct ErrorReport {
+  std::string error;
+};
+
+// coordinator -> worker, and CLI -> coordinator.
+struct StopOrder {
+  std::string reason;
+};
+
+// CLI -> coordinator: reshape a link class, named by level or link name.
+struct ThrottleRequest {
+  std::string link;
+  double bandwidth_bytes_per_s = 0;  // 0: unlimited
+  double latency_s = -1;             // < 0: keep the current latency
+};
+
+// coordinator -> worker: the new shaping of one level's link class.
+struct ThrottleOrder {
+  int level = 0;
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+// CLI -> coordinator: the job's status, or its aggregated metrics.
+struct StatusRequest {};
+struct MetricsRequest {};
+
+nlohmann::json to_json(const RegisterRequest& m);
+nlohmann::json to_json(const Assignment& m);
+nlohmann::json to_json(const Heartbeat& m);
+nlohmann::json to_json(const StepMetrics& m);
+nlohmann::json to_json(const Done& m);
+nlohmann::json to_json(const ErrorReport& m);
+nlohmann::json to_json(const StopOrder& m);
+nlohmann::json to_json(const ThrottleRequest& m);
+nlohmann::json to_json(const ThrottleOrder& m);
+nlohmann::json to_json(const StatusRequest& m);
+nlohmann::json to_json(const MetricsRequest& m);
+
+// Each checks the op and every field; `*out` is only complete on ok.
+Status from_json(const nlohmann::json& j, RegisterRequest* out);
+Status from_json(const nlohmann::json& j, Assignment* out);
+Status from_json(const nlohmann::json& j, StepMetrics* out);
+Status from_json(const nlohmann::json& j, ErrorReport* out);
+Status from_json(const nlohmann::json& j, StopOrder* out);
+Status from_json(const nlohmann::json& j, ThrottleRequest* out);
+Status from_json(const nlohmann::json& j, ThrottleOrder* out);
+
+// The coordinator's refusal of a registration from another protocol version.
+std::string protocol_mismatch_message(int worker_version);
+
+}  // namespace xd
