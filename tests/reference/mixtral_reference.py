@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent PyTorch re-implementation of the xdmoe forward pass (docs/model.md).
 
-Written from the spec, not from the C++ model, so tests/torch_reference_test.cc can
+Written from the spec, not from the C++ model, so tests/model_torch_reference_test.cc can
 cross-check the hand-written forward and backward. Needs only the Python standard
 library and torch; safetensors files are read and written by hand.
 

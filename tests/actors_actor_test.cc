@@ -5,22 +5,31 @@
 #include <vector>
 
 #include "actors/actor.h"
+#include "event.h"
 
 namespace xd {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Event;
 
 class Recorder : public Actor {
  public:
   Recorder() : Actor("recorder", 20ms) {}
+  ~Recorder() override {
+    stop();
+    join();
+  }
   std::vector<int> seen;  // touched only on the actor thread
   std::atomic<int> ticks{0};
   std::atomic<bool> started{false}, stopped{false};
+  Event three_ticks;
 
  protected:
   void on_start() override { started = true; }
-  void on_tick() override { ticks++; }
+  void on_tick() override {
+    if (++ticks == 3) three_ticks.set();
+  }
   void on_stop() override { stopped = true; }
 };
 
@@ -28,10 +37,13 @@ TEST(Actor, RunsMessagesInOrderOnItsOwnThread) {
   Recorder r;
   r.start();
   std::thread::id actor_thread;
-  std::atomic<bool> done{false};
+  Event done;
   for (int i = 0; i < 100; ++i) r.post([&r, i] { r.seen.push_back(i); });
-  r.post([&] { actor_thread = std::this_thread::get_id(); done = true; });
-  while (!done) std::this_thread::sleep_for(1ms);
+  r.post([&] {
+    actor_thread = std::this_thread::get_id();
+    done.set();
+  });
+  ASSERT_TRUE(done.wait_for(10s));
   EXPECT_NE(actor_thread, std::this_thread::get_id());
   r.stop();
   r.join();
@@ -42,13 +54,14 @@ TEST(Actor, RunsMessagesInOrderOnItsOwnThread) {
 
 TEST(Actor, UrgentMessagesOvertakeQueuedWork) {
   Recorder r;
-  std::atomic<bool> release{false};
-  r.post([&] { while (!release) std::this_thread::sleep_for(1ms); });  // busy actor
+  Event release, drained;
+  r.post([&] { release.wait_for(10s); });  // busy actor
   for (int i = 0; i < 50; ++i) r.post([&r, i] { r.seen.push_back(i); });
+  r.post([&] { drained.set(); });
   r.post([&r] { r.seen.push_back(-1); }, /*urgent=*/true);
   r.start();
-  release = true;
-  std::this_thread::sleep_for(50ms);
+  release.set();
+  ASSERT_TRUE(drained.wait_for(10s));
   r.stop();
   r.join();
   ASSERT_EQ(r.seen.size(), 51u);
@@ -58,7 +71,7 @@ TEST(Actor, UrgentMessagesOvertakeQueuedWork) {
 TEST(Actor, TicksWhileIdleAndStopsPromptly) {
   Recorder r;
   r.start();
-  std::this_thread::sleep_for(150ms);
+  ASSERT_TRUE(r.three_ticks.wait_for(10s)) << "no ticks while idle";
   auto t0 = std::chrono::steady_clock::now();
   r.stop();
   r.join();

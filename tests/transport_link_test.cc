@@ -18,12 +18,14 @@
 #include <zmq.hpp>
 
 #include "common/units.h"
+#include "event.h"
 #include "transport/transport.h"
 
 namespace xd {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::wait_until;
 
 size_t rss_bytes() {
   std::ifstream in("/proc/self/status");
@@ -112,7 +114,9 @@ TEST(Transport, ReceivesMatchByTagWhetherPostedBeforeOrAfterArrival) {
   auto early = p.b->recv(0, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0});
   p.a->send(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0}, {OutFrame::copy_of(before, sizeof before)});
   p.a->send(1, Tag{MessageKind::kPointToPoint, 2, 0, 0, 0}, {OutFrame::copy_of(after, sizeof after)});
-  std::this_thread::sleep_for(50ms);
+  // The second receive is posted only once both messages have arrived.
+  const int p2p = static_cast<int>(MessageKind::kPointToPoint);
+  ASSERT_TRUE(wait_until([&] { return p.b->stats().messages_received_by_kind[p2p] >= 2; }, 10s));
   auto late = p.b->recv(0, Tag{MessageKind::kPointToPoint, 2, 0, 0, 0});
   auto m1 = early->wait(5s), m2 = late->wait(5s);
   ASSERT_TRUE(m1 && m2);
@@ -213,10 +217,11 @@ TEST(Transport, MalformedTruncatedAndForeignMessagesAreRejectedCountedAndSurvive
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     const char junk[] = "GET / HTTP/1.0\r\n\r\nthis is not zmtp at all, not even close............";
     ASSERT_GT(::write(fd, junk, sizeof junk), 0);
-    std::this_thread::sleep_for(200ms);
-    ::close(fd);
+    ::close(fd);  // the monitor reports the failed handshake once the connection ends
   }
-  std::this_thread::sleep_for(500ms);
+  // 12 rejections of the messages above (two by unknown senders) and the foreign connection.
+  ASSERT_TRUE(wait_until([&] { return (*victim)->stats().total_rejected() >= 13; }, 10s))
+      << (*victim)->stats().total_rejected() << " rejections";
   TransportStats st = (*victim)->stats();
   auto count = [&](RejectReason r) { return st.rejected[static_cast<int>(r)]; };
   EXPECT_EQ(count(RejectReason::kTooFewFrames), 1u);
@@ -468,6 +473,51 @@ TEST(Transport, CancelReleasesWaitersOnReceivesAndOnSendsToADeadPeer) {
   // And later operations fail at once.
   EXPECT_FALSE((*t)->recv(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0})->wait(60s));
   EXPECT_FALSE((*t)->send(1, Tag{MessageKind::kPointToPoint, 1, 0, 0, 0}, {})->wait(60s).is_ok());
+}
+
+// Two jobs on one host, each of two workers, whose rank 0 was given the other
+// job's rank-1 port (a stale endpoints file, a mistyped config): each job's
+// id is set at connect(), as a worker sets it from its assignment, and the
+// cross-job messages are dropped and counted while each job's own traffic
+// still flows.
+TEST(JobIsolation, WorkersPointedAtAnotherJobsPortsRejectAndCountItsMessages) {
+  auto make = [](int rank) {
+    TransportOptions o;
+    o.rank = rank;
+    auto t = Transport::create(o);
+    XD_CHECK(t);
+    return std::move(*t);
+  };
+  auto a0 = make(0), a1 = make(1), b0 = make(0), b1 = make(1);
+  const uint32_t job_a = 0x1111, job_b = 0x2222;
+  ASSERT_TRUE(a0->connect({{0, a0->endpoint(), 0}, {1, b1->endpoint(), 0}}, 0, job_a).is_ok());
+  ASSERT_TRUE(a1->connect({{0, a0->endpoint(), 0}, {1, a1->endpoint(), 0}}, 1, job_a).is_ok());
+  ASSERT_TRUE(b0->connect({{0, b0->endpoint(), 0}, {1, a1->endpoint(), 0}}, 0, job_b).is_ok());
+  ASSERT_TRUE(b1->connect({{0, b0->endpoint(), 0}, {1, b1->endpoint(), 0}}, 1, job_b).is_ok());
+  EXPECT_EQ(a0->job(), job_a);
+  EXPECT_EQ(b1->job(), job_b);
+
+  const Tag tag{MessageKind::kMoeDispatch, 1, 0, 0, 0};
+  auto b1_from_0 = b1->recv(0, tag), a1_from_0 = a1->recv(0, tag);
+  const int payload = 7;
+  a0->send(1, tag, {OutFrame::copy_of(&payload, sizeof payload)});  // lands at job B's rank 1
+  b0->send(1, tag, {OutFrame::copy_of(&payload, sizeof payload)});  // lands at job A's rank 1
+  const int wrong_job = static_cast<int>(RejectReason::kWrongJob);
+  ASSERT_TRUE(wait_until([&] { return b1->stats().rejected[wrong_job] == 1 && a1->stats().rejected[wrong_job] == 1; }, 10s))
+      << "rejected as another job's: " << b1->stats().rejected[wrong_job] << " at B1, "
+      << a1->stats().rejected[wrong_job] << " at A1";
+  EXPECT_FALSE(b1_from_0->ready());
+  EXPECT_FALSE(a1_from_0->ready());
+  EXPECT_EQ(b1->stats().total_rejected(), 1u);
+
+  // Each job's own traffic is untouched: rank 1 -> rank 0 inside job A.
+  auto a0_from_1 = a0->recv(1, tag);
+  const int own = 11;
+  a1->send(0, tag, {OutFrame::copy_of(&own, sizeof own)});
+  auto m = a0_from_1->wait(10s);
+  ASSERT_TRUE(m) << m.status().to_string();
+  EXPECT_EQ(*static_cast<const int*>(m->tensor_data(0)), 11);
+  EXPECT_EQ(a0->stats().total_rejected(), 0u);
 }
 
 }  // namespace

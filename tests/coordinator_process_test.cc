@@ -9,12 +9,14 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <regex>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
+#include "cluster/protocol.h"
 #include "job_runner.h"
 #include "transport/control_channel.h"
 
@@ -169,6 +171,77 @@ TEST(Cluster, MonitoringCommandsSayClearlyWhenNoCoordinatorAnswers) {
     EXPECT_EQ(code, 3) << cmd << ": " << text;
     EXPECT_NE(text.find("no coordinator reachable at tcp://127.0.0.1:9"), std::string::npos) << text;
   }
+}
+
+// The next control message of `op` (heartbeats skipped), or null.
+std::optional<nlohmann::json> next_message(ControlClient& c, const std::string& op) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline)
+    if (auto m = c.poll(200ms); m && m->body.value("op", "") == op) return m->body;
+  return std::nullopt;
+}
+
+TEST(Cluster, AWorkerGetsTheEffectiveConfigurationAndOneOfAnotherVersionIsRefused) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("xdmoe_assign_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string config = std::string(XD_SOURCE_DIR) + "/examples/2dc.yaml";
+  subprocess::Child coordinator = subprocess::spawn(
+      {testing::xdmoe_binary(), "coordinator", "--config", config, "--steps", "7", "--mode", "hybrid",
+       "--domains", "2,1", "--hold", "--no-probe", "--bind", "tcp://127.0.0.1:*", "--cli-bind", "tcp://127.0.0.1:*",
+       "--http-port", "-1", "--endpoints-file", dir + "/endpoints.json", "--name", "assign-test"},
+      dir + "/coordinator.log");
+  nlohmann::json eps = testing::wait_for_endpoints(dir + "/endpoints.json", coordinator);
+  ASSERT_TRUE(eps.contains("workers")) << subprocess::read_text(dir + "/coordinator.log");
+
+  // A worker of protocol version 1 (it sent no version) is refused at once.
+  auto old = ControlClient::connect(eps["workers"], "worker-old");
+  ASSERT_TRUE(old);
+  nlohmann::json v1 = to_json(RegisterRequest{kProtocolVersion, -1, "old-host", 1, "tcp://127.0.0.1:1"});
+  v1.erase("protocol_version");
+  ASSERT_TRUE((*old)->send(MessageKind::kHello, v1).is_ok());
+  auto refusal = next_message(**old, op::kError);
+  ASSERT_TRUE(refusal) << subprocess::read_text(dir + "/coordinator.log");
+  ErrorReport report;
+  ASSERT_TRUE(from_json(*refusal, &report).is_ok());
+  EXPECT_EQ(report.error, protocol_mismatch_message(1));
+
+  // Four current workers, played by this test.
+  std::vector<std::unique_ptr<ControlClient>> clients;
+  for (int r = 0; r < 4; ++r) {
+    auto c = ControlClient::connect(eps["workers"], "worker-" + std::to_string(r));
+    ASSERT_TRUE(c);
+    ASSERT_TRUE((*c)->send(MessageKind::kHello, to_json(RegisterRequest{kProtocolVersion, r, "test", 100 + r,
+                                                                       "tcp://127.0.0.1:" + std::to_string(2000 + r)}))
+                    .is_ok());
+    clients.push_back(std::move(*c));
+  }
+  JobConfig expected = *load_job_config(config);
+  expected.train.steps = 7;
+  expected.cluster.expert_parallel.mode = EpMode::kHybrid;
+  expected.cluster.expert_parallel.domain_sizes = {2, 1};
+  uint32_t job_id = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto body = next_message(*clients[r], op::kAssign);
+    ASSERT_TRUE(body) << "worker " << r << " got no assignment\n" << subprocess::read_text(dir + "/coordinator.log");
+    Assignment a;
+    Status st = from_json(*body, &a);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(a.rank, r);
+    EXPECT_EQ(a.job_name, "assign-test");
+    EXPECT_TRUE(a.hold);
+    EXPECT_EQ(a.domain_sizes, (std::vector<int>{2, 1}));
+    EXPECT_EQ(a.peers[3].endpoint, "tcp://127.0.0.1:2003");
+    EXPECT_EQ(a.peers[r ^ 2].link_class, 0) << "ranks in different DCs talk over the dc link";
+    EXPECT_EQ(job_config_to_json(a.job), job_config_to_json(expected)) << "the overrides must reach the worker";
+    EXPECT_NE(a.job_id, 0u);
+    if (r == 0) job_id = a.job_id;
+    EXPECT_EQ(a.job_id, job_id) << "one job, one id";
+  }
+  EXPECT_NE(subprocess::read_text(dir + "/coordinator.log").find("protocol version mismatch"), std::string::npos);
+  auto stopped = control_request(eps["cli"], to_json(StopOrder{"test over"}), 5000ms);
+  EXPECT_TRUE(stopped && stopped->value("ok", false));
+  EXPECT_NE(subprocess::wait_for(coordinator, 20s), -1000) << "coordinator did not exit after stop";
 }
 
 }  // namespace

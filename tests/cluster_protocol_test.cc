@@ -1,0 +1,175 @@
+// The typed control protocol (cluster/protocol.h) and the effective job
+// configuration it carries (cluster/job_config.h): every message round-trips,
+// and a missing, mistyped or unknown field is an error that names it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "cluster/job_config.h"
+#include "cluster/protocol.h"
+#include "model/hf_config.h"
+
+namespace xd {
+namespace {
+
+using nlohmann::json;
+
+JobConfig example_job() {
+  auto job = load_job_config(std::string(XD_SOURCE_DIR) + "/examples/4dc.yaml");
+  EXPECT_TRUE(job) << job.status().to_string();
+  return *job;
+}
+
+TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
+  JobConfig job = example_job();
+  // Values no example sets, so that every field differs from its default.
+  job.train.checkpoint_dir = "runs/x";
+  job.train.data.validation_fraction = 0.125;
+  job.train.optimizer.grad_clip = 0.5;
+  job.cluster.hosts = {{"10.0.0.1", 0, 2}, {"10.0.1.1", 1, 2}, {"10.0.2.1", 2, 2}, {"10.0.3.1", 3, 2}};
+  job.cluster.expert_parallel.memory_cap_bytes = std::numeric_limits<double>::infinity();
+  ASSERT_TRUE(job.validate().is_ok()) << job.validate().to_string();
+  const json j = job_config_to_json(job);
+  auto back = job_config_from_json(json::parse(j.dump()));  // through text, as on the wire
+  ASSERT_TRUE(back) << back.status().to_string();
+  EXPECT_EQ(job_config_to_json(*back), j);
+  EXPECT_TRUE(std::isinf(back->cluster.expert_parallel.memory_cap_bytes));
+  EXPECT_EQ(back->cluster.hosts.size(), 4u);
+  EXPECT_EQ(back->train.optimizer.grad_clip, 0.5);
+  EXPECT_EQ(back->train.model.connectivity, job.train.model.connectivity);
+}
+
+TEST(JobConfigJson, UnknownMissingAndMistypedKeysAreNamed) {
+  const json good = job_config_to_json(default_job_config());
+  json unknown = good;
+  unknown["train"]["stepz"] = 3;
+  EXPECT_NE(job_config_from_json(unknown).status().message().find("job.train.stepz: unknown key"), std::string::npos)
+      << job_config_from_json(unknown).status().message();
+  json missing = good;
+  missing["cluster"]["levels"][1]["link"].erase("latency_s");
+  EXPECT_NE(job_config_from_json(missing).status().message().find("job.cluster.levels[1].link.latency_s: missing"),
+            std::string::npos)
+      << job_config_from_json(missing).status().message();
+  json mistyped = good;
+  mistyped["train"]["batch_size"] = "sixteen";
+  EXPECT_NE(job_config_from_json(mistyped).status().message().find("job.train.batch_size: has the wrong type"),
+            std::string::npos);
+  json invalid = good;
+  invalid["cluster"]["expert_parallel"]["domain_sizes"] = {3, 1};
+  EXPECT_NE(job_config_from_json(invalid).status().message().find("does not divide"), std::string::npos)
+      << job_config_from_json(invalid).status().message();
+}
+
+TEST(JobConfig, TheOneProcessEquivalentTrainsTheGlobalBatch) {
+  const JobConfig job = example_job();
+  const TrainConfig t = one_process_equivalent(job);
+  EXPECT_EQ(t.batch_size, job.train.batch_size * job.cluster.world_size());
+  EXPECT_EQ(t.steps, job.train.steps);
+  EXPECT_EQ(t.seed, job.train.seed);
+  EXPECT_EQ(model_config_to_json(t.model), model_config_to_json(job.train.model));
+}
+
+Assignment example_assignment() {
+  Assignment a;
+  a.job_id = 0x7abc1234;
+  a.job_name = "demo";
+  a.rank = 2;
+  a.job = default_job_config();
+  for (int r = 0; r < 4; ++r) a.peers.push_back({r, "tcp://127.0.0.1:" + std::to_string(5000 + r), r / 2 == 1 ? 1 : 0});
+  a.domain_sizes = {2, 1};
+  a.flat_ep = true;
+  a.predicted_step_s = 0.25;
+  a.hold = true;
+  return a;
+}
+
+TEST(ControlProtocol, EveryMessageRoundTrips) {
+  RegisterRequest reg{kProtocolVersion, 3, "host-a", 4242, "tcp://10.0.0.1:5555"}, reg2;
+  ASSERT_TRUE(from_json(to_json(reg), &reg2).is_ok());
+  EXPECT_EQ(to_json(reg2), to_json(reg));
+
+  const Assignment a = example_assignment();
+  Assignment a2;
+  ASSERT_TRUE(from_json(json::parse(to_json(a).dump()), &a2).is_ok()) << from_json(to_json(a), &a2).to_string();
+  EXPECT_EQ(to_json(a2), to_json(a));
+  EXPECT_EQ(a2.job_id, 0x7abc1234u);
+
+  StepMetrics m, m2;
+  m.step = 7;
+  m.loss = 2.5;
+  m.bytes = {{"dc/moe_dispatch", 1e6}};
+  m.gather_wait_s = {0.1, 0.2};
+  ASSERT_TRUE(from_json(to_json(m), &m2).is_ok());
+  EXPECT_EQ(to_json(m2), to_json(m));
+
+  ErrorReport e{"boom"}, e2;
+  ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());
+  EXPECT_EQ(e2.error, "boom");
+  StopOrder s{"done"}, s2;
+  ASSERT_TRUE(from_json(to_json(s), &s2).is_ok());
+  EXPECT_EQ(s2.reason, "done");
+  ThrottleRequest t{"dc", 1e6, 0.005}, t2;
+  ASSERT_TRUE(from_json(to_json(t), &t2).is_ok());
+  EXPECT_EQ(to_json(t2), to_json(t));
+  ThrottleOrder o{1, 2e6, 0.001}, o2;
+  ASSERT_TRUE(from_json(to_json(o), &o2).is_ok());
+  EXPECT_EQ(to_json(o2), to_json(o));
+  EXPECT_EQ(*op_of(to_json(Heartbeat{})), op::kHeartbeat);
+  EXPECT_EQ(*op_of(to_json(Done{})), op::kDone);
+  EXPECT_EQ(*op_of(to_json(StatusRequest{})), op::kStatus);
+  EXPECT_EQ(*op_of(to_json(MetricsRequest{})), op::kMetrics);
+}
+
+TEST(ControlProtocol, ARegistrationOfAnotherVersionIsRefusedNamingBothVersions) {
+  // A version-1 worker sent no version field at all.
+  json old = to_json(RegisterRequest{kProtocolVersion, -1, "old", 1, "tcp://127.0.0.1:1"});
+  old.erase("protocol_version");
+  RegisterRequest r;
+  Status st = from_json(old, &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.message(), protocol_mismatch_message(1));
+  EXPECT_NE(st.message().find("version 1"), std::string::npos);
+  EXPECT_NE(st.message().find("version " + std::to_string(kProtocolVersion)), std::string::npos);
+  json future = to_json(RegisterRequest{kProtocolVersion + 1, -1, "new", 1, "tcp://127.0.0.1:1"});
+  future["a_field_from_the_future"] = 1;
+  st = from_json(future, &r);
+  EXPECT_NE(st.message().find("version " + std::to_string(kProtocolVersion + 1)), std::string::npos) << st.message();
+}
+
+TEST(ControlProtocol, MalformedMessagesAreErrorsNamingTheField) {
+  RegisterRequest r;
+  EXPECT_FALSE(from_json(json::array(), &r).is_ok());
+  json reg = to_json(RegisterRequest{kProtocolVersion, 0, "h", 1, "ipc:///tmp/x"});
+  EXPECT_NE(from_json(reg, &r).message().find("tcp://"), std::string::npos);
+  reg["data_endpoint"] = 5;
+  EXPECT_NE(from_json(reg, &r).message().find("register.data_endpoint: has the wrong type"), std::string::npos)
+      << from_json(reg, &r).message();
+
+  json a = to_json(example_assignment());
+  Assignment out;
+  json extra = a;
+  extra["surprise"] = true;
+  EXPECT_NE(from_json(extra, &out).message().find("assign.surprise: unknown key"), std::string::npos);
+  json few = a;
+  few["peers"].erase(few["peers"].begin());
+  EXPECT_NE(from_json(few, &out).message().find("3 peers for 4 workers"), std::string::npos)
+      << from_json(few, &out).message();
+  json bad_class = a;
+  bad_class["peers"][3]["link_class"] = 9;
+  EXPECT_NE(from_json(bad_class, &out).message().find("link_class"), std::string::npos);
+  json bad_job = a;
+  bad_job["job"]["train"].erase("steps");
+  EXPECT_NE(from_json(bad_job, &out).message().find("job.train.steps: missing"), std::string::npos)
+      << from_json(bad_job, &out).message();
+
+  StepMetrics m;
+  EXPECT_NE(from_json(to_json(ErrorReport{"x"}), &m).message().find("expected a 'metrics' message"), std::string::npos);
+  ThrottleOrder o;
+  EXPECT_FALSE(from_json(to_json(ThrottleOrder{-1, 1, 0}), &o).is_ok());
+  EXPECT_FALSE(op_of(json{{"no_op", 1}}));
+}
+
+}  // namespace
+}  // namespace xd
