@@ -30,8 +30,6 @@ class Actor {
   // Urgent: runs after the handler in progress, before queued normal work.
   void stop();
   void join();
-  bool running() const { return running_; }
-  const std::string& name() const { return name_; }
 
   // Runs `fn` on the actor's thread.
   void post(Message fn, bool urgent = false);

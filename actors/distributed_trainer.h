@@ -51,7 +51,6 @@ class DistributedTrainer {
   // experts, under their HF names -- to <dir>/shard-<rank>-of-<G>.safetensors.
   Status save_shard(const std::string& dir) const;
   MoeTransformer<float>& model() { return *model_; }
-  const std::vector<double>& last_gather_wait_per_layer() const { return gather_wait_; }
   size_t replica_bytes() const { return comm_->replica_bytes(); }
 
  private:

@@ -42,7 +42,6 @@ class HybridExpertExchange final : public ExpertExchange<float> {
 
   // The worker holding expert e's weights as owner.
   int owner_of(int expert) const { return expert / experts_per_worker_; }
-  const Topology& topology() const { return topology_; }
   // Seconds spent blocked in exchanges since the last call.
   double take_blocked_seconds();
   // The first failure of an exchange (a dead or silent peer), or ok.

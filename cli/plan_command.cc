@@ -10,10 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "coordinator/coordinator.h"
 #include "cluster/job_config.h"
-#include "coordinator/link_probe.h"
-#include "coordinator/planner.h"
+#include "coordinator/job_planner.h"
 
 namespace xd::cli {
 
@@ -21,7 +19,7 @@ namespace {
 struct PlanOptions {
   std::string config;
   bool json = false;
-  bool probe = false;
+  bool probe = true;  // as the coordinator
 };
 
 std::string fmt_bytes(double b) {
@@ -48,14 +46,6 @@ std::string fmt_list(const std::vector<int>& v) {
   return s + "]";
 }
 
-struct LinkSource {
-  std::string name;
-  LinkModel model;
-  LinkModel configured;
-  std::string source;  // "spec" or "probe"
-  double r2 = 0;
-};
-
 int run_plan(const PlanOptions& o) {
   JobConfig job = default_job_config();
   std::string source = "the built-in default";
@@ -68,54 +58,33 @@ int run_plan(const PlanOptions& o) {
     job = std::move(*loaded);
     source = o.config;
   }
-
-  // Compute: a quick local GEMM probe, calibrated by one step of the model.
-  LinearFit gemm_fit;
-  StepProbe step_probe;
-  const ComputeModel compute = local_compute_model(job, &gemm_fit, &step_probe);
-  if (gemm_fit.r2 < 0.9 && !o.json)
-    std::fprintf(stderr, "note: the GEMM probe was noisy (r2 %.3f); is the machine busy?\n", gemm_fit.r2);
-
-  // Links: the spec's figures, or probes of the shaped classes.
-  const std::vector<LinkModel> spec_links = spec_link_models(job.cluster);
-  std::vector<LinkSource> links;
-  for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
-    const LevelSpec& level = job.cluster.levels[l];
-    LinkSource ls{level.name, spec_links[l], spec_links[l], "spec", 0};
-    if (o.probe) {
-      if (!level.link.shape) {
-        if (!o.json)
-          std::fprintf(stderr, "note: level '%s' is not shaped here; a loopback probe says nothing "
-                       "of the real link, so its figures come from the spec\n", level.name.c_str());
-      } else {
-        if (!o.json) {
-          std::fprintf(stderr, "probing link class '%s' ...\n", level.name.c_str());
-          std::fflush(stderr);
-        }
-        auto fit = probe_link(LinkShaping{level.link.bandwidth_bytes_per_s, level.link.latency_s});
-        if (!fit) {
-          std::fprintf(stderr, "xdmoe plan: probing '%s': %s\n", level.name.c_str(),
-                       fit.status().message().c_str());
-          return 1;
-        }
-        ls.model = {std::max(0.0, fit->alpha), std::max(0.0, fit->beta)};
-        ls.source = "probe";
-        ls.r2 = fit->r2;
-      }
-    }
-    links.push_back(ls);
-  }
-  std::vector<LinkModel> models;
-  for (const LinkSource& ls : links) models.push_back(ls.model);
-
-  const PlannerInputs in = planner_inputs_for(job, models, compute);
-  const Status valid = in.validate();
-  if (!valid.is_ok()) {
-    std::fprintf(stderr, "xdmoe plan: %s: %s\n", source.c_str(), valid.message().c_str());
+  JobPlanOptions po;
+  po.probe_links = o.probe;
+  if (!o.json)
+    po.progress = [](const std::string& what) {
+      std::fprintf(stderr, "%s ...\n", what.c_str());
+      std::fflush(stderr);
+    };
+  auto planned = plan_job(job, po);
+  if (!planned) {
+    std::fprintf(stderr, "xdmoe plan: %s: %s\n", source.c_str(), planned.status().message().c_str());
     return 2;
   }
+  const PlannerInputs& in = planned->inputs;
+  const ComputeModel& compute = planned->compute;
+  const LinearFit& gemm_fit = planned->gemm_fit;
+  const StepProbe& step_probe = planned->step_probe;
+  const std::vector<LinkEstimate>& links = planned->links;
+  if (!o.json) {
+    if (gemm_fit.r2 < 0.9)
+      std::fprintf(stderr, "note: the GEMM probe was noisy (r2 %.3f); is the machine busy?\n", gemm_fit.r2);
+    if (!planned->compute_note.empty()) std::fprintf(stderr, "note: %s\n", planned->compute_note.c_str());
+    for (const LinkEstimate& e : links)
+      if (!e.note.empty()) std::fprintf(stderr, "note: level '%s': %s; its figures come from the spec\n",
+                                        e.name.c_str(), e.note.c_str());
+  }
   const Workload w = workload_of(in);
-  const Plan plan = plan_iteration(in);
+  const Plan& plan = planned->plan;
   const PlanCandidate& choice = plan.choice();
   const ExpertParallelSpec& ep = job.cluster.expert_parallel;
 
@@ -187,7 +156,7 @@ int run_plan(const PlanOptions& o) {
                 compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2,
                 compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str());
     std::printf("links:\n");
-    for (const LinkSource& ls : links) {
+    for (const LinkEstimate& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),
                   fmt_seconds(ls.model.alpha_s).c_str(), ls.model.beta_s_per_byte,
                   fmt_bytes(1.0 / ls.model.beta_s_per_byte).c_str(), ls.source.c_str());
@@ -229,14 +198,18 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Predict one training iteration for every expert-domain candidate and pick one");
   cmd->footer(
-      "Compute comes from a short GEMM probe and one timed step of the job's model on this\n"
-      "machine (about 0.3-1 s); links from the config, or from probes with --probe.\n"
-      "The cost model: docs/planner.md.");
+      "The same path as the coordinator's at start-up (coordinator/job_planner.h), so the\n"
+      "choice shown is the one `xdmoe launch` makes from the same measurements: compute\n"
+      "from a short GEMM probe and one timed step of the job's model on this machine\n"
+      "(about 0.3-1 s); shaped links from loopback probes, unshaped ones from the config.\n"
+      "Probes measure: two runs on a busy machine can differ. The cost model: docs/planner.md.");
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--json", opts->json, "Print JSON");
-  cmd->add_flag("--probe", opts->probe,
-                "Fit each shaped link class's alpha/beta with a short loopback probe (~1-3 s each)");
+  cmd->add_flag("--probe,!--no-probe", opts->probe,
+                "Fit each shaped link class's alpha/beta with a short loopback probe (~1.5 s each), "
+                "as the coordinator does (default); --no-probe plans with the config's figures")
+      ->capture_default_str();
   cmd->callback([opts, exit_code] { *exit_code = run_plan(*opts); });
 }
 

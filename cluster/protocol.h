@@ -94,9 +94,6 @@ struct StepMetrics {
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;
-  double overlap_percent() const {
-    return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;
-  }
 };
 
 struct Done {};

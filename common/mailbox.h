@@ -60,11 +60,6 @@ class Mailbox {
     (void)n;
   }
 
-  size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return urgent_.size() + normal_.size();
-  }
-
  private:
   std::optional<T> pop_locked() {
     std::deque<T>& lane = !urgent_.empty() ? urgent_ : normal_;

@@ -13,7 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/job_metrics.h"
-#include "coordinator/link_probe.h"
+#include "coordinator/job_planner.h"
 #include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
@@ -35,36 +35,6 @@ const char* job_state_name(JobState s) {
   return "?";
 }
 }  // namespace
-
-ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit, StepProbe* step) {
-  ComputeModel compute;
-  LinearFit gemm = probe_gemm();
-  if (gemm.beta > 0) {
-    compute.flops_per_s = 1.0 / gemm.beta;
-    compute.gemm_overhead_s = std::max(0.0, gemm.alpha);
-  }
-  auto probe = probe_model_step(job.train.model, job.train.seq_len,
-                                static_cast<long long>(job.train.batch_size) * job.train.seq_len);
-  if (probe) {
-    compute = calibrated_compute_model(compute, *probe);
-    if (step) *step = *probe;
-  } else {
-    XD_LOG_WARN("coordinator", "model step probe failed (%s); compute counts GEMMs only",
-                probe.status().message().c_str());
-  }
-  // Without a host list every worker runs on this machine: they share its
-  // cores (the probe measured one thread).
-  if (job.cluster.hosts.empty()) {
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    compute.flops_per_s *= std::min(1.0, cores / job.cluster.world_size());
-  }
-  if (fit) *fit = gemm;
-  return compute;
-}
-
-Plan plan_for_job(const JobConfig& job) {
-  return plan_iteration(planner_inputs_for(job, spec_link_models(job.cluster), local_compute_model(job)));
-}
 
 class Coordinator::Impl {
  public:
@@ -144,29 +114,23 @@ Status Coordinator::Impl::run() {
   auto c = ControlServer::bind(opts.cli_endpoint);
   if (!c) return c.status();
   cli = std::move(*c);
-  std::vector<LinkModel> links = spec_link_models(job.cluster);
-  if (opts.probe_links) {
-    for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
-      const LinkClassSpec& spec = job.cluster.levels[l].link;
-      if (!spec.shape) continue;  // a loopback probe says nothing of a real link
-      LinkProbeOptions po;
-      po.time_budget_s = 1.5;
-      auto fit = probe_link(LinkShaping{spec.bandwidth_bytes_per_s, spec.latency_s}, po);
-      if (!fit || fit->beta <= 0) {
-        XD_LOG_WARN("coordinator", "probing link class %s failed; planning with its spec", spec.name.c_str());
-        continue;
-      }
-      links[l] = LinkModel{std::max(0.0, fit->alpha), fit->beta};
+  JobPlanOptions po;
+  po.probe_links = opts.probe_links;
+  auto planned = plan_job(job, po);
+  if (!planned) return planned.status();
+  for (const LinkEstimate& e : planned->links) {
+    if (e.source == "probe")
       XD_LOG_INFO("coordinator", "link class %s: fitted alpha %.3f ms, 1/beta %.2f MB/s (r2 %.4f); configured %.3f ms, %.2f MB/s",
-                  spec.name.c_str(), fit->alpha * 1e3, 1e-6 / fit->beta, fit->r2, spec.latency_s * 1e3,
-                  spec.bandwidth_bytes_per_s / 1e6);
-    }
+                  e.name.c_str(), e.model.alpha_s * 1e3, 1e-6 / e.model.beta_s_per_byte, e.r2,
+                  e.configured.alpha_s * 1e3, 1e-6 / e.configured.beta_s_per_byte);
+    else if (!e.note.empty())
+      XD_LOG_INFO("coordinator", "link class %s: planning with its spec (%s)", e.name.c_str(), e.note.c_str());
   }
-  StepProbe step_probe;
-  const ComputeModel compute = local_compute_model(job, nullptr, &step_probe);
+  if (!planned->compute_note.empty()) XD_LOG_WARN("coordinator", "%s", planned->compute_note.c_str());
   XD_LOG_INFO("coordinator", "compute model: %.2f GFLOP/s per worker, x %.2f for non-GEMM work (a model step of %lld tokens took %.1f ms)",
-              compute.flops_per_s / 1e9, compute.non_gemm_factor, step_probe.tokens, step_probe.seconds * 1e3);
-  plan = plan_iteration(planner_inputs_for(job, links, compute));
+              planned->compute.flops_per_s / 1e9, planned->compute.non_gemm_factor, planned->step_probe.tokens,
+              planned->step_probe.seconds * 1e3);
+  plan = planned->plan;
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);
@@ -362,7 +326,9 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"world", registry.world_size()}, {"steps", job.train.steps},
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
-                      {"workers", ws}, {"links", links}};
+                      {"workers", ws}, {"links", links},
+                      // malformed or foreign control messages dropped on either socket
+                      {"rejected_control_messages", workers->rejected() + cli->rejected()}};
   if (metrics.last_complete()) j["last_step"] = metrics.to_json()["last_step"];
   if (!outcome.is_ok()) j["error"] = outcome.message();
   return j;

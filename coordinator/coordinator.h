@@ -14,9 +14,6 @@
 
 #include "common/status.h"
 #include "cluster/job_config.h"
-#include "coordinator/link_probe.h"
-#include "coordinator/planner.h"
-#include "coordinator/step_probe.h"
 
 namespace xd {
 
@@ -33,7 +30,7 @@ struct CoordinatorOptions {
   std::string endpoints_path;     // where the bound endpoints are written, if set
   double register_timeout_s = 120;
   // Fit alpha/beta of every shaped link class at start-up (FSMoE Eq. 1) and
-  // plan with the fits instead of the spec's figures.
+  // plan with the fits instead of the spec's figures (coordinator/job_planner.h).
   bool probe_links = true;
 };
 
@@ -50,16 +47,5 @@ class Coordinator {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-// The compute model of a job's workers: a short one-thread GEMM probe here,
-// calibrated by a step of the job's model (coordinator/step_probe.h), and
-// shared by the workers when they all run on this machine (no host list).
-// `fit` and `step` (nullable) receive the probes' results.
-ComputeModel local_compute_model(const JobConfig& job, LinearFit* fit = nullptr,
-                                 StepProbe* step = nullptr);
-
-// The plan a coordinator hands out for a job: link models from the spec,
-// compute model from local_compute_model().
-Plan plan_for_job(const JobConfig& job);
 
 }  // namespace xd

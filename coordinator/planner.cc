@@ -152,8 +152,7 @@ class BackgroundStream {
 
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
-                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
-                                 bool alpha_per_message) {
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
   XD_CHECK(links.size() == level_sizes.size());
   const int num_levels = static_cast<int>(level_sizes.size());
@@ -173,9 +172,9 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
     if (a2a_msgs > 0)
-      a2a_one += link.alpha_s * (alpha_per_message ? a2a_msgs : 1) + link.beta_s_per_byte * a2a_bytes;
+      a2a_one += link.alpha_s + link.beta_s_per_byte * a2a_bytes;
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
-    if (s > 1) ag_layer += link.alpha_s * (alpha_per_message ? s - 1 : 1) + link.beta_s_per_byte * ag_bytes;
+    if (s > 1) ag_layer += link.alpha_s + link.beta_s_per_byte * ag_bytes;
     c.level_bytes[l] += layers * (4 * a2a_bytes + 2 * ag_bytes);
     gathered_per_layer_experts *= s;
   }
@@ -250,8 +249,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
 }
 
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
-                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
-                   bool alpha_per_message) {
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep) {
   Plan plan;
   plan.mode = ep.mode;
   plan.chosen = -1;
@@ -260,7 +258,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
   if (ep.mode == EpMode::kHybrid) wanted = ep.domain_sizes;
   for (const auto& s : domain_candidates(level_sizes)) {
     plan.candidates.push_back(
-        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, alpha_per_message));
+        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes));
     const PlanCandidate& c = plan.candidates.back();
     const int i = static_cast<int>(plan.candidates.size()) - 1;
     if (ep.mode != EpMode::kAuto) {
@@ -285,8 +283,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
 Plan plan_iteration(const PlannerInputs& in) {
   const Status st = in.validate();
   XD_CHECK_MSG(st.is_ok(), st.message().c_str());
-  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel,
-                       in.alpha_per_message);
+  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel);
 }
 
 }  // namespace xd

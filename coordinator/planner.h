@@ -18,9 +18,8 @@
 // Links: a worker's egress on one link class is one token bucket shared by all
 // its peers of that class, so a level's bytes cost beta * (total bytes). The
 // fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
-// their messages' latencies overlap: alpha once per collective and level
-// (alpha_per_message = true charges alpha per message instead, the
-// conservative rule). The dense all-reduce is a direct reduce-scatter and
+// their messages' latencies overlap: alpha once per collective and level.
+// The dense all-reduce is a direct reduce-scatter and
 // all-gather per level (alpha once each) until its blocks reach the
 // Communicator's ring threshold; then each ring step costs alpha.
 // Pure functions; thread-safe.
@@ -59,7 +58,6 @@ struct PlannerInputs {
   std::vector<LinkModel> links;       // one per level
   ComputeModel compute;
   ExpertParallelSpec expert_parallel;
-  bool alpha_per_message = false;  // see the header comment
   // Not modelled yet; validate() rejects anything but the defaults.
   int pipeline_degree = 1;  // r: A2A chunks overlapping expert compute
   bool farskip = false;     // FarSkip frees A2A to overlap dense compute
@@ -120,16 +118,14 @@ std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_si
 // One candidate under a workload; memory_cap_bytes decides feasibility.
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
-                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
-                                 bool alpha_per_message = false);
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes);
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
 // sizes, which must divide the level sizes (chosen even if infeasible: the
 // caller reports it); auto -> the feasible candidate with the least
 // iteration time (ties: fewer gathered bytes).
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
-                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
-                   bool alpha_per_message = false);
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep);
 // plan_workload(workload_of(in), ...). `in` must validate().
 Plan plan_iteration(const PlannerInputs& in);
 

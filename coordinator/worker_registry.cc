@@ -35,7 +35,7 @@ Expected<int> WorkerRegistry::add(const std::string& peer_id, const RegisterRequ
   e.rank = rank;
   e.peer_id = peer_id;
   e.info = req;
-  e.registered_at = e.last_seen = now;
+  e.last_seen = now;
   e.expiry = now + interval_ * liveness_;
   workers_[rank] = std::move(e);
   return rank;

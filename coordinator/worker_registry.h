@@ -23,7 +23,7 @@ struct WorkerEntry {
   std::string peer_id;  // control routing id
   RegisterRequest info;
   WorkerState state = WorkerState::kRegistered;
-  double registered_at = 0, last_seen = 0, expiry = 0;
+  double last_seen = 0, expiry = 0;
   std::optional<StepMetrics> last_metrics;
   std::string error;
 };
@@ -44,8 +44,6 @@ class WorkerRegistry {
   int world_size() const { return static_cast<int>(workers_.size()); }
   WorkerEntry* find(int rank);
   const std::vector<std::optional<WorkerEntry>>& workers() const { return workers_; }
-  double heartbeat_interval() const { return interval_; }
-  int liveness() const { return liveness_; }
 
  private:
   std::vector<std::optional<WorkerEntry>> workers_;  // by rank

@@ -38,7 +38,6 @@ class AdamW {
   const std::vector<T>& second_moment() const { return v_; }
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t s) { step_count_ = s; }
-  const AdamWConfig& config() const { return config_; }
 
  private:
   AdamWConfig config_;

@@ -47,10 +47,6 @@ class BatchSampler {
   // Start of the window that local row `local_row` of batch `batch_index` reads.
   size_t window_offset(uint64_t batch_index, int local_row) const;
 
-  int batch_size() const { return batch_size_; }
-  int seq_len() const { return seq_len_; }
-  int shard() const { return shard_; }
-  int num_shards() const { return num_shards_; }
 
  private:
   std::shared_ptr<const std::vector<int32_t>> tokens_;

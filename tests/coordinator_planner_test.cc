@@ -147,16 +147,14 @@ TEST(Planner, TrafficPerLevelFollowsTheDesignFormulas) {
   // inner first, it would carry n P_E S^1 (S^0 - 1) = 4000.
 }
 
-TEST(Planner, LatencyIsPaidOncePerCollectiveUnlessChargedPerMessage) {
+TEST(Planner, LatencyIsPaidOncePerCollectiveNotPerMessage) {
   Workload w = one_layer(0, 1000);
   w.experts_per_worker = 1;
   const std::vector<LinkModel> latency_only = {{0.01, 0}};
   const PlanCandidate once = evaluate_candidate(w, {4}, latency_only, {1}, 1e300);
-  EXPECT_NEAR(once.a2a_s, 4 * 0.01, 1e-12);  // 3 peers at once through one egress
-  const PlanCandidate each = evaluate_candidate(w, {4}, latency_only, {1}, 1e300, true);
-  EXPECT_NEAR(each.a2a_s, 4 * 3 * 0.01, 1e-12);
-  const PlanCandidate ag = evaluate_candidate(w, {4}, latency_only, {4}, 1e300, true);
-  EXPECT_NEAR(ag.ag_s, 3 * 0.01, 1e-12);
+  EXPECT_NEAR(once.a2a_s, 4 * 0.01, 1e-12);  // 3 peers at once through one egress, 4 A2As
+  const PlanCandidate ag = evaluate_candidate(w, {4}, latency_only, {4}, 1e300);
+  EXPECT_NEAR(ag.ag_s, 0.01, 1e-12);  // 3 domain peers at once
   EXPECT_DOUBLE_EQ(ag.a2a_s, 0.0);
 }
 

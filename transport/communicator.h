@@ -62,8 +62,6 @@ class Communicator {
 
   int size() const { return static_cast<int>(ranks_.size()); }
   int index() const { return index_; }  // this rank's position in the group
-  const std::vector<int>& ranks() const { return ranks_; }
-  Transport* transport() const { return transport_; }
 
   // Block i of `send` (send_bytes[i] bytes, back to back) goes to member i;
   // member i's block lands in `recv` at the running offset of recv_bytes. A

@@ -43,11 +43,6 @@ void Completion::abort(const Status& st) {
   cv_.notify_all();
 }
 
-bool Completion::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return remaining_ <= 0;
-}
-
 Status Completion::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return remaining_ <= 0 || !status_.is_ok(); }))

@@ -75,7 +75,6 @@ class Completion {
   // Makes wait() return `st` now (the transport was cancelled); later
   // finish_one() calls still count down.
   void abort(const Status& st);
-  bool done() const;
   // ok when done in time; timeout otherwise; or the first error.
   Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24));
 

@@ -583,12 +583,6 @@ void Transport::set_shaping(int link_class, const LinkShaping& s) {
   impl_->shaping[link_class] = s;
 }
 
-LinkShaping Transport::shaping(int link_class) const {
-  std::lock_guard<std::mutex> lock(impl_->shaping_mu);
-  XD_CHECK(link_class >= 0 && link_class < (int)impl_->shaping.size());
-  return impl_->shaping[link_class];
-}
-
 TransportStats Transport::stats() const {
   TransportStats st;
   for (const auto& l : impl_->links) {

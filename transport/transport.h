@@ -114,7 +114,6 @@ class Transport {
   void cancel(const Status& why);
 
   void set_shaping(int link_class, const LinkShaping& shaping);
-  LinkShaping shaping(int link_class) const;
   TransportStats stats() const;
 
   class Impl;

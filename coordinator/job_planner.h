@@ -1,0 +1,58 @@
+// plan_job: the one path from a job's configuration to its plan, shared by the
+// coordinator and `xdmoe plan`, so that `xdmoe plan` shows exactly what a
+// launch will pick from the same measurements. It
+//   1. fits the compute model: a one-thread GEMM probe, calibrated by a timed
+//      step of the job's model (coordinator/step_probe.h), and shared among
+//      the workers when they all run on this machine (no host list);
+//   2. fits each shaped link class's alpha/beta with a short loopback probe
+//      (coordinator/link_probe.h), or takes the spec's figures (unshaped
+//      classes always do: a loopback probe says nothing of a real link; a
+//      failed probe falls back too, and says why);
+//   3. plans every expert-domain candidate (coordinator/planner.h).
+// Takes about 1-5 s. Not thread-safe against other GEMMs of this process
+// (the probes set OpenBLAS's thread count).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cluster/job_config.h"
+#include "common/status.h"
+#include "coordinator/link_probe.h"
+#include "coordinator/planner.h"
+#include "coordinator/step_probe.h"
+
+namespace xd {
+
+struct JobPlanOptions {
+  bool probe_links = true;
+  double link_probe_budget_s = 1.5;  // per shaped link class
+  // Told before each probe starts ("probing link class 'dc'"); may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+// Where a link class's model came from.
+struct LinkEstimate {
+  std::string name;
+  LinkModel model;       // what the planner used
+  LinkModel configured;  // the spec's figures
+  std::string source;    // "probe" or "spec"
+  std::string note;      // why the spec's figures were used, if not asked for
+  double r2 = 0;         // of the probe's fit
+};
+
+struct JobPlan {
+  PlannerInputs inputs;
+  Plan plan;
+  std::vector<LinkEstimate> links;  // one per level
+  ComputeModel compute;
+  LinearFit gemm_fit;
+  StepProbe step_probe;  // tokens == 0 when the step probe failed
+  std::string compute_note;  // why the compute model counts GEMMs only, if it does
+};
+
+// Errors: the inputs do not validate (for example a bad domain size).
+Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options = {});
+
+}  // namespace xd
