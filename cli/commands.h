@@ -19,4 +19,8 @@ void add_monitor_commands(CLI::App& app, int* exit_code);  // status, top, metri
 // $XDMOE_COORDINATOR, else the default tcp://127.0.0.1:7370.
 std::string coordinator_cli_endpoint(const std::string& flag);
 
+// The --log-level given on the command line, or "" when none was (then the
+// level comes from $XDMOE_LOG_LEVEL, else info). `xdmoe launch` hands it on.
+const std::string& log_level_flag();
+
 }  // namespace xd::cli

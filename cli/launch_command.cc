@@ -56,7 +56,11 @@ RunResult run_one(const LaunchFlags& f, const std::string& mode, int world, int6
   fs::remove(endpoints);
   fs::remove(summary);
   const std::string exe = self_exe();
-  std::vector<std::string> args = {exe, "coordinator", "--mode", mode == "ep_flat" ? "ep" : mode,
+  // The coordinator shares this terminal: only its progress lines and
+  // warnings, unless a level was asked for. Workers log to files, at info.
+  const std::string coordinator_level = log_level_flag().empty() ? "warn" : log_level_flag();
+  const std::string worker_level = log_level_flag().empty() ? "info" : log_level_flag();
+  std::vector<std::string> args = {exe, "--log-level", coordinator_level, "coordinator", "--mode", mode == "ep_flat" ? "ep" : mode,
                                    "--bind", "tcp://127.0.0.1:*", "--cli-bind", f.cli_bind,
                                    "--http-port", "0", "--name", mode, "--summary", summary.string(),
                                    "--endpoints-file", endpoints.string()};
@@ -94,7 +98,7 @@ RunResult run_one(const LaunchFlags& f, const std::string& mode, int world, int6
   }
   std::vector<subprocess::Child> workers;
   for (int rank = 0; rank < world; ++rank)
-    workers.push_back(subprocess::spawn({exe, "worker", "--coordinator", worker_ep, "--rank", std::to_string(rank),
+    workers.push_back(subprocess::spawn({exe, "--log-level", worker_level, "worker", "--coordinator", worker_ep, "--rank", std::to_string(rank),
                                          "--host-label", "local"},
                                         (dir / ("worker" + std::to_string(rank) + ".log")).string(),
                                         {"OPENBLAS_NUM_THREADS=1"}));

@@ -79,11 +79,10 @@ std::string list_of(const nlohmann::json& s, const char* key) {
 
 // Every line fits 80 columns (the widest is 78).
 void print_status(const nlohmann::json& s) {
-  std::printf("job %s (id %s): %s, %s workers, mode %s, domains %s\n",
-              fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
-              s.value("state", "?").c_str(), list_of(s, "world").c_str(), s.value("mode", "?").c_str(),
-              fit(list_of(s, "domain_sizes"), 12).c_str());
-  std::printf("predicted %s ms/step, up %s s\n", num(s, "predicted_step_s", "%.1f", 1e3).c_str(),
+  std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
+              s.value("state", "?").c_str(), list_of(s, "world").c_str());
+  std::printf("mode %s, domains %s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
+              fit(list_of(s, "domain_sizes"), 16).c_str(), num(s, "predicted_step_s", "%.1f", 1e3).c_str(),
               num(s, "uptime_s", "%.0f").c_str());
   if (s.contains("error")) std::printf("error: %s\n", s["error"].get<std::string>().c_str());
   std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", "rank", "state", "host", "pid", "seen",
@@ -92,7 +91,7 @@ void print_status(const nlohmann::json& s) {
     std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", w["rank"].dump().c_str(),
                 fit(w.value("state", "?"), 9).c_str(), fit(w.value("host", "-"), 14).c_str(),
                 w.contains("pid") ? w["pid"].dump().c_str() : "-",
-                (num(w, "last_seen_s_ago", "%.1f") + "s").c_str(),
+                w.contains("last_seen_s_ago") ? (num(w, "last_seen_s_ago", "%.1f") + "s").c_str() : "-",
                 w.contains("step") ? w["step"].dump().c_str() : "-", num(w, "loss", "%.4f").c_str(),
                 num(w, "tokens_per_s", "%.0f").c_str(), num(w, "step_s", "%.1f", 1e3).c_str());
   }

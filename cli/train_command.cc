@@ -3,6 +3,9 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cluster/job_config.h"
+#include "common/atomic_file.h"
+#include "common/yaml_reader.h"
 #include "model/trainer.h"
 
 namespace xd::cli {
@@ -15,10 +18,41 @@ struct TrainOptions {
   std::string checkpoint_dir;
 };
 
+// True when the file has a top-level `cluster:` key (a distributed job).
+Expected<bool> has_cluster_section(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return text.status();
+  auto doc = load_yaml_document(*text, path);
+  if (!doc) return doc.status();
+  return doc->IsMap() && static_cast<bool>((*doc)["cluster"]);
+}
+
+// A distributed job's config, trained as its one-process equivalent.
+Expected<TrainConfig> one_process_config(const std::string& path) {
+  auto job = load_job_config(path);
+  if (!job) return job.status();
+  const TrainConfig t = one_process_equivalent(*job);
+  std::string layout;
+  for (const LevelSpec& l : job->cluster.levels)
+    layout += (layout.empty() ? "" : " x ") + std::to_string(l.size) + " " + l.name;
+  std::printf("%s describes a distributed job: %d workers (%s), %d sequences each.\n",
+              path.c_str(), job->cluster.world_size(), layout.c_str(), job->train.batch_size);
+  std::printf("Training its one-process equivalent: the same model, data and seed on the global\n"
+              "batch of %d sequences per step, so the losses match `xdmoe launch` of this config",
+              t.batch_size);
+  if (t.model.aux_loss_coef > 0)
+    std::printf("\n(up to the router's aux loss: taken here over the whole batch, there per worker)");
+  std::printf(".\n");
+  return t;
+}
+
 int run_train(const TrainOptions& o) {
   TrainConfig config = default_train_config();
   if (!o.config.empty()) {
-    auto loaded = load_train_config(o.config);
+    auto distributed = has_cluster_section(o.config);
+    auto loaded = !distributed ? Expected<TrainConfig>(distributed.status())
+                  : *distributed ? one_process_config(o.config)
+                                 : load_train_config(o.config);
     if (!loaded) {
       std::fprintf(stderr, "xdmoe train: %s\n", loaded.status().message().c_str());
       return 2;
@@ -63,7 +97,12 @@ int run_train(const TrainOptions& o) {
 void add_train_command(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<TrainOptions>();
   CLI::App* cmd = app.add_subcommand("train", "Train the MoE model in this one process");
-  cmd->add_option("--config", opts->config, "YAML config (default: the built-in tiny model)")
+  cmd->footer(
+      "A config with a `cluster:` section (a distributed job, e.g. examples/2dc.yaml) trains\n"
+      "its one-process equivalent: the same model, data and seed on the job's global batch\n"
+      "(world size x train.batch_size sequences per step), to compare with `xdmoe launch`.");
+  cmd->add_option("--config", opts->config, "YAML config (default: the built-in tiny model); a job config with a "
+                                            "cluster section runs its one-process equivalent")
       ->check(CLI::ExistingFile);
   cmd->add_option("--resume", opts->resume, "Checkpoint directory to resume from")
       ->check(CLI::ExistingDirectory);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "cluster/job_config.h"
 #include "job_runner.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
@@ -55,13 +56,14 @@ std::string cluster_yaml(int dcs, int per_dc) {
          "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n";
 }
 
-// The same global batch in one process: G x batch sequences per step.
+// The same global batch in one process, G x batch sequences per step: the
+// one-process equivalent that `xdmoe train` runs for a job config.
 std::vector<double> single_process_losses(int world, std::vector<float>* final_params,
                                           std::unique_ptr<Trainer>* keep = nullptr) {
-  auto cfg = parse_train_config(model_yaml(), "<test>");
-  XD_CHECK(cfg.has_value());
-  TrainConfig tc = *cfg;
-  tc.batch_size = kBatchPerWorker * world;
+  auto job = parse_job_config(model_yaml() + cluster_yaml(world / 2, 2), "<test>");
+  XD_CHECK(job.has_value());
+  const TrainConfig tc = one_process_equivalent(*job);
+  XD_CHECK(tc.batch_size == kBatchPerWorker * world);
   auto t = Trainer::create(tc);
   XD_CHECK(t.has_value());
   std::vector<double> losses;

@@ -150,6 +150,18 @@ TEST(Cluster, ALostWorkerIsReportedWithinThreeAndAHalfSecondsAndTheCliShowsIt) {
 
   auto [code, text] = run(bin + " status --coordinator " + cli);
   EXPECT_EQ(code, 0) << text;
+  auto [top_code, top_text] = run(bin + " top --iterations 1 --coordinator " + cli);
+  EXPECT_EQ(top_code, 0) << top_text;
+  for (const std::string& screen : {text, top_text}) {  // both fit an 80-column terminal
+    std::istringstream lines(std::regex_replace(screen, std::regex("\x1b\\[[0-9;]*[A-Za-z]"), ""));
+    std::string line;
+    int n = 0;
+    while (std::getline(lines, line)) {
+      EXPECT_LE(line.size(), 80u) << "too wide: " << line;
+      ++n;
+    }
+    EXPECT_GE(n, 7) << screen;
+  }
   EXPECT_NE(text.find("lost"), std::string::npos) << text;
   EXPECT_NE(text.find("running"), std::string::npos) << text;
   auto [jcode, json_text] = run(bin + " status --json --coordinator " + cli);
