@@ -1,9 +1,10 @@
-// Actor: one thread, one Mailbox. Work reaches an actor only as messages, so
-// its state needs no locks: on_message() and on_tick() always run on the
-// actor's own thread, one at a time. Control messages (heartbeat, stop) go in
-// the urgent lane and overtake queued tensor work. Any thread may post().
-// An exception escaping a handler is a broken invariant: it is logged and the
-// process aborts, so nothing throws across the actor boundary. A subclass
+// Actor: one thread, one Mailbox. Work reaches an actor only as posted
+// closures, so its state needs no locks: posted closures, on_start(),
+// on_tick() and on_stop() always run on the actor's own thread, one at a
+// time. stop() goes in the urgent lane and overtakes queued work; post(fn,
+// true) does too. Any thread may post(). A std::exception escaping a handler
+// is a broken invariant: it is logged and the process aborts (anything else
+// aborts unlogged), so nothing throws across the actor boundary. A subclass
 // must call stop() and join() in its own destructor, before its members die.
 #pragma once
 

@@ -1,5 +1,5 @@
 // HybridExpertExchange: the networked Dispatch/Combine of the MoE layer for
-// EP and HybridEP (DESIGN.md "Dimension-ordered hybrid exchange").
+// EP and HybridEP (docs/architecture.md, "Where a token goes").
 // Dispatch walks the levels outermost first. At level l a token row stays put
 // when its expert's owner is in this worker's level-l domain (that level's
 // experts were all-gathered), or moves by all-to-all to the worker at the same

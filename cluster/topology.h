@@ -1,5 +1,5 @@
 // Topology: the HybridEP communication topology of G workers on L levels
-// (HybridEP Sec. IV-A, DESIGN.md "Topology and HybridEP domains").
+// (HybridEP Sec. IV-A; docs/planner.md, "Topology").
 //   * level sizes SF^0..SF^{L-1}, outermost first; G = prod SF^l;
 //   * location(m) = (x_0..x_{L-1}), x_i = floor(m / prod_{j>i} SF^j) mod SF^i (Eq. 13);
 //   * domain sizes S^l dividing SF^l; domain(m, l) = x_l / S^l, offset(m, l) = x_l mod S^l;

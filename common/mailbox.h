@@ -1,6 +1,6 @@
 // Mailbox<T>: a multi-writer, single-reader queue with two lanes. The urgent
-// lane (heartbeat, stop, shaping changes) is always drained before the normal
-// lane, so control never waits behind tensor traffic. Writers are thread-safe.
+// lane (an actor's stop, a transport's stop, connect and wake-ups) is always
+// drained before the normal lane, so control never waits behind tensor traffic. Writers are thread-safe.
 // The reader can block in pop(), or poll notify_fd() (an eventfd that is
 // readable while messages are pending) next to its sockets.
 #pragma once

@@ -6,8 +6,10 @@
 //     so 1 / beta is the GEMM rate and alpha the per-call overhead. It sets
 //     OpenBLAS's thread count for its duration (not thread-safe against other
 //     GEMMs of this process running meanwhile).
-// A probe takes well under the given time budget (~3 s by default). The fit is
-// reported as measured (alpha may come out slightly negative from noise).
+// probe_link aims at its time budget (3 s by default) by lowering repetitions,
+// down to one; probe_gemm stops after the round in which it passes
+// max_seconds (1 s) or reaches good_r2. The fit is reported as measured
+// (alpha may come out slightly negative from noise).
 #pragma once
 
 #include <chrono>

@@ -19,9 +19,11 @@
 // its peers of that class, so a level's bytes cost beta * (total bytes). The
 // fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
 // their messages' latencies overlap: alpha once per collective and level.
-// The dense all-reduce is a direct reduce-scatter and
-// all-gather per level (alpha once each) until its blocks reach the
-// Communicator's ring threshold; then each ring step costs alpha.
+// The dense all-reduce is a direct reduce-scatter and all-gather per level
+// (alpha once each) until its blocks reach the Communicator's ring threshold;
+// then each ring step costs alpha. This is exact for two levels; with more,
+// the trainer's outer stage is one flat group over all outer levels, which
+// the model prices as one phase per level.
 // Pure functions; thread-safe.
 #pragma once
 

@@ -1,8 +1,9 @@
 // WorkerRegistry: membership and liveness of a job's workers (zguide Paranoid
 // Pirate). A worker is alive while now < expiry, where every heartbeat (or any
 // message) sets expiry = now + interval x liveness. Ranks are given on
-// registration: the requested one if free, else the lowest free one. Pure
-// bookkeeping with an injected clock, so it is tested without sleeping.
+// registration: the requested one if it is free (else an error); without a
+// request, the peer's earlier rank or the lowest free one. Pure bookkeeping
+// with an injected clock (the caller passes `now`).
 // Not thread-safe: the coordinator's loop owns it.
 #pragma once
 

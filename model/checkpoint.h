@@ -6,8 +6,8 @@
 //                          metadata {"format": "pt", "step": "<adam step>"}; optional
 //   trainer_state.json     {"step", "data_position", "seed", "last_loss"}
 //
-// save_checkpoint is atomic as a whole: readers see the complete old directory or
-// the complete new one. Everything is written and fsynced in "<dir>.tmp-<pid>/",
+// save_checkpoint is atomic as a whole: never a torn mix of old and new files
+// (on the fallback path below, <dir> is briefly absent between the renames). Everything is written and fsynced in "<dir>.tmp-<pid>/",
 // which then replaces <dir> (an atomic exchange where the filesystem supports it,
 // else rename old to "<dir>.old-<pid>", rename new in, delete old). A crash can
 // leave "*.tmp-*" / "*.old-*" siblings behind; they are garbage, and

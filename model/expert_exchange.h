@@ -1,8 +1,9 @@
 // ExpertExchange: the Dispatch / Combine seam of the MoE layer (FSMoE Sec. 3.1).
 // The MoE math calls it to move token rows to whichever worker computes each
 // expert, and to bring results back. LocalExpertExchange keeps everything in
-// process; the networked exchanges (EP all-to-all, HybridEP) implement the same
-// interface in actors/, so the model code never changes. One instance per
+// process; the networked one, HybridExpertExchange in actors/ (EP, flat EP and
+// HybridEP alike), implements the same interface, so the model code never
+// changes. One instance per
 // worker compute thread; implementations need not be thread-safe.
 #pragma once
 

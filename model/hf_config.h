@@ -3,12 +3,17 @@
 // model stays inside Mixtral's semantics; what Mixtral lacks is stored under keys
 // prefixed "xdmoe_", which HF ignores.
 //
-// Reading: the standard Mixtral keys we write are required. "xdmoe_" keys are
-// optional and default to ModelConfig's defaults, which match Mixtral (softmax top-k,
-// dropless, no shared experts, regular connectivity), so a plain HF Mixtral config
-// loads too. HF settings we cannot honour (tied embeddings, a sliding window, an
-// activation other than silu) are rejected rather than ignored. Every error names
-// the key. Pure functions; no exceptions escape.
+// Reading: the shape keys (vocab, hidden, intermediate, layers, heads, KV
+// heads, experts, experts per token, max positions), rms_norm_eps,
+// rope_theta, router_aux_loss_coef and model_type are required; the other
+// standard keys are optional and checked when present. HF settings we cannot
+// honour (tied embeddings, a sliding window, an activation other than silu)
+// are rejected rather than ignored. "xdmoe_" keys are optional and default to
+// ModelConfig's defaults: softmax top-k, dropless, no shared experts and
+// regular connectivity, as in Mixtral, so a plain HF Mixtral config loads with
+// Mixtral's forward pass; only training differs, by our default router z-loss
+// (z_loss_coef 0.001, which Mixtral lacks). Every error names the key. Pure
+// functions; no exceptions escape.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -13,7 +13,7 @@ namespace xd {
 
 enum class Gating : int { kSoftmaxTopK = 0, kSigmoidTopK = 1, kExpertChoice = 2 };
 
-// Which inputs of layer k skip ahead (DESIGN.md, FarSkip). kRegular is pre-norm.
+// Which inputs of layer k skip ahead (FarSkip-Collective Sec. 3; docs/model.md). kRegular is pre-norm.
 enum class Connectivity : int {
   kRegular = 0,
   kFarSkip = 1,           // attention input partial, MoE input outdated

@@ -2,7 +2,8 @@
 // its output (and cache); backward ACCUMULATES (+=) into dinput and dweights.
 // Row-major throughout; N = number of token rows. Instantiated for float and
 // double (double serves the finite-difference gradient checks). Stateless and
-// thread-safe. A naive reference sits beside each BLAS-backed fast path.
+// thread-safe. attention_forward has a naive reference here; the GEMM paths
+// are checked against gemm_reference (model/gemm.h).
 #pragma once
 
 #include <cstdint>

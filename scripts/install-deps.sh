@@ -4,15 +4,15 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git
-  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libzstd-dev zstd
-  libopenblas-dev libspdlog-dev libfmt-dev
+  # build
+  build-essential cmake pkg-config
+  # libraries the code links or includes (CMakeLists.txt)
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libopenblas-dev libspdlog-dev libfmt-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  gnuplot-nox
-  openmpi-bin libopenmpi-dev python3-mpi4py
-  python3 python3-numpy python3-torch
-  iproute2
+  # tests: googletest; python3 runs the include check; torch the reference model
+  libgtest-dev python3 python3-torch
+  # bench/: OpenMPI and mpi4py/numpy baselines, gnuplot plots
+  openmpi-bin python3-mpi4py python3-numpy gnuplot-nox
 )
 
 missing=()

@@ -1,6 +1,6 @@
 // Tests of the stream-based planner (the closed-form cases of HybridEP
 // Eq. 10-12 under our whole-iteration model, the memory cap, the modes, the
-// traffic formulas of DESIGN.md) and of the alpha-beta probes (FSMoE Eq. 1).
+// traffic formulas of docs/planner.md) and of the alpha-beta probes (FSMoE Eq. 1).
 #include <gtest/gtest.h>
 
 #include <cmath>

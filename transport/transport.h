@@ -9,7 +9,8 @@
 // Links are shaped per link class (bandwidth, latency), changeable at run time.
 // Malformed, foreign or misaddressed messages are dropped, counted per reason
 // and logged; nothing a peer sends can crash the process. No exception leaves
-// this class. Thread-safe.
+// this class. Thread-safe, except that rank() and stats() must not race
+// connect() (a worker connects once, before its first step).
 #pragma once
 
 #include <array>

@@ -60,7 +60,7 @@ inline constexpr int kMaxMessageKind = 64;  // counters are indexed by kind
 
 enum MessageFlags : uint16_t {
   kFlagNone = 0,
-  kFlagCompressed = 1 << 0,  // tensor frames carry a codec stream (compression/)
+  kFlagCompressed = 1 << 0,  // reserved: tensor frames carry a codec stream (no codec sets it yet)
 };
 inline constexpr uint16_t kKnownFlags = kFlagCompressed;
 
