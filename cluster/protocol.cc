@@ -52,6 +52,9 @@ Status from_json(const json& j, RegisterRequest* out) {
   if (j.is_object() && j.contains("protocol_version") && j["protocol_version"].is_number_integer())
     r.protocol_version = j["protocol_version"].get<int>();
   if (r.protocol_version != kProtocolVersion) {
+    // Best effort, for the refusal's log line: who it was.
+    if (j.is_object() && j.contains("host") && j["host"].is_string()) r.host = j["host"].get<std::string>();
+    if (j.is_object() && j.contains("pid") && j["pid"].is_number_integer()) r.pid = j["pid"].get<int>();
     *out = r;
     return Status::invalid_argument(protocol_mismatch_message(r.protocol_version));
   }

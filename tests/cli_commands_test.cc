@@ -20,14 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? ::pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using testing::run;
 
 class Cli : public ::testing::Test {
  protected:

@@ -25,15 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Runs a command, returns (exit code, stdout).
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? ::pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using testing::run;
 
 // Checks the Prometheus text exposition format line by line.
 std::string exposition_error(const std::string& text) {

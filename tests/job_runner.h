@@ -3,11 +3,15 @@
 // the coordinator's JSON summary.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +21,16 @@
 namespace xd::testing {
 
 inline std::string xdmoe_binary() { return std::string(XD_BINARY_DIR) + "/xdmoe"; }
+
+// Runs a shell command; returns its exit code and its stdout and stderr together.
+inline std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 struct JobResult {
   int coordinator_code = -1;

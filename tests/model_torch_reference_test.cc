@@ -23,6 +23,7 @@
 #include "common/rng.h"
 #include "model/moe_transformer.h"
 #include "model/safetensors.h"
+#include "test_util.h"
 
 namespace xd {
 namespace {
@@ -32,26 +33,7 @@ namespace fs = std::filesystem;
 constexpr const char* kPython = "/usr/bin/python3";
 const std::string kScript = std::string(XD_SOURCE_DIR) + "/tests/reference/mixtral_reference.py";
 
-// A fresh directory per use, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> seq{0};
-    path_ = (fs::temp_directory_path() /
-             ("xdmoe_torch_ref_" + std::to_string(::getpid()) + "_" + std::to_string(seq++)))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -30,7 +30,7 @@ class TempDir {
   TempDir() {
     static std::atomic<int> seq{0};
     path_ = (fs::temp_directory_path() /
-             ("xdmoe_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(seq++)))
+             ("xdmoe_test_" + std::to_string(::getpid()) + "_" + std::to_string(seq++)))
                 .string();
     fs::remove_all(path_);
     fs::create_directories(path_);
