@@ -139,6 +139,10 @@ void DistributedTrainer::record_link_figures(StepMetrics* m) {
   double busy = 0;
   for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
   m->comm_s = std::max(busy, m->exposed_comm_s);
+  for (size_t c = 0; c < now.class_transmit_seconds.size(); ++c) {
+    const double before = c < last_stats_.class_transmit_seconds.size() ? last_stats_.class_transmit_seconds[c] : 0.0;
+    m->link_busy_s = std::max(m->link_busy_s, now.class_transmit_seconds[c] - before);
+  }
   last_stats_ = std::move(now);
 }
 

@@ -150,6 +150,13 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   row("  compute (ms)", [](const RunResult& r) { return cell(r.summary, "mean_compute_s", "%.1f", 1e3); });
   row("  exposed comm (ms)", [](const RunResult& r) { return cell(r.summary, "mean_exposed_comm_s", "%.1f", 1e3); });
   row("  overlap (%)", [](const RunResult& r) { return cell(r.summary, "overlap_percent", "%.0f"); });
+  row("bound (ms)", [](const RunResult& r) { return cell(r.summary, "bound_s", "%.1f", 1e3); });
+  row("step / bound", [](const RunResult& r) {
+    if (!r.summary.contains("bound_s") || !(r.summary["bound_s"].get<double>() > 0)) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", r.summary["mean_step_s"].get<double>() / r.summary["bound_s"].get<double>());
+    return std::string(buf);
+  });
   row("predicted step (ms)", [](const RunResult& r) { return cell(r.summary, "predicted_step_s", "%.1f", 1e3); });
   for (const LevelSpec& l : cluster.levels) {
     const std::string key = l.link.name + "/total";

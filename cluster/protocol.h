@@ -87,6 +87,10 @@ struct StepMetrics {
   double loss = 0, ce_loss = 0, aux_loss = 0;
   double tokens_per_s = 0;
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  // The busiest shaped link class's transmit time this step (bytes /
+  // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
+  // max(compute_s, link_busy_s).
+  double link_busy_s = 0;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"

@@ -414,6 +414,8 @@ void Coordinator::Impl::write_summary() {
     j["mean_comm_s"] = mean.comm_s;
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
+    j["mean_link_busy_s"] = mean.link_busy_s;
+    j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
     j["bytes_per_step"] = mean.bytes;
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;
     j["peak_rss_bytes"] = mean.peak_rss_bytes;
@@ -423,10 +425,11 @@ void Coordinator::Impl::write_summary() {
     out << j.dump(2) << "\n";
   }
   if (const StepSummary* last = metrics.last_complete()) {
-    std::printf("summary: %zu steps | final loss %.4f | %.0f tok/s | step %.1f ms = compute %.1f + exposed comm %.1f (overlap %.0f%%) | predicted %.1f ms | peak RSS %.0f MB\n",
+    std::printf("summary: %zu steps | final loss %.4f | %.0f tok/s | step %.1f ms = compute %.1f + exposed comm %.1f (overlap %.0f%%) | bound %.1f ms (step / bound %.2f) | predicted %.1f ms | peak RSS %.0f MB\n",
                 metrics.complete_steps().size(), last->loss, mean.tokens_per_s, mean.step_s * 1e3,
-                mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(),
-                mean.predicted_step_s * 1e3, mean.peak_rss_bytes / 1e6);
+                mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(), mean.bound_s() * 1e3,
+                mean.bound_s() > 0 ? mean.step_s / mean.bound_s() : 0.0, mean.predicted_step_s * 1e3,
+                mean.peak_rss_bytes / 1e6);
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     if (!mean.gather_wait_s.empty()) {
       std::printf("  wait for gathered experts per layer (ms):");

@@ -19,6 +19,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.compute_s = std::max(s.compute_s, m.compute_s);
   s.comm_s = std::max(s.comm_s, m.comm_s);
   s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
+  s.link_busy_s = std::max(s.link_busy_s, m.link_busy_s);
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
@@ -44,6 +45,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.compute_s += s.compute_s;
     out.comm_s += s.comm_s;
     out.exposed_comm_s += s.exposed_comm_s;
+    out.link_busy_s += s.link_busy_s;
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
@@ -59,6 +61,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.compute_s /= n;
   out.comm_s /= n;
   out.exposed_comm_s /= n;
+  out.link_busy_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
   for (double& w : out.gather_wait_s) w /= n;
@@ -79,6 +82,8 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"comm_s", s.comm_s},
           {"exposed_comm_s", s.exposed_comm_s},
           {"overlap_percent", s.overlap_percent()},
+          {"link_busy_s", s.link_busy_s},
+          {"bound_s", s.bound_s()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
@@ -123,6 +128,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"compute_seconds", "Compute time of the step.", s->compute_s},
         {"exposed_comm_seconds", "Communication time not hidden behind compute.", s->exposed_comm_s},
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
+        {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
+        {"bound_seconds", "The step's bound: max(compute, busiest link's transmit time).", s->bound_s()},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
     };

@@ -4,6 +4,7 @@
 // coordinator loop owns it (the HTTP thread reads a rendered snapshot).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,6 +22,9 @@ struct StepSummary {
   double loss = 0, ce_loss = 0, aux_loss = 0;  // mean over workers
   double tokens_per_s = 0;                     // sum over workers
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers
+  double link_busy_s = 0;                      // max over workers
+  // max(compute, busiest link's transmit time): no schedule can beat it.
+  double bound_s() const { return std::max(compute_s, link_busy_s); }
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;                   // max
   std::map<std::string, double> bytes;         // sum

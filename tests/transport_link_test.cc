@@ -331,6 +331,12 @@ TEST(Transport, AShapedLinkDeliversItsConfiguredRateAndLatency) {
   }
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   producer.join();
+  // The egress's transmit time is exactly its bytes over the rate (header and
+  // the empty metadata frame included), whatever the scheduling.
+  const double sent_bytes = kCount * double(kMessage + kHeaderSize);
+  ASSERT_EQ(p.a->stats().class_transmit_seconds.size(), 1u);
+  EXPECT_NEAR(p.a->stats().class_transmit_seconds[0], sent_bytes / rate, 1e-6 * kCount);
+  EXPECT_LE(p.a->stats().class_transmit_seconds[0], elapsed);
   // The first message pays one latency; the rest stream at the link rate.
   const double achieved = (kCount - 1) * double(kMessage + kHeaderSize) / (elapsed - first_arrival);
   // Latency: ping-pong of empty messages, one-way = RTT / 2.

@@ -59,7 +59,10 @@ void release_frame(void*, void* hint) {
 }  // namespace
 
 Transport::Impl::Impl(const TransportOptions& o)
-    : options(o), context(o.io_threads), shaping(o.link_classes) {}
+    : options(o),
+      context(o.io_threads),
+      shaping(o.link_classes),
+      class_transmit_ns(new std::atomic<uint64_t>[o.link_classes.size()]()) {}
 
 Transport::Impl::~Impl() {
   stop();
@@ -285,7 +288,9 @@ void Transport::Impl::transmit(int link_class, double now) {
     next->queue.pop_front();
     const double bytes = double(s.header.payload_len + kHeaderSize + s.meta.size());
     const double start = std::max(busy_until, s.enqueued_at);
-    busy_until = start + (sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0);
+    const double transmit_s = sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0;
+    busy_until = start + transmit_s;
+    class_transmit_ns[link_class].fetch_add(static_cast<uint64_t>(transmit_s * 1e9), std::memory_order_relaxed);
     // Latency delays delivery but not the next transmission; FIFO per link.
     next->last_release = std::max(busy_until + sh.latency_s, next->last_release);
     s.release_at = next->last_release;
@@ -608,6 +613,8 @@ TransportStats Transport::stats() const {
     st.messages_received_by_kind[k] = impl_->recv_msgs_kind[k];
   }
   for (int r = 0; r < kNumRejectReasons; ++r) st.rejected[r] = impl_->rejected[r];
+  for (size_t c = 0; c < impl_->options.link_classes.size(); ++c)
+    st.class_transmit_seconds.push_back(impl_->class_transmit_ns[c].load(std::memory_order_relaxed) * 1e-9);
   return st;
 }
 

@@ -80,6 +80,11 @@ struct TransportStats {
   std::array<uint64_t, kMaxMessageKind> bytes_sent_by_kind{}, bytes_received_by_kind{};
   std::array<uint64_t, kMaxMessageKind> messages_sent_by_kind{}, messages_received_by_kind{};
   std::array<uint64_t, kNumRejectReasons> rejected{};
+  // Per link class: the time its shaped egress spent transmitting, the sum of
+  // bytes / bandwidth over every message sent (latency excluded: it overlaps
+  // the next transmission). 0 for an unshaped class. A step's busiest class
+  // is the link half of the step's bound, max(compute, link busy time).
+  std::vector<double> class_transmit_seconds;
   uint64_t total_rejected() const;
 };
 

@@ -98,6 +98,9 @@ class Transport::Impl {
   std::array<std::atomic<uint64_t>, kMaxMessageKind> sent_bytes_kind{}, recv_bytes_kind{},
       sent_msgs_kind{}, recv_msgs_kind{};
   std::array<std::atomic<uint64_t>, kNumRejectReasons> rejected{};
+  // Per link class: nanoseconds its shaped egress spent transmitting
+  // (bytes / bandwidth of every message), written by the I/O thread.
+  std::unique_ptr<std::atomic<uint64_t>[]> class_transmit_ns;
 
   void deliver(IncomingMessage m);  // to a posted receive or the unexpected store
   void reject(RejectReason why, const std::string& detail);
