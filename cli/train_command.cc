@@ -41,7 +41,8 @@ Expected<TrainConfig> one_process_config(const std::string& path) {
               "batch of %d sequences per step, so the losses match `xdmoe launch` of this config",
               t.batch_size);
   if (t.model.aux_loss_coef > 0)
-    std::printf("\n(up to the router's aux loss: taken here over the whole batch, there per worker)");
+    std::printf(",\nexcept that the router's aux loss is taken here over the whole batch and there per\n"
+                "worker, so with aux_loss_coef %g the two drift apart slightly", t.model.aux_loss_coef);
   std::printf(".\n");
   return t;
 }
