@@ -31,17 +31,8 @@ int run_coordinator(const CoordinatorFlags& f) {
     }
     job = *parsed;
   }
-  if (!f.mode.empty()) {
-    auto m = parse_ep_mode(f.mode);
-    if (!m) {
-      std::fprintf(stderr, "xdmoe coordinator: --mode: %s\n", m.status().message().c_str());
-      return 2;
-    }
-    job.cluster.expert_parallel.mode = *m;
-  }
-  if (!f.domains.empty()) job.cluster.expert_parallel.domain_sizes = f.domains;
   if (f.steps > 0) job.train.steps = f.steps;
-  if (Status st = job.validate(); !st.is_ok()) {
+  if (Status st = override_expert_parallel(&job, f.mode, f.domains); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
   }

@@ -17,7 +17,8 @@ namespace xd::cli {
 
 namespace {
 struct PlanOptions {
-  std::string config;
+  std::string config, mode;
+  std::vector<int> domains;
   bool json = false;
   bool probe = true;  // as the coordinator
 };
@@ -57,6 +58,10 @@ int run_plan(const PlanOptions& o) {
     }
     job = std::move(*loaded);
     source = o.config;
+  }
+  if (Status st = override_expert_parallel(&job, o.mode, o.domains); !st.is_ok()) {
+    std::fprintf(stderr, "xdmoe plan: %s\n", st.message().c_str());
+    return 2;
   }
   JobPlanOptions po;
   po.probe_links = o.probe;
@@ -206,6 +211,9 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->add_option("--mode", opts->mode, "Override cluster.expert_parallel.mode: ep, hybrid, auto (as the coordinator's)");
+  cmd->add_option("--domains", opts->domains, "Override the domain sizes (one per level), e.g. --domains 2,1")
+      ->delimiter(',');
   cmd->add_flag("--probe,!--no-probe", opts->probe,
                 "Fit each shaped link class's alpha/beta with a short loopback probe (~1.5 s each), "
                 "as the coordinator does (default); --no-probe plans with the config's figures")

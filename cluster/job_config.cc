@@ -198,6 +198,18 @@ Expected<JobConfig> job_config_from_json(const json& j) {
   return job;
 }
 
+Status override_expert_parallel(JobConfig* job, const std::string& mode, const std::vector<int>& domain_sizes) {
+  ExpertParallelSpec& ep = job->cluster.expert_parallel;
+  if (!mode.empty()) {
+    auto m = parse_ep_mode(mode);
+    if (!m) return m.status().with_context("--mode");
+    ep.mode = *m;
+    if (ep.mode == EpMode::kEp) ep.domain_sizes.assign(job->cluster.levels.size(), 1);
+  }
+  if (!domain_sizes.empty()) ep.domain_sizes = domain_sizes;
+  return job->validate();
+}
+
 TrainConfig one_process_equivalent(const JobConfig& job) {
   TrainConfig t = job.train;
   t.batch_size = job.train.batch_size * job.cluster.world_size();

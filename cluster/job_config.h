@@ -40,6 +40,12 @@ Expected<JobConfig> load_job_config(const std::string& path);
 nlohmann::json job_config_to_json(const JobConfig& job);
 Expected<JobConfig> job_config_from_json(const nlohmann::json& j);
 
+// The command line's expert-parallel overrides, as the coordinator and
+// `xdmoe plan` apply them: a mode ("" keeps the config's; ep resets the
+// domain sizes to all 1s), then domain sizes (empty keeps them). Then checks
+// the whole job; errors name the flag or the key.
+Status override_expert_parallel(JobConfig* job, const std::string& mode, const std::vector<int>& domain_sizes);
+
 // The one-process run with the arithmetic of the distributed job: the same
 // model, data and seed, and the global batch (world size x train.batch_size
 // sequences) in every step. The only difference: the router's load-balancing

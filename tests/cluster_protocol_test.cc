@@ -71,6 +71,19 @@ TEST(JobConfig, TheOneProcessEquivalentTrainsTheGlobalBatch) {
   EXPECT_EQ(model_config_to_json(t.model), model_config_to_json(job.train.model));
 }
 
+TEST(JobConfig, CommandLineOverridesOfTheExpertParallelModeAreCheckedAndEpMeansAllOnes) {
+  JobConfig job = example_job();  // 4 x 2, mode auto
+  ASSERT_TRUE(override_expert_parallel(&job, "hybrid", {2, 2}).is_ok());
+  EXPECT_EQ(job.cluster.expert_parallel.mode, EpMode::kHybrid);
+  EXPECT_EQ(job.cluster.expert_parallel.domain_sizes, (std::vector<int>{2, 2}));
+  // ep after a hybrid config: the domain sizes become all 1s, not an error.
+  ASSERT_TRUE(override_expert_parallel(&job, "ep", {}).is_ok());
+  EXPECT_EQ(job.cluster.expert_parallel.domain_sizes, (std::vector<int>{1, 1}));
+  EXPECT_NE(override_expert_parallel(&job, "turbo", {}).message().find("--mode"), std::string::npos);
+  EXPECT_NE(override_expert_parallel(&job, "hybrid", {3, 1}).message().find("does not divide"), std::string::npos);
+  EXPECT_NE(override_expert_parallel(&job, "", {1}).message().find("one entry per level"), std::string::npos);
+}
+
 Assignment example_assignment() {
   Assignment a;
   a.job_id = 0x7abc1234;
