@@ -7,7 +7,7 @@ packages=(
   # build
   build-essential cmake pkg-config
   # libraries the code links or includes (CMakeLists.txt)
-  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libopenblas-dev libspdlog-dev libfmt-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libzstd-dev libopenblas-dev libspdlog-dev libfmt-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   # tests: googletest; python3 runs the include check; torch the reference model
   libgtest-dev python3 python3-torch

@@ -1,0 +1,443 @@
+#include "compression/codec.h"
+
+#include <msgpack.hpp>
+#include <zstd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "compression/detail/number_formats.h"
+#include "compression/detail/top_k.h"
+
+namespace xd {
+
+namespace {
+
+const char* kind_name(CodecKind k) {
+  switch (k) {
+    case CodecKind::kRaw: return "raw";
+    case CodecKind::kBf16: return "bf16";
+    case CodecKind::kFp16: return "fp16";
+    case CodecKind::kInt8Row: return "int8_row";
+    case CodecKind::kTopK: return "topk";
+    case CodecKind::kZstd: return "zstd";
+  }
+  return "?";
+}
+
+bool is_value_codec(CodecKind k) { return k != CodecKind::kZstd; }
+
+// k for a density over n entries: at least one of a non-empty tensor.
+uint64_t kept_of(double density, uint64_t n) {
+  if (n == 0) return 0;
+  const double k = std::ceil(density * static_cast<double>(n) - 1e-9);
+  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
+}
+
+Status first_non_finite(const float* x, uint64_t n, const char* codec) {
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i]))
+      return Status::invalid_argument(std::string(codec) + " cannot encode a non-finite value (element " +
+                                      std::to_string(i) + " is " + std::to_string(x[i]) + ")");
+  return Status::ok();
+}
+
+// ---- value codecs: floats -> bytes, bytes -> floats -------------------------
+
+void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out) {
+  float* scales = reinterpret_cast<float*>(out);  // out is a std::vector's storage: aligned
+  int8_t* q = reinterpret_cast<int8_t*>(out + rows * sizeof(float));
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    float amax = 0;
+    for (uint64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(row[c]));
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    float s = scale;
+    std::memcpy(&scales[r], &s, sizeof s);
+    for (uint64_t c = 0; c < cols; ++c)
+      q[r * cols + c] = static_cast<int8_t>(std::lrint(std::clamp(row[c] * inv, -127.0f, 127.0f)));
+  }
+}
+
+struct StageRecord {
+  CodecKind kind = CodecKind::kRaw;
+  uint64_t bytes = 0;
+  uint64_t kept = 0;  // topk
+  int level = 0;      // zstd
+};
+
+struct Record {
+  uint64_t rows = 0, cols = 0;
+  std::vector<StageRecord> stages;
+};
+
+std::string pack_record(const Record& r) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(4);
+  pk.pack(std::string("v"));
+  pk.pack(kCodecFormatVersion);
+  pk.pack(std::string("rows"));
+  pk.pack(r.rows);
+  pk.pack(std::string("cols"));
+  pk.pack(r.cols);
+  pk.pack(std::string("stages"));
+  pk.pack_array(static_cast<uint32_t>(r.stages.size()));
+  for (const StageRecord& s : r.stages) {
+    const bool extra = s.kind == CodecKind::kTopK || s.kind == CodecKind::kZstd;
+    pk.pack_map(extra ? 3 : 2);
+    pk.pack(std::string("kind"));
+    pk.pack(static_cast<uint8_t>(s.kind));
+    pk.pack(std::string("bytes"));
+    pk.pack(s.bytes);
+    if (s.kind == CodecKind::kTopK) {
+      pk.pack(std::string("kept"));
+      pk.pack(s.kept);
+    } else if (s.kind == CodecKind::kZstd) {
+      pk.pack(std::string("level"));
+      pk.pack(s.level);
+    }
+  }
+  return std::string(buf.data(), buf.size());
+}
+
+Status bad(const std::string& why) { return Status::corruption("codec metadata: " + why); }
+
+// Reads an unsigned integer field of a msgpack map entry.
+bool as_u64(const msgpack::object& o, uint64_t* v) {
+  if (o.type != msgpack::type::POSITIVE_INTEGER) return false;
+  *v = o.via.u64;
+  return true;
+}
+
+Expected<Record> unpack_record(const std::string& metadata) {
+  Record r;
+  try {
+    // Small limits: a record holds a handful of stages, nothing nested deeper.
+    const msgpack::unpack_limit limit(/*array*/ 16, /*map*/ 16, /*str*/ 16, /*bin*/ 0, /*ext*/ 0, /*depth*/ 4);
+    msgpack::object_handle oh = msgpack::unpack(metadata.data(), metadata.size(), nullptr, nullptr, limit);
+    const msgpack::object& root = oh.get();
+    if (root.type != msgpack::type::MAP) return bad("not a map");
+    bool have_v = false, have_rows = false, have_cols = false, have_stages = false;
+    for (uint32_t i = 0; i < root.via.map.size; ++i) {
+      const msgpack::object_kv& kv = root.via.map.ptr[i];
+      if (kv.key.type != msgpack::type::STR) return bad("a key is not a string");
+      const std::string key(kv.key.via.str.ptr, kv.key.via.str.size);
+      uint64_t v = 0;
+      if (key == "v") {
+        if (!as_u64(kv.val, &v)) return bad("'v' is not an integer");
+        if (v != kCodecFormatVersion)
+          return bad("format version " + std::to_string(v) + ", this build reads " +
+                     std::to_string(kCodecFormatVersion));
+        have_v = true;
+      } else if (key == "rows") {
+        if (!as_u64(kv.val, &r.rows)) return bad("'rows' is not an integer");
+        have_rows = true;
+      } else if (key == "cols") {
+        if (!as_u64(kv.val, &r.cols)) return bad("'cols' is not an integer");
+        have_cols = true;
+      } else if (key == "stages") {
+        if (kv.val.type != msgpack::type::ARRAY) return bad("'stages' is not a list");
+        have_stages = true;
+        for (uint32_t s = 0; s < kv.val.via.array.size; ++s) {
+          const msgpack::object& so = kv.val.via.array.ptr[s];
+          if (so.type != msgpack::type::MAP) return bad("stage " + std::to_string(s) + " is not a map");
+          StageRecord st;
+          bool have_kind = false, have_bytes = false, have_kept = false, have_level = false;
+          for (uint32_t f = 0; f < so.via.map.size; ++f) {
+            const msgpack::object_kv& skv = so.via.map.ptr[f];
+            if (skv.key.type != msgpack::type::STR) return bad("a stage key is not a string");
+            const std::string sk(skv.key.via.str.ptr, skv.key.via.str.size);
+            if (!as_u64(skv.val, &v)) return bad("stage field '" + sk + "' is not an unsigned integer");
+            if (sk == "kind") {
+              if (v > static_cast<uint64_t>(CodecKind::kZstd)) return bad("unknown codec kind " + std::to_string(v));
+              st.kind = static_cast<CodecKind>(v);
+              have_kind = true;
+            } else if (sk == "bytes") {
+              st.bytes = v;
+              have_bytes = true;
+            } else if (sk == "kept") {
+              st.kept = v;
+              have_kept = true;
+            } else if (sk == "level") {
+              if (v > 22) return bad("zstd level " + std::to_string(v));
+              st.level = static_cast<int>(v);
+              have_level = true;
+            } else {
+              return bad("unknown stage field '" + sk + "'");
+            }
+          }
+          if (!have_kind || !have_bytes) return bad("stage " + std::to_string(s) + " lacks its kind or size");
+          if (st.kind == CodecKind::kTopK && !have_kept) return bad("topk stage without 'kept'");
+          if (st.kind == CodecKind::kZstd && !have_level) return bad("zstd stage without 'level'");
+          r.stages.push_back(st);
+        }
+      } else {
+        return bad("unknown key '" + key + "'");
+      }
+    }
+    if (!have_v || !have_rows || !have_cols || !have_stages) return bad("a required key is missing");
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed msgpack (") + e.what() + ")");
+  }
+  if (r.cols != 0 && r.rows > kMaxCodecElements / r.cols) return bad("shape too large");
+  if (r.rows * r.cols > kMaxCodecElements) return bad("shape too large");
+  if (r.stages.empty() || !is_value_codec(r.stages[0].kind)) return bad("the first stage is not a value codec");
+  for (size_t i = 1; i < r.stages.size(); ++i)
+    if (is_value_codec(r.stages[i].kind)) return bad("a value codec after the first stage");
+  return r;
+}
+
+// The exact byte size a value codec's output must have (topk: its bound).
+bool value_bytes_ok(const StageRecord& s, uint64_t rows, uint64_t n) {
+  switch (s.kind) {
+    case CodecKind::kRaw: return s.bytes == 4 * n;
+    case CodecKind::kBf16:
+    case CodecKind::kFp16: return s.bytes == 2 * n;
+    case CodecKind::kInt8Row: return s.bytes == 4 * rows + n;
+    case CodecKind::kTopK: return s.kept <= n && s.bytes >= 3 * s.kept && s.bytes <= 12 * s.kept;
+    case CodecKind::kZstd: return false;
+  }
+  return false;
+}
+
+Status decode_values(const StageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols, float* out) {
+  const uint64_t n = rows * cols;
+  switch (s.kind) {
+    case CodecKind::kRaw:
+      if (n) std::memcpy(out, in, n * sizeof(float));  // an empty tensor may have null buffers
+      return Status::ok();
+    case CodecKind::kBf16:
+      for (uint64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        out[i] = detail::bf16_to_float(h);
+      }
+      return Status::ok();
+    case CodecKind::kFp16:
+      for (uint64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        out[i] = detail::fp16_to_float(h);
+      }
+      return Status::ok();
+    case CodecKind::kInt8Row: {
+      const int8_t* q = reinterpret_cast<const int8_t*>(in + rows * sizeof(float));
+      for (uint64_t r = 0; r < rows; ++r) {
+        float scale;
+        std::memcpy(&scale, in + r * sizeof(float), sizeof scale);
+        if (!std::isfinite(scale) || scale < 0) return Status::corruption("int8_row: bad scale in row " + std::to_string(r));
+        for (uint64_t c = 0; c < cols; ++c) out[r * cols + c] = q[r * cols + c] * scale;
+      }
+      return Status::ok();
+    }
+    case CodecKind::kTopK: {
+      if (n) std::memset(out, 0, n * sizeof(float));
+      const uint8_t* p = in;
+      const uint8_t* values = in + s.bytes - 2 * s.kept;
+      uint64_t index = 0;
+      for (uint64_t j = 0; j < s.kept; ++j) {
+        uint64_t gap = 0;
+        if (!detail::get_varint(p, values, &gap)) return Status::corruption("topk: truncated index list");
+        if (j > 0 && gap == 0) return Status::corruption("topk: repeated index");
+        const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
+        if (gap >= n || next >= n)
+          return Status::corruption("topk: index beyond the tensor's " + std::to_string(n) + " elements");
+        index = next;
+        uint16_t h;
+        std::memcpy(&h, values + 2 * j, 2);
+        out[index] = detail::bf16_to_float(h);
+      }
+      if (p != values) return Status::corruption("topk: bytes left between the indices and the values");
+      return Status::ok();
+    }
+    case CodecKind::kZstd: break;
+  }
+  return Status::internal("not a value codec");
+}
+
+}  // namespace
+
+// ---- pipeline ------------------------------------------------------------
+
+Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
+  CodecPipeline p;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t plus = spec.find('+', start);
+    const std::string part = spec.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+    const size_t colon = part.find(':');
+    const std::string name = part.substr(0, colon), arg = colon == std::string::npos ? "" : part.substr(colon + 1);
+    CodecStage s;
+    auto number = [&](double* v) {
+      char* end = nullptr;
+      *v = std::strtod(arg.c_str(), &end);
+      return !arg.empty() && end && *end == 0;
+    };
+    const std::string where = "codec '" + spec + "': ";
+    if (name == "raw" || name == "bf16" || name == "fp16" || name == "int8_row") {
+      if (!arg.empty()) return Status::invalid_argument(where + name + " takes no parameter");
+      s.kind = name == "raw" ? CodecKind::kRaw : name == "bf16" ? CodecKind::kBf16
+               : name == "fp16" ? CodecKind::kFp16 : CodecKind::kInt8Row;
+    } else if (name == "topk") {
+      s.kind = CodecKind::kTopK;
+      if (!number(&s.density) || !(s.density > 0 && s.density <= 1))
+        return Status::invalid_argument(where + "topk needs the kept fraction in (0, 1], e.g. topk:0.01");
+    } else if (name == "zstd") {
+      s.kind = CodecKind::kZstd;
+      double level = 3;
+      if (!arg.empty() && (!number(&level) || level < 1 || level > 19 || level != std::floor(level)))
+        return Status::invalid_argument(where + "zstd level must be an integer in 1..19");
+      s.level = static_cast<int>(level);
+      if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
+    } else {
+      return Status::invalid_argument(where + "unknown stage '" + name +
+                                      "' (use raw, bf16, fp16, int8_row, topk:D, then +zstd[:L])");
+    }
+    if (is_value_codec(s.kind) && !p.stages_.empty())
+      return Status::invalid_argument(where + "only the first stage may be a value codec");
+    p.stages_.push_back(s);
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  if (p.stages_.size() > 2) return Status::invalid_argument("codec '" + spec + "': at most one zstd stage");
+  return p;
+}
+
+CodecPipeline CodecPipeline::raw() {
+  CodecPipeline p;
+  p.stages_.push_back(CodecStage{});
+  return p;
+}
+
+std::string CodecPipeline::spec() const {
+  std::string s;
+  for (const CodecStage& st : stages_) {
+    if (!s.empty()) s += "+";
+    s += kind_name(st.kind);
+    if (st.kind == CodecKind::kTopK) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, ":%.17g", st.density);
+      s += buf;
+    } else if (st.kind == CodecKind::kZstd) {
+      s += ":" + std::to_string(st.level);
+    }
+  }
+  return s;
+}
+
+bool CodecPipeline::lossless() const { return stages_.front().kind == CodecKind::kRaw; }
+
+Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out) const {
+  const uint64_t n = shape.elements();
+  if ((shape.cols != 0 && shape.rows > kMaxCodecElements / shape.cols) || n > kMaxCodecElements)
+    return Status::invalid_argument("tensor too large to encode");
+  Record rec{shape.rows, shape.cols, {}};
+  const CodecStage& v = stages_.front();
+  StageRecord first{v.kind, 0, 0, 0};
+  std::vector<uint8_t>& bytes = out->payload;
+  switch (v.kind) {
+    case CodecKind::kRaw:
+      bytes.resize(4 * n);
+      if (n) std::memcpy(bytes.data(), data, 4 * n);
+      break;
+    case CodecKind::kBf16:
+      bytes.resize(2 * n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t h = detail::float_to_bf16(data[i]);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+      break;
+    case CodecKind::kFp16:
+      bytes.resize(2 * n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t h = detail::float_to_fp16(data[i]);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+      break;
+    case CodecKind::kInt8Row:
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, "int8_row"));
+      bytes.resize(4 * shape.rows + n);
+      encode_int8_rows(data, shape.rows, shape.cols, bytes.data());
+      break;
+    case CodecKind::kTopK: {
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, "topk"));
+      if (n > std::numeric_limits<uint32_t>::max()) return Status::invalid_argument("topk: tensor above 2^32 elements");
+      thread_local detail::TopKSelector selector;
+      thread_local std::vector<uint32_t> kept;
+      first.kept = kept_of(v.density, n);
+      selector.select(data, n, first.kept, &kept);
+      bytes.resize(12 * first.kept);  // varints (<= 5 bytes for u32 gaps) + values, an upper bound
+      uint8_t* p = bytes.data();
+      uint32_t previous = 0;
+      for (size_t j = 0; j < kept.size(); ++j) {
+        detail::put_varint(j == 0 ? kept[j] : kept[j] - previous, p);
+        previous = kept[j];
+      }
+      for (uint32_t i : kept) {
+        const uint16_t h = detail::float_to_bf16(data[i]);
+        std::memcpy(p, &h, 2);
+        p += 2;
+      }
+      bytes.resize(p - bytes.data());
+      break;
+    }
+    case CodecKind::kZstd:
+      return Status::internal("zstd is not a value codec");
+  }
+  first.bytes = bytes.size();
+  rec.stages.push_back(first);
+  for (size_t i = 1; i < stages_.size(); ++i) {  // zstd
+    std::vector<uint8_t> z(ZSTD_compressBound(bytes.size()));
+    const size_t got = ZSTD_compress(z.data(), z.size(), bytes.data(), bytes.size(), stages_[i].level);
+    if (ZSTD_isError(got)) return Status::internal(std::string("zstd: ") + ZSTD_getErrorName(got));
+    z.resize(got);
+    bytes.swap(z);
+    rec.stages.push_back(StageRecord{CodecKind::kZstd, bytes.size(), 0, stages_[i].level});
+  }
+  out->metadata = pack_record(rec);
+  return Status::ok();
+}
+
+Expected<TensorShape> encoded_shape(const std::string& metadata) {
+  auto rec = unpack_record(metadata);
+  if (!rec) return rec.status();
+  return TensorShape{rec->rows, rec->cols};
+}
+
+Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
+                     size_t n) {
+  auto rec = unpack_record(metadata);
+  if (!rec) return rec.status();
+  const uint64_t elements = rec->rows * rec->cols;
+  if (elements != n)
+    return Status::invalid_argument("encoded tensor has " + std::to_string(elements) + " elements, the buffer " +
+                                    std::to_string(n));
+  const StageRecord& value = rec->stages.front();
+  if (!value_bytes_ok(value, rec->rows, elements))
+    return Status::corruption(std::string(kind_name(value.kind)) + ": " + std::to_string(value.bytes) +
+                              " bytes do not fit a tensor of " + std::to_string(elements) + " elements");
+  if (rec->stages.back().bytes != payload_bytes)
+    return Status::corruption("payload of " + std::to_string(payload_bytes) + " bytes, the metadata says " +
+                              std::to_string(rec->stages.back().bytes));
+  // Undo the byte stages, last first.
+  std::vector<uint8_t> buffer;
+  const uint8_t* data = payload;
+  for (size_t i = rec->stages.size() - 1; i >= 1; --i) {
+    const uint64_t want = rec->stages[i - 1].bytes;
+    const unsigned long long declared = ZSTD_getFrameContentSize(data, rec->stages[i].bytes);
+    if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN || declared != want)
+      return Status::corruption("zstd: the frame does not declare the expected " + std::to_string(want) + " bytes");
+    std::vector<uint8_t> next(want);
+    const size_t got = ZSTD_decompress(next.data(), next.size(), data, rec->stages[i].bytes);
+    if (ZSTD_isError(got)) return Status::corruption(std::string("zstd: ") + ZSTD_getErrorName(got));
+    if (got != want) return Status::corruption("zstd: decompressed to the wrong size");
+    buffer.swap(next);
+    data = buffer.data();
+  }
+  return decode_values(value, data, rec->rows, rec->cols, out);
+}
+
+}  // namespace xd

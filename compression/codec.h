@@ -1,0 +1,76 @@
+// Codecs for tensors on the wire: a value codec (raw, bf16, fp16, per-row
+// int8, top-k sparse) optionally followed by a zstd stage, composed into a
+// CodecPipeline. The layout is compression/codec_format.h.
+//
+//   auto p = CodecPipeline::parse("topk:0.01+zstd:3");   // or "bf16", "int8_row"
+//   EncodedTensor e;  p->encode(data, {rows, cols}, &e);  // e.metadata, e.payload
+//   decode_tensor(e.metadata, e.payload, out, n);          // any pipeline's output
+//
+// The decoder needs no pipeline: the metadata says what was applied.
+//
+// Non-finite values: raw, bf16 and fp16 keep NaN and +-Inf (bf16 and fp16
+// keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf). int8_row
+// and topk refuse to encode a tensor holding NaN or Inf (an error naming the
+// first such element): a scale or a ranking of non-finite values means nothing.
+//
+// A pipeline is immutable after parse(); encode and decode are thread-safe.
+// Depends on zstd and msgpack-cxx only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "compression/codec_format.h"
+
+namespace xd {
+
+struct TensorShape {
+  uint64_t rows = 1;
+  uint64_t cols = 0;
+  uint64_t elements() const { return rows * cols; }
+};
+
+struct EncodedTensor {
+  std::string metadata;          // msgpack record (codec_format.h)
+  std::vector<uint8_t> payload;  // the last stage's output
+};
+
+// One stage of a pipeline, as written in a spec string.
+struct CodecStage {
+  CodecKind kind = CodecKind::kRaw;
+  double density = 0;  // topk: fraction of entries kept, (0, 1]
+  int level = 3;       // zstd: compression level, 1..19
+};
+
+class CodecPipeline {
+ public:
+  // "raw", "bf16", "fp16", "int8_row", "topk:D" (D = kept fraction, e.g. 0.01),
+  // each optionally followed by "+zstd" or "+zstd:LEVEL"; "zstd" alone means
+  // "raw+zstd". Errors name the bad part.
+  static Expected<CodecPipeline> parse(const std::string& spec);
+  static CodecPipeline raw();
+
+  const std::vector<CodecStage>& stages() const { return stages_; }
+  std::string spec() const;  // parse(spec()) gives the same pipeline
+  bool lossless() const;     // raw, optionally with zstd
+
+  // data holds shape.elements() floats. Errors: a non-finite input where the
+  // codec refuses it, a shape beyond kMaxCodecElements.
+  Status encode(const float* data, TensorShape shape, EncodedTensor* out) const;
+
+ private:
+  std::vector<CodecStage> stages_;  // one value codec, then byte codecs
+};
+
+// Decodes any encoded tensor into out[0..n), n = its rows * cols (an error
+// when n differs). Never reads outside `metadata` and `payload`.
+Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
+                     size_t n);
+// The shape recorded in `metadata`, so a receiver can size its buffer.
+Expected<TensorShape> encoded_shape(const std::string& metadata);
+
+}  // namespace xd

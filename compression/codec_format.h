@@ -1,0 +1,58 @@
+// xdmoe codec format, version 1: the one place the layout of an encoded
+// tensor is defined.
+//
+// An encoded tensor is one metadata record and one payload frame.
+//
+// Metadata: one msgpack map (msgpack-cxx), carried in the wire format's
+// metadata frame (transport/wire_format.h) with kFlagCompressed set:
+//   "v"      u8   kCodecFormatVersion
+//   "rows"   u64  rows of the tensor (1 for a flat tensor)
+//   "cols"   u64  columns; rows * cols elements, row-major
+//   "stages" array of stage maps, in the order they were applied:
+//     {"kind": CodecKind, "bytes": u64 size of this stage's output, params...}
+//   The first stage turns floats into bytes (a value codec); later stages
+//   turn bytes into bytes (zstd). The last stage's output is the payload.
+//
+// Payload layouts of the value codecs (little-endian; n = rows * cols):
+//   raw       n x f32
+//   bf16      n x u16, the upper half of each f32 (round to nearest even)
+//   fp16      n x IEEE binary16 (round to nearest even)
+//   int8_row  rows x f32 scale, then n x i8; x = q * scale of its row,
+//             scale = max |x| of the row / 127 (0 for an all-zero row)
+//   topk      param "kept" = k entries; k LEB128 varints, the gaps between
+//             ascending indices (the first is the index itself), then k x
+//             bf16 values in index order; every other entry decodes to 0.
+//             The k kept are the k largest magnitudes; among equal
+//             magnitudes at the threshold, the lower indices.
+// Byte codecs:
+//   zstd      param "level"; one zstd frame whose content size is the
+//             previous stage's "bytes"
+//
+// Decoding trusts nothing: a record of another version, an unknown kind, a
+// size that disagrees with the shape or the next stage, an index out of range
+// or out of order, a truncated or trailing varint, a zstd frame that
+// decompresses to another size -- each is an error naming it, never a crash
+// or a read outside the buffers.
+//
+// Enum values are explicit and only ever appended to.
+#pragma once
+
+#include <cstdint>
+
+namespace xd {
+
+inline constexpr uint8_t kCodecFormatVersion = 1;
+
+enum class CodecKind : uint8_t {
+  kRaw = 0,
+  kBf16 = 1,
+  kFp16 = 2,
+  kInt8Row = 3,
+  kTopK = 4,
+  kZstd = 5,
+};
+
+// Decoding refuses tensors above this many elements (2^34, 64 GiB of f32).
+inline constexpr uint64_t kMaxCodecElements = uint64_t(1) << 34;
+
+}  // namespace xd

@@ -1,0 +1,236 @@
+// The tensor codecs (compression/codec.h): every codec and pipeline round-trips
+// within its documented error, top-k keeps exactly the k largest magnitudes,
+// non-finite inputs are kept or refused as documented, and corrupt, truncated
+// or hostile frames give errors, never crashes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compression/codec.h"
+#include "compression/detail/number_formats.h"
+#include "compression/detail/top_k.h"
+
+namespace xd {
+namespace {
+
+std::vector<float> random_tensor(size_t n, uint32_t seed, bool ties = false) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = ties ? std::round(dist(rng) * 4) / 4 : dist(rng);
+  return v;
+}
+
+CodecPipeline pipeline(const std::string& spec) {
+  auto p = CodecPipeline::parse(spec);
+  EXPECT_TRUE(p) << spec << ": " << p.status().to_string();
+  return *p;
+}
+
+std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& x, TensorShape shape) {
+  EncodedTensor e;
+  Status st = p.encode(x.data(), shape, &e);
+  EXPECT_TRUE(st.is_ok()) << p.spec() << ": " << st.to_string();
+  std::vector<float> y(x.size(), -12345.0f);
+  st = decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size());
+  EXPECT_TRUE(st.is_ok()) << p.spec() << ": " << st.to_string();
+  return y;
+}
+
+const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
+                              "int8_row", "int8_row+zstd:9", "topk:0.1", "topk:0.01+zstd:3", "topk:1"};
+
+TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
+  const std::vector<TensorShape> shapes = {{1, 0}, {0, 5}, {1, 1}, {1, 7}, {1, 1001}, {3, 17}, {64, 128}};
+  for (const char* spec : kSpecs) {
+    const CodecPipeline p = pipeline(spec);
+    EXPECT_EQ(pipeline(p.spec()).spec(), p.spec()) << "spec() parses back";
+    for (const TensorShape& shape : shapes) {
+      const std::vector<float> x = random_tensor(shape.elements(), 11 + shape.cols);
+      const std::vector<float> y = round_trip(p, x, shape);
+      ASSERT_EQ(y.size(), x.size());
+      const std::string where = std::string(spec) + " " + std::to_string(shape.rows) + "x" + std::to_string(shape.cols);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const CodecKind kind = p.stages().front().kind;
+        if (kind == CodecKind::kRaw) {
+          ASSERT_EQ(std::memcmp(&x[i], &y[i], 4), 0) << where;
+        }
+        if (kind == CodecKind::kBf16) {
+          ASSERT_EQ(y[i], detail::bf16_to_float(detail::float_to_bf16(x[i]))) << where;
+        }
+        if (kind == CodecKind::kFp16) {
+          ASSERT_EQ(y[i], static_cast<float>(static_cast<_Float16>(x[i]))) << where;
+        }
+        if (kind == CodecKind::kInt8Row) {
+          const size_t row = i / shape.cols;
+          float amax = 0;
+          for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[row * shape.cols + c]));
+          ASSERT_LE(std::abs(x[i] - y[i]), amax / 127 * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Codec, BfloatAndHalfPrecisionStayWithinTheirRelativeError) {
+  const std::vector<float> x = random_tensor(4096, 5);
+  const std::vector<float> b = round_trip(pipeline("bf16"), x, {1, 4096});
+  const std::vector<float> h = round_trip(pipeline("fp16"), x, {1, 4096});
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_LE(std::abs(b[i] - x[i]), std::abs(x[i]) * std::ldexp(1.0f, -8));   // 8 significand bits
+    EXPECT_LE(std::abs(h[i] - x[i]), std::abs(x[i]) * std::ldexp(1.0f, -11) + 3e-8f);  // 11, plus subnormals
+  }
+}
+
+// The reference: indices of the k largest |x|, ties to the lower index.
+std::vector<uint32_t> naive_top_k(const std::vector<float>& x, size_t k) {
+  std::vector<uint32_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return std::abs(x[a]) > std::abs(x[b]); });
+  idx.resize(std::min(k, idx.size()));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+TEST(TopK, TheSelectorKeepsExactlyTheKLargestMagnitudesWithTiesToLowerIndices) {
+  detail::TopKSelector selector;
+  std::vector<uint32_t> got;
+  for (bool ties : {false, true})
+    for (size_t n : {1u, 2u, 7u, 100u, 4099u})
+      for (size_t k : {size_t(0), size_t(1), n / 3, n - 1, n}) {
+        std::vector<float> x = random_tensor(n, static_cast<uint32_t>(n * 31 + k), ties);
+        if (n > 3) x[2] = -x[1];  // equal magnitudes of opposite sign
+        selector.select(x.data(), n, k, &got);
+        ASSERT_EQ(got, naive_top_k(x, k)) << "n " << n << " k " << k << (ties ? " with ties" : "");
+      }
+}
+
+TEST(TopK, TheErrorIsExactlyWhatWasDroppedPlusTheRoundingOfWhatWasKept) {
+  const std::vector<float> x = random_tensor(10000, 9);
+  for (double density : {0.001, 0.01, 0.1, 0.5}) {
+    const std::vector<float> y = round_trip(pipeline("topk:" + std::to_string(density) + "+zstd"), x, {1, 10000});
+    const size_t k = static_cast<size_t>(std::ceil(density * 10000 - 1e-9));
+    const std::vector<uint32_t> keep = naive_top_k(x, k);
+    std::vector<bool> kept(x.size(), false);
+    for (uint32_t i : keep) kept[i] = true;
+    double dropped = 0, rounding = 0, error = 0;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      error += double(x[i] - y[i]) * (x[i] - y[i]);
+      if (kept[i]) {
+        const double r = x[i] - detail::bf16_to_float(detail::float_to_bf16(x[i]));
+        rounding += r * r;
+        ASSERT_EQ(y[i], detail::bf16_to_float(detail::float_to_bf16(x[i]))) << "kept entry " << i;
+      } else {
+        dropped += double(x[i]) * x[i];
+        ASSERT_EQ(y[i], 0.0f) << "dropped entry " << i;
+      }
+      nonzero += y[i] != 0;
+    }
+    EXPECT_EQ(nonzero, k) << "density " << density;
+    EXPECT_NEAR(error, dropped + rounding, 1e-9 * (dropped + rounding)) << "density " << density;
+  }
+}
+
+TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {1.5f, nan, -inf, inf, -2.0f, 1e30f};
+  for (const char* spec : {"raw", "raw+zstd", "bf16", "fp16+zstd"}) {
+    const std::vector<float> y = round_trip(pipeline(spec), x, {1, 6});
+    EXPECT_TRUE(std::isnan(y[1])) << spec;
+    EXPECT_EQ(y[2], -inf) << spec;
+    EXPECT_EQ(y[3], inf) << spec;
+  }
+  EXPECT_EQ(round_trip(pipeline("fp16"), x, {1, 6})[5], inf) << "beyond fp16's range";
+  for (const char* spec : {"int8_row", "topk:0.5+zstd"}) {
+    EncodedTensor e;
+    Status st = pipeline(spec).encode(x.data(), {1, 6}, &e);
+    EXPECT_FALSE(st.is_ok()) << spec;
+    EXPECT_NE(st.message().find("element 1"), std::string::npos) << st.message();
+  }
+}
+
+TEST(Codec, BadSpecsAreRefusedNamingThePart) {
+  for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "zstd:0", "zstd:3.5", "bf16:2",
+                           "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
+    auto p = CodecPipeline::parse(spec);
+    EXPECT_FALSE(p) << "'" << spec << "' was accepted";
+    if (!p) {
+      EXPECT_NE(p.status().message().find("codec '"), std::string::npos) << p.status().message();
+    }
+  }
+}
+
+TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
+  const std::vector<float> x = random_tensor(3 * 257, 3);
+  std::mt19937 rng(42);
+  for (const char* spec : kSpecs) {
+    EncodedTensor e;
+    ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &e).is_ok());
+    std::vector<float> y(x.size());
+    // A payload one byte short, or one byte long.
+    if (!e.payload.empty()) {
+      EXPECT_FALSE(decode_tensor(e.metadata, e.payload.data(), e.payload.size() - 1, y.data(), y.size()).is_ok()) << spec;
+    }
+    std::vector<uint8_t> longer = e.payload;
+    longer.push_back(0);
+    EXPECT_FALSE(decode_tensor(e.metadata, longer.data(), longer.size(), y.data(), y.size()).is_ok()) << spec;
+    // The wrong output size.
+    EXPECT_FALSE(decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size() - 1).is_ok()) << spec;
+    // Truncated metadata, at every length.
+    for (size_t cut = 0; cut < e.metadata.size(); ++cut)
+      EXPECT_FALSE(decode_tensor(e.metadata.substr(0, cut), e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
+          << spec << " metadata cut at " << cut;
+    // Every metadata byte flipped, and random payload bytes: decode must
+    // return (ok or an error), reading only inside the buffers.
+    for (size_t i = 0; i < e.metadata.size(); ++i)
+      for (uint8_t flip : {0x01, 0x80, 0xff}) {
+        std::string m = e.metadata;
+        m[i] = static_cast<char>(m[i] ^ flip);
+        (void)decode_tensor(m, e.payload.data(), e.payload.size(), y.data(), y.size());
+      }
+    for (int trial = 0; trial < 200 && !e.payload.empty(); ++trial) {
+      std::vector<uint8_t> p = e.payload;
+      p[rng() % p.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      (void)decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+    }
+  }
+}
+
+TEST(Codec, HostileMetadataIsRefusedWithTheReason) {
+  const std::vector<float> x = random_tensor(100, 1);
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("topk:0.1").encode(x.data(), {1, 100}, &e).is_ok());
+  std::vector<float> y(100);
+  auto error = [&](const std::string& meta) {
+    return decode_tensor(meta, e.payload.data(), e.payload.size(), y.data(), y.size()).message();
+  };
+  EXPECT_NE(error("not msgpack at all \xc1\xc1").find("codec metadata"), std::string::npos);
+  EXPECT_NE(error(std::string("\x93\x01\x02\x03", 4)).find("not a map"), std::string::npos);
+  // A topk payload whose index list points past the tensor.
+  std::vector<uint8_t> far = e.payload;
+  far[0] = 0x7f;  // first index 127 >= 100
+  const std::string st = decode_tensor(e.metadata, far.data(), far.size(), y.data(), y.size()).message();
+  EXPECT_NE(st.find("beyond the tensor"), std::string::npos) << st;
+  // Shapes that claim more elements than allowed.
+  EncodedTensor big;
+  ASSERT_TRUE(pipeline("raw").encode(x.data(), {1, 100}, &big).is_ok());
+  std::string meta = big.metadata;
+  const size_t at = meta.find("cols");
+  ASSERT_NE(at, std::string::npos);
+  meta[at + 4] = static_cast<char>(0xcf);  // u64 follows
+  meta.insert(at + 5, std::string("\x7f\xff\xff\xff\xff\xff\xff\xff", 8));  // cols = 2^63 - 1
+  const std::string why = decode_tensor(meta, big.payload.data(), big.payload.size(), y.data(), y.size()).message();
+  EXPECT_NE(why.find("too large"), std::string::npos) << why;
+  EXPECT_FALSE(encoded_shape(meta));
+}
+
+}  // namespace
+}  // namespace xd
