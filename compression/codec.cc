@@ -217,11 +217,7 @@ Status decode_values(const StageRecord& s, const uint8_t* in, uint64_t rows, uin
       }
       return Status::ok();
     case CodecKind::kFp16:
-      for (uint64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        out[i] = detail::fp16_to_float(h);
-      }
+      detail::fp16_to_floats(in, n, out);
       return Status::ok();
     case CodecKind::kInt8Row: {
       const int8_t* q = reinterpret_cast<const int8_t*>(in + rows * sizeof(float));
@@ -352,10 +348,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       break;
     case CodecKind::kFp16:
       bytes.resize(2 * n);
-      for (uint64_t i = 0; i < n; ++i) {
-        const uint16_t h = detail::float_to_fp16(data[i]);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
+      detail::floats_to_fp16(data, n, bytes.data());
       break;
     case CodecKind::kInt8Row:
       XD_RETURN_IF_ERROR(first_non_finite(data, n, "int8_row"));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compression/codec.h"
+#include "compression/expert_codec.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
 
@@ -80,12 +81,14 @@ TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
 }
 
 TEST(Codec, BfloatAndHalfPrecisionStayWithinTheirRelativeError) {
-  const std::vector<float> x = random_tensor(4096, 5);
+  std::vector<float> x = random_tensor(4096, 5);
+  for (size_t i = 0; i < 512; ++i) x[i] *= 1e-6f;  // fp16 subnormals
   const std::vector<float> b = round_trip(pipeline("bf16"), x, {1, 4096});
   const std::vector<float> h = round_trip(pipeline("fp16"), x, {1, 4096});
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_LE(std::abs(b[i] - x[i]), std::abs(x[i]) * std::ldexp(1.0f, -8));   // 8 significand bits
     EXPECT_LE(std::abs(h[i] - x[i]), std::abs(x[i]) * std::ldexp(1.0f, -11) + 3e-8f);  // 11, plus subnormals
+    EXPECT_EQ(h[i], static_cast<float>(static_cast<_Float16>(x[i]))) << "the fast path rounds as the compiler does";
   }
 }
 
@@ -103,10 +106,12 @@ TEST(TopK, TheSelectorKeepsExactlyTheKLargestMagnitudesWithTiesToLowerIndices) {
   detail::TopKSelector selector;
   std::vector<uint32_t> got;
   for (bool ties : {false, true})
-    for (size_t n : {1u, 2u, 7u, 100u, 4099u})
-      for (size_t k : {size_t(0), size_t(1), n / 3, n - 1, n}) {
+    for (size_t n : {1u, 2u, 7u, 100u, 4099u, 20000u, 100003u})
+      for (size_t k : {size_t(0), size_t(1), size_t(7), n / 1000, n / 100, n / 9, n / 3, n - 1, n}) {
+        if (k > n) continue;
         std::vector<float> x = random_tensor(n, static_cast<uint32_t>(n * 31 + k), ties);
         if (n > 3) x[2] = -x[1];  // equal magnitudes of opposite sign
+        if (n > 20000) std::fill(x.begin() + 500, x.begin() + 900, 3.5f);  // a tie block the sample may miss
         selector.select(x.data(), n, k, &got);
         ASSERT_EQ(got, naive_top_k(x, k)) << "n " << n << " k " << k << (ties ? " with ties" : "");
       }
@@ -230,6 +235,60 @@ TEST(Codec, HostileMetadataIsRefusedWithTheReason) {
   const std::string why = decode_tensor(meta, big.payload.data(), big.payload.size(), y.data(), y.size()).message();
   EXPECT_NE(why.find("too large"), std::string::npos) << why;
   EXPECT_FALSE(encoded_shape(meta));
+}
+
+// Experts of one layer that share most of their weights, as trained experts
+// do: a common part plus a small individual one.
+std::vector<std::vector<float>> related_experts(int count, size_t n) {
+  const std::vector<float> common = random_tensor(n, 100);
+  std::vector<std::vector<float>> experts;
+  for (int e = 0; e < count; ++e) {
+    std::vector<float> own = random_tensor(n, 200 + e);
+    for (size_t i = 0; i < n; ++i) own[i] = common[i] + 0.1f * own[i];
+    experts.push_back(own);
+  }
+  return experts;
+}
+
+TEST(ExpertResidualCodec, TheReceiverRebuildsBasePlusResidualAndTheBaseBeatsPlainTopK) {
+  const size_t n = 64 * 48;
+  const auto experts = related_experts(8, n);
+  std::vector<const float*> ptrs;
+  for (const auto& e : experts) ptrs.push_back(e.data());
+  std::vector<float> base(n), again(n);
+  ExpertResidualCodec::mean_expert(ptrs, n, base.data());
+  ExpertResidualCodec::mean_expert(ptrs, n, again.data());
+  ASSERT_EQ(std::memcmp(base.data(), again.data(), n * sizeof(float)), 0) << "the base is bit-reproducible";
+  for (size_t i : {size_t(0), n / 2, n - 1}) {
+    double mean = 0;
+    for (const auto& e : experts) mean += e[i];
+    EXPECT_FLOAT_EQ(base[i], static_cast<float>(mean / 8));
+  }
+
+  auto sr = ExpertResidualCodec::create("topk:0.02+zstd:1");
+  ASSERT_TRUE(sr);
+  double sr_err = 0, plain_err = 0, norm = 0;
+  for (const auto& expert : experts) {
+    EncodedTensor e;
+    ASSERT_TRUE(sr->encode(expert.data(), base.data(), {64, 48}, &e).is_ok());
+    std::vector<float> rebuilt(n);
+    ASSERT_TRUE(sr->decode(e.metadata, e.payload.data(), e.payload.size(), base.data(), rebuilt.data(), n).is_ok());
+    // Exactly base + the decoded residual.
+    std::vector<float> residual(n), decoded(n);
+    for (size_t i = 0; i < n; ++i) residual[i] = expert[i] - base[i];
+    decoded = round_trip(pipeline("topk:0.02+zstd:1"), residual, {64, 48});
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(rebuilt[i], base[i] + decoded[i]) << i;
+    const std::vector<float> plain = round_trip(pipeline("topk:0.02+zstd:1"), expert, {64, 48});
+    for (size_t i = 0; i < n; ++i) {
+      sr_err += double(expert[i] - rebuilt[i]) * (expert[i] - rebuilt[i]);
+      plain_err += double(expert[i] - plain[i]) * (expert[i] - plain[i]);
+      norm += double(expert[i]) * expert[i];
+    }
+  }
+  std::printf("[sr] NMSE at 2%% density: with the base %.3e, plain top-k %.3e\n", sr_err / norm, plain_err / norm);
+  EXPECT_LT(sr_err, 0.05 * plain_err) << "the residual against the base must be far smaller";
+  // A wrong base size or a corrupt payload is an error, as for any tensor.
+  EXPECT_FALSE(ExpertResidualCodec::create("topk:7"));
 }
 
 }  // namespace

@@ -22,6 +22,13 @@ inline float bf16_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h)
 inline uint16_t float_to_fp16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
 inline float fp16_to_float(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
 
+// Whole arrays of f32 <-> fp16, identical to the element functions above
+// (IEEE round to nearest even). They use the F16C instructions where the CPU
+// has them (checked once at run time), which, unlike the compiler's software
+// conversion, cost no more for subnormals; else the element functions.
+void floats_to_fp16(const float* in, size_t n, uint8_t* out);
+void fp16_to_floats(const uint8_t* in, size_t n, float* out);
+
 // Appends v as LEB128 (7 bits a byte, low first, high bit = more).
 inline void put_varint(uint64_t v, uint8_t*& p) {
   while (v >= 0x80) {

@@ -1,11 +1,28 @@
 #include "compression/detail/top_k.h"
 
+#include <algorithm>
 #include <bit>
+#include <functional>
 
 namespace xd::detail {
 
 namespace {
+
 inline uint32_t magnitude_key(float f) { return std::bit_cast<uint32_t>(f) & 0x7fffffffu; }
+
+// Takes every index whose key is above `threshold` and, at the threshold, the
+// lowest `ties` of them, scanning `candidates` (ascending indices) in order.
+void take(const float* x, const std::vector<uint32_t>& candidates, uint32_t threshold, size_t ties,
+          std::vector<uint32_t>* indices) {
+  for (uint32_t i : candidates) {
+    const uint32_t key = magnitude_key(x[i]);
+    if (key > threshold || (key == threshold && ties > 0)) {
+      if (key == threshold) --ties;
+      indices->push_back(i);
+    }
+  }
+}
+
 }  // namespace
 
 void TopKSelector::select(const float* x, size_t n, size_t k, std::vector<uint32_t>* indices) {
@@ -16,7 +33,35 @@ void TopKSelector::select(const float* x, size_t n, size_t k, std::vector<uint32
     for (size_t i = 0; i < n; ++i) (*indices)[i] = static_cast<uint32_t>(i);
     return;
   }
-  // Pass 1: the high 16 bits of the threshold.
+  indices->reserve(k);
+  // Fast path for a small k of a large tensor: estimate from a strided
+  // sample a key that about 1.5 k + 64 elements exceed, collect those in one
+  // pass, and select exactly among them. If fewer than k pass the estimate,
+  // fall through to the exact radix select.
+  if (n >= 16384 && k <= n / 8) {
+    constexpr size_t kSample = 4096;
+    const size_t stride = n / kSample;
+    sample_.clear();
+    for (size_t s = 0; s < kSample; ++s) sample_.push_back(magnitude_key(x[s * stride]));
+    const double want = std::min<double>(kSample - 1, (1.5 * double(k) + 64.0) * kSample / double(n));
+    const size_t rank = static_cast<size_t>(want);
+    std::nth_element(sample_.begin(), sample_.begin() + rank, sample_.end(), std::greater<uint32_t>());
+    const uint32_t bound = sample_[rank];
+    candidates_.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (magnitude_key(x[i]) >= bound) candidates_.push_back(static_cast<uint32_t>(i));
+    if (candidates_.size() >= k) {
+      keys_.resize(candidates_.size());
+      for (size_t c = 0; c < candidates_.size(); ++c) keys_[c] = magnitude_key(x[candidates_[c]]);
+      std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(), std::greater<uint32_t>());
+      const uint32_t threshold = keys_[k - 1];
+      size_t above = 0;
+      for (uint32_t key : keys_) above += key > threshold;
+      take(x, candidates_, threshold, k - above, indices);
+      return;
+    }
+  }
+  // Exact radix select on the 31 magnitude bits, 16 then 15 at a time.
   histogram_.assign(1 << 16, 0);
   for (size_t i = 0; i < n; ++i) ++histogram_[magnitude_key(x[i]) >> 16];
   size_t above = 0;  // elements in bins above the threshold's bin
@@ -25,7 +70,6 @@ void TopKSelector::select(const float* x, size_t n, size_t k, std::vector<uint32
     if (above + histogram_[high] >= k) break;
     above += histogram_[high];
   }
-  // Pass 2: the low 16 bits, among the elements of that bin.
   histogram_.assign(1 << 16, 0);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t key = magnitude_key(x[i]);
@@ -37,9 +81,7 @@ void TopKSelector::select(const float* x, size_t n, size_t k, std::vector<uint32
     above += histogram_[low];
   }
   const uint32_t threshold = (high << 16) | low;
-  size_t ties = k - above;  // how many at the threshold are kept
-  // Pass 3: everything above the threshold, and the first `ties` at it.
-  indices->reserve(k);
+  size_t ties = k - above;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t key = magnitude_key(x[i]);
     if (key > threshold || (key == threshold && ties > 0)) {
