@@ -77,7 +77,7 @@ std::string list_of(const nlohmann::json& s, const char* key) {
   return s.contains(key) ? s[key].dump() : "?";
 }
 
-// Every line fits 80 columns (the widest is 78).
+// Every line fits 80 columns: long names are cut with "~".
 void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
               s.value("state", "?").c_str(), list_of(s, "world").c_str());
