@@ -67,6 +67,20 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   // Flat EP: one level of G workers, every owner one hop away.
   Topology exchange_topology = o.flat_ep ? Topology({t->world_}, {1}) : *topo;
   t->exchange_ = std::make_unique<HybridExpertExchange>(transport, exchange_topology, mc.num_experts, o.timeout);
+  // Token rows to each peer go through the codecs of the link class between
+  // the two workers (cluster.levels[].link.codecs; raw by default).
+  std::vector<CodecPipeline> to_experts, to_sources;
+  for (int p = 0; p < t->world_; ++p) {
+    const int level = link_level(o.level_sizes, o.rank, p);
+    const LinkCodecs codecs = level < 0 ? LinkCodecs{} : job.cluster.levels[level].link.codecs;
+    auto d = CodecPipeline::parse(codecs.dispatch);
+    auto c = CodecPipeline::parse(codecs.combine);
+    if (!d) return d.status();
+    if (!c) return c.status();
+    to_experts.push_back(std::move(*d));
+    to_sources.push_back(std::move(*c));
+  }
+  t->exchange_->set_codecs(std::move(to_experts), std::move(to_sources));
   t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
   if (o.memory_cap_bytes > 0 && t->comm_->replica_bytes() > o.memory_cap_bytes)
     return Status::invalid_argument("gathered experts need " + std::to_string(t->comm_->replica_bytes()) +
@@ -139,6 +153,15 @@ void DistributedTrainer::record_link_figures(StepMetrics* m) {
   double busy = 0;
   for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
   m->comm_s = std::max(busy, m->exposed_comm_s);
+  // The token rows before any codec, beside what crossed each link class.
+  const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();
+  for (int p = 0; p < world_; ++p) {
+    const int level = link_level(opts_.level_sizes, opts_.rank, p);
+    if (level < 0 || (raw[p][0] == 0 && raw[p][1] == 0)) continue;
+    const std::string& name = opts_.link_names[level];
+    m->bytes[name + "/moe_dispatch_raw"] += raw[p][0];
+    m->bytes[name + "/moe_combine_raw"] += raw[p][1];
+  }
   for (size_t c = 0; c < now.class_transmit_seconds.size(); ++c) {
     const double before = c < last_stats_.class_transmit_seconds.size() ? last_stats_.class_transmit_seconds[c] : 0.0;
     m->link_busy_s = std::max(m->link_busy_s, now.class_transmit_seconds[c] - before);

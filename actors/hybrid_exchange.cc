@@ -47,6 +47,19 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   }
   std::sort(computed_.begin(), computed_.end());
   for (size_t i = 0; i < computed_.size(); ++i) computed_index_[computed_[i]] = static_cast<int>(i);
+  raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
+}
+
+void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std::vector<CodecPipeline> to_sources) {
+  XD_CHECK(to_experts.size() == static_cast<size_t>(topology_.world_size()) && to_sources.size() == to_experts.size());
+  codec_to_experts_ = std::move(to_experts);
+  codec_to_sources_ = std::move(to_sources);
+}
+
+std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
+  std::vector<std::array<double, 2>> out = raw_bytes_;
+  for (auto& b : raw_bytes_) b = {0.0, 0.0};
+  return out;
 }
 
 void HybridExpertExchange::set_hooks(LayerHook before, LayerHook after) {
@@ -109,24 +122,57 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
     }
     slots[i] = transport_->recv(group[i], tag);
   }
+  const bool toward_experts = tag.kind == MessageKind::kMoeDispatch;
+  const std::vector<CodecPipeline>& codecs = toward_experts ? codec_to_experts_ : codec_to_sources_;
   std::vector<std::shared_ptr<Completion>> sends;
   for (int i = 0; i < members; ++i) {
     if (!slots[i]) continue;
+    const size_t rows = out_counts[i];
+    raw_bytes_[group[i]][toward_experts ? 0 : 1] += double(rows) * width * sizeof(float);
     std::vector<OutFrame> frames;
     if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
-    frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, (size_t)out_counts[i] * width));
-    sends.push_back(transport_->send(group[i], tag, std::move(frames)));
+    const CodecPipeline* codec = codecs.empty() ? nullptr : &codecs[group[i]];
+    const bool plain = !codec || (codec->stages().size() == 1 && codec->stages()[0].kind == CodecKind::kRaw);
+    if (!plain) {
+      auto encoded = std::make_shared<EncodedTensor>();
+      Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());
+      if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
+      frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
+                                std::shared_ptr<const void>(encoded, encoded->payload.data())});
+      std::string meta = encoded->metadata;
+      sends.push_back(transport_->send(group[i], tag, std::move(frames), std::move(meta), kFlagCompressed));
+    } else {
+      frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
+      sends.push_back(transport_->send(group[i], tag, std::move(frames)));
+    }
   }
 
   std::vector<IncomingMessage> received(members);
+  std::vector<std::vector<float>> decoded(members);  // rows of compressed messages
   for (int i = 0; i < members; ++i) {
     if (!slots[i]) continue;
     auto m = slots[i]->wait(timeout_);
     if (!m) return m.status().with_context("MoE exchange with rank " + std::to_string(group[i]));
     const size_t frame = ids ? 1 : 0;
-    if (m->num_tensors() != frame + 1 || m->tensor_size(frame) % (sizeof(float) * width) != 0)
-      return Status::corruption("MoE exchange: malformed rows from rank " + std::to_string(group[i]));
-    const int nrows = static_cast<int>(m->tensor_size(frame) / (sizeof(float) * width));
+    const std::string from = " from rank " + std::to_string(group[i]);
+    if (m->num_tensors() != frame + 1) return Status::corruption("MoE exchange: malformed rows" + from);
+    int nrows = 0;
+    if (m->header().flags & kFlagCompressed) {
+      const std::string meta(static_cast<const char*>(m->meta_data()), m->meta_size());
+      auto shape = encoded_shape(meta);
+      if (!shape) return shape.status().with_context("MoE exchange" + from);
+      if (shape->cols != static_cast<uint64_t>(width) || shape->rows > (1u << 30))
+        return Status::corruption("MoE exchange: compressed rows of the wrong width" + from);
+      nrows = static_cast<int>(shape->rows);
+      decoded[i].resize((size_t)nrows * width);
+      XD_RETURN_IF_ERROR(decode_tensor(meta, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
+                                       decoded[i].data(), decoded[i].size())
+                             .with_context("MoE exchange" + from));
+    } else {
+      if (m->tensor_size(frame) % (sizeof(float) * width) != 0)
+        return Status::corruption("MoE exchange: malformed rows" + from);
+      nrows = static_cast<int>(m->tensor_size(frame) / (sizeof(float) * width));
+    }
     if (ids && m->tensor_size(0) != (size_t)nrows * sizeof(int32_t))
       return Status::corruption("MoE exchange: expert ids do not match rows from rank " + std::to_string(group[i]));
     if (discover) in_counts[i] = nrows;
@@ -148,7 +194,8 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       if (ids) std::memcpy(&result_ids[in_off[i]], &staged_ids[out_off[i]], sizeof(int) * in_counts[i]);
     } else {
       const size_t frame = ids ? 1 : 0;
-      std::memcpy(&result[(size_t)in_off[i] * width], received[i].tensor_data(frame), bytes);
+      const void* rows = decoded[i].empty() ? received[i].tensor_data(frame) : decoded[i].data();
+      std::memcpy(&result[(size_t)in_off[i] * width], rows, bytes);
       if (ids) std::memcpy(&result_ids[in_off[i]], received[i].tensor_data(0), sizeof(int32_t) * in_counts[i]);
     }
   }

@@ -8,15 +8,20 @@
 // the same path back. Domain sizes all 1 give hierarchical EP; a one-level
 // topology of G workers gives flat EP. The route of each layer's Dispatch is
 // kept for its Combine and for both backward exchanges.
+// Rows to a peer can travel compressed: set_codecs() gives a codec per peer
+// for each direction (toward the experts, back to the sources); a lossy codec
+// changes the rows the other side computes with, raw (the default) nothing.
 // Used by one compute thread; the Transport underneath is thread-safe.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "cluster/topology.h"
+#include "compression/codec.h"
 #include "model/expert_exchange.h"
 #include "transport/transport.h"
 
@@ -33,6 +38,13 @@ class HybridExpertExchange final : public ExpertExchange<float> {
 
   void set_step(uint32_t step) { step_ = step; }
   void set_hooks(LayerHook before_dispatch, LayerHook after_dispatch_backward);
+  // Per peer rank: the codec of rows toward the experts (Dispatch and the
+  // backward of Combine) and back to their sources (Combine and the backward
+  // of Dispatch). Both vectors hold one pipeline per rank of the world.
+  void set_codecs(std::vector<CodecPipeline> to_experts, std::vector<CodecPipeline> to_sources);
+  // fp32 bytes of the rows sent since the last call, before any codec, per
+  // peer rank: [0] toward the experts, [1] back to the sources.
+  std::vector<std::array<double, 2>> take_raw_bytes();
 
   void to_experts(const ExchangeTag& tag, const float* rows, const std::vector<int>& counts,
                   int width, std::vector<float>* out, std::vector<int>* out_counts) override;
@@ -74,6 +86,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void fail(const Status& st);
 
   Transport* transport_;
+  std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
+  std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank
   Topology topology_;
   int rank_;
   int num_experts_, experts_per_worker_;

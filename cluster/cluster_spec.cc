@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/units.h"
+#include "compression/codec.h"
 
 namespace xd {
 
@@ -51,8 +52,8 @@ std::vector<int> ClusterSpec::level_sizes() const {
 ClusterSpec default_cluster_spec() {
   ClusterSpec c;
   c.levels = {
-      LevelSpec{"dc", 2, LinkClassSpec{"dc", 100e6 / 8, 10e-3, true}},
-      LevelSpec{"worker", 2, LinkClassSpec{"worker", 1e9 / 8, 0.2e-3, true}},
+      LevelSpec{"dc", 2, LinkClassSpec{"dc", 100e6 / 8, 10e-3, true, {}}},
+      LevelSpec{"worker", 2, LinkClassSpec{"worker", 1e9 / 8, 0.2e-3, true, {}}},
   };
   c.expert_parallel.mode = EpMode::kAuto;
   c.expert_parallel.domain_sizes = {1, 1};
@@ -94,6 +95,8 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
       return Issue{k + ".link.bandwidth", "must be positive"};
     if (!(l.link.latency_s >= 0) || !std::isfinite(l.link.latency_s))
       return Issue{k + ".link.latency", "must be >= 0"};
+    for (const auto& [kind, spec] : {std::pair{"dispatch", &l.link.codecs.dispatch}, {"combine", &l.link.codecs.combine}})
+      if (auto p = CodecPipeline::parse(*spec); !p) return Issue{k + ".link.codecs." + kind, p.status().message()};
   }
   const ExpertParallelSpec& ep = c.expert_parallel;
   if (ep.domain_sizes.size() != c.levels.size())
@@ -147,11 +150,19 @@ void read_level(YamlReader& r, const YAML::Node& node, const std::string& k, Lev
     else if (key == "size") r.get(v, full, &level->size);
     else {
       level->link = LinkClassSpec{};
-      r.section(v, full, {"bandwidth", "latency", "shape"}, {"bandwidth"},
+      r.section(v, full, {"bandwidth", "latency", "shape", "codecs"}, {"bandwidth"},
                 [&](const std::string& lk, const YAML::Node& lv, const std::string& lfull) {
         if (lk == "bandwidth") r.get_unit(lv, lfull, &level->link.bandwidth_bytes_per_s, parse_bandwidth);
         else if (lk == "latency") r.get_unit(lv, lfull, &level->link.latency_s, parse_duration);
-        else r.get(lv, lfull, &level->link.shape);
+        else if (lk == "shape") r.get(lv, lfull, &level->link.shape);
+        else
+          r.section(lv, lfull, {"dispatch", "combine"},
+                    [&](const std::string& ck, const YAML::Node& cv, const std::string& cfull) {
+            std::string* spec = ck == "dispatch" ? &level->link.codecs.dispatch : &level->link.codecs.combine;
+            r.get(cv, cfull, spec);
+            if (!r.ok()) return;
+            if (auto p = CodecPipeline::parse(*spec); !p) r.fail(cv, cfull, p.status().message());
+          });
       });
     }
   });

@@ -17,11 +17,21 @@
 
 namespace xd {
 
+// Codecs (compression/codec.h spec strings) for the traffic kinds that cross
+// a link class. dispatch: token rows moving toward the experts (the forward
+// Dispatch and the backward of Combine); combine: rows moving back to their
+// sources (the forward Combine and the backward of Dispatch).
+struct LinkCodecs {
+  std::string dispatch = "raw";
+  std::string combine = "raw";
+};
+
 struct LinkClassSpec {
   std::string name;                   // the level's name, e.g. "dc"
   double bandwidth_bytes_per_s = 0;   // > 0
   double latency_s = 0;               // one-way
   bool shape = true;                  // emulate it with the in-process shaper
+  LinkCodecs codecs;
 };
 
 struct LevelSpec {

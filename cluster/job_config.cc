@@ -60,7 +60,9 @@ json cluster_to_json(const ClusterSpec& c) {
                       {"link", {{"name", l.link.name},
                                 {"bandwidth_bytes_per_s", l.link.bandwidth_bytes_per_s},
                                 {"latency_s", l.link.latency_s},
-                                {"shape", l.link.shape}}}});
+                                {"shape", l.link.shape},
+                                {"codecs", {{"dispatch", l.link.codecs.dispatch},
+                                            {"combine", l.link.codecs.combine}}}}}});
   for (const HostSpec& h : c.hosts) hosts.push_back({{"host", h.host}, {"dc", h.dc}, {"slots", h.slots}});
   const ExpertParallelSpec& ep = c.expert_parallel;
   return {{"levels", levels},
@@ -98,6 +100,12 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
     k.get("bandwidth_bytes_per_s", &l->link.bandwidth_bytes_per_s);
     k.get("latency_s", &l->link.latency_s);
     k.get("shape", &l->link.shape);
+    if (const json* codecs = k.object("codecs")) {
+      JsonFields c(*codecs, k.name("codecs"));
+      c.get("dispatch", &l->link.codecs.dispatch);
+      c.get("combine", &l->link.codecs.combine);
+      k.fail(c.finish());
+    }
     lf.fail(k.finish());
   });
   read_list(f, "hosts", &c->hosts, [](JsonFields& hf, HostSpec* h) {

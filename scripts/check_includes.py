@@ -24,8 +24,8 @@ ALLOWED = {
     "model": {"common"},
     "compression": {"common"},
     "transport": {"common", "compression"},
-    "cluster": {"common", "model"},
-    "coordinator": {"common", "model", "transport", "cluster"},
+    "cluster": {"common", "model", "compression"},
+    "coordinator": {"common", "model", "compression", "transport", "cluster"},
     "actors": {"common", "model", "compression", "transport", "cluster"},
     "cli": {"common", "model", "compression", "transport", "cluster", "coordinator", "actors"},
     "tests": None,  # anything

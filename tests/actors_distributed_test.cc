@@ -103,6 +103,36 @@ TEST(Distributed, FourWorkerEpMatchesOneProcessOnTheSameGlobalBatch) {
   }
 }
 
+// bf16 token rows on the inter-DC links only: the dc link carries about half
+// the token bytes, and training stays within a stated bound of one process
+// (the intra-DC links stay raw and exact).
+TEST(Distributed, Bf16TokensOnTheInterDcLinkHalveItsTokenBytesAndTrainWithinABound) {
+  const auto expected = single_process_losses(4, nullptr);
+  std::string config = model_yaml() + cluster_yaml(2, 2);
+  const std::string dc_link = "link: {bandwidth: 1gbit, latency: 0ms, shape: false}";
+  ASSERT_NE(config.find(dc_link), std::string::npos);
+  config.replace(config.find(dc_link), dc_link.size(),
+                 "link: {bandwidth: 1gbit, latency: 0ms, shape: false, codecs: {dispatch: bf16, combine: bf16}}");
+  auto r = testing::run_job(temp_dir("bf16"), config, 4, {"--mode", "ep"});
+  ASSERT_TRUE(r.ok()) << r.logs();
+  const auto& losses = r.summary["losses"];
+  ASSERT_EQ(losses.size(), expected.size());
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i)
+    worst = std::max(worst, std::abs(losses[i].get<double>() - expected[i]) / expected[i]);
+  const auto& bytes = r.summary["bytes_per_step"];
+  const double wire = bytes["dc/moe_dispatch"].get<double>() + bytes["dc/moe_combine"].get<double>();
+  const double raw = bytes["dc/moe_dispatch_raw"].get<double>() + bytes["dc/moe_combine_raw"].get<double>();
+  std::printf("[dist] bf16 tokens on dc: worst relative loss difference %.2e over %zu steps; dc token bytes "
+              "%.0f on the wire for %.0f raw (%.2fx)\n", worst, expected.size(), wire, raw, raw / wire);
+  EXPECT_GT(worst, 0.0) << "bf16 must change something: is the codec applied?";
+  EXPECT_LT(worst, 2e-3);
+  EXPECT_GT(raw / wire, 1.6) << "bf16 rows (plus expert ids and headers) should be close to half";
+  EXPECT_FALSE(bytes.contains("worker/moe_dispatch") && bytes["worker/moe_dispatch"].get<double>() <
+                                                            0.6 * bytes["worker/moe_dispatch_raw"].get<double>())
+      << "the intra-DC links stay raw";
+}
+
 class HybridDomains : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
 
 TEST_P(HybridDomains, HybridEpMatchesOneProcessForThisDomainChoice) {

@@ -41,19 +41,27 @@ std::vector<std::vector<int>> make_counts(int world, int experts, uint64_t seed)
   return c;
 }
 
-void run_round_trip(const std::vector<int>& levels, const std::vector<int>& domains, bool flat) {
+// `codec`: the pipeline every row takes to every peer ("" sends raw). The
+// rows hold small integers, which fp16 and bf16 carry exactly.
+void run_round_trip(const std::vector<int>& levels, const std::vector<int>& domains, bool flat,
+                    const std::string& codec = "") {
   const int world = levels.size() == 1 ? levels[0] : levels[0] * levels[1];
   const int experts = world * 2, width = 3;
   Cluster cluster(world);
   auto counts = make_counts(world, experts, 99);
   std::vector<std::string> failures(world);
   std::vector<int> received_rows(world, 0);
+  std::vector<double> raw_toward_experts(world, 0), raw_toward_sources(world, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       Topology topo = flat ? Topology({world}, {1}) : Topology(levels, domains);
       HybridExpertExchange ex(cluster.transports[r].get(), topo, experts, std::chrono::seconds(20));
       ex.set_step(7);
+      if (!codec.empty()) {
+        std::vector<CodecPipeline> every(world, *CodecPipeline::parse(codec));
+        ex.set_codecs(every, every);
+      }
       std::vector<float> rows;
       for (int e = 0; e < experts; ++e)
         for (int k = 0; k < counts[r][e]; ++k) rows.insert(rows.end(), {(float)r, (float)e, (float)k});
@@ -80,6 +88,10 @@ void run_round_trip(const std::vector<int>& levels, const std::vector<int>& doma
       ex.to_experts({3, (int)ExchangePhase::kCombineBackward}, rows.data(), counts[r], width, &at_experts, &out_counts);
       ex.to_sources({3, (int)ExchangePhase::kDispatchBackward}, at_experts.data(), width, &back);
       if (!ex.status().is_ok() || back != rows) err = "backward round trip changed the rows";
+      for (const auto& b : ex.take_raw_bytes()) {
+        raw_toward_experts[r] += b[0];
+        raw_toward_sources[r] += b[1];
+      }
     });
   for (auto& t : threads) t.join();
   int sent = 0, got = 0;
@@ -89,6 +101,12 @@ void run_round_trip(const std::vector<int>& levels, const std::vector<int>& doma
     got += received_rows[r];
   }
   EXPECT_EQ(sent, got);
+  // Every row that left toward the experts came back along the same route.
+  double out = 0, back = 0;
+  for (int r = 0; r < world; ++r) out += raw_toward_experts[r], back += raw_toward_sources[r];
+  EXPECT_EQ(out, back);
+  if (!flat && domains == levels) EXPECT_EQ(out, 0) << "every expert gathered: no token moves";
+  else EXPECT_GT(out, 0);
   EXPECT_EQ(received_rows.size(), (size_t)world);
 }
 
@@ -104,6 +122,11 @@ TEST(HybridExchange, EveryDomainChoiceOfFourByTwoRoundTrips) {
       SCOPED_TRACE("domains " + std::to_string(s0) + "x" + std::to_string(s1));
       run_round_trip({4, 2}, {s0, s1}, false);
     }
+}
+
+TEST(HybridExchange, CompressedRowsTravelWithTheirCodecAndArriveIntact) {
+  run_round_trip({2, 2}, {1, 1}, false, "fp16+zstd:1");
+  run_round_trip({4}, {1}, true, "bf16");
 }
 
 TEST(HybridExchange, WorkersComputeExactlyTheExpertsOfTheirDomains) {

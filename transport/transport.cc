@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "transport/detail/same_host.h"
 #include "transport/detail/received_frames.h"
@@ -485,9 +486,11 @@ bool Transport::has_peer(int rank) const {
 }
 
 std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector<OutFrame> frames,
-                                            std::string meta) {
+                                            std::string meta, uint16_t flags) {
+  XD_CHECK_MSG((flags & ~kKnownFlags) == 0, "unknown message flags");
   FrameHeader h;
   h.kind = tag.kind;
+  h.flags = flags;
   h.job = impl_->options.job;
   h.step = tag.step;
   h.layer = tag.layer;

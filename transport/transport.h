@@ -110,8 +110,10 @@ class Transport {
 
   // Queues a message for `dst` (may be this rank). Blocks under backpressure.
   // The Completion is done when every frame has left (ZeroMQ released it).
+  // `meta` is the msgpack metadata frame; `flags` are MessageFlags (for
+  // example kFlagCompressed when the tensor frames hold a codec payload).
   std::shared_ptr<Completion> send(int dst, const Tag& tag, std::vector<OutFrame> frames,
-                                   std::string meta = {});
+                                   std::string meta = {}, uint16_t flags = kFlagNone);
   std::shared_ptr<RecvSlot> recv(int src, const Tag& tag);
 
   // Fails every posted receive and every later one, and releases every

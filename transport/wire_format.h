@@ -60,7 +60,9 @@ inline constexpr int kMaxMessageKind = 64;  // counters are indexed by kind
 
 enum MessageFlags : uint16_t {
   kFlagNone = 0,
-  kFlagCompressed = 1 << 0,  // reserved: tensor frames carry a codec stream (no codec sets it yet)
+  // The last tensor frame is a codec payload; the metadata frame is its
+  // codec record (compression/codec_format.h).
+  kFlagCompressed = 1 << 0,
 };
 inline constexpr uint16_t kKnownFlags = kFlagCompressed;
 
