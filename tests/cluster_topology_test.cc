@@ -303,7 +303,7 @@ cluster:
   levels:
     - name: region
       size: 2
-      link: {bandwidth: 20mbit, latency: 30ms, shape: false}
+      link: {bandwidth: 20mbit, latency: 30ms, shape: false, codecs: {dispatch: bf16, combine: "topk:0.5+zstd:2"}}
     - name: node
       size: 4
       link: {bandwidth: 10MB/s, latency: 250us}
@@ -322,6 +322,9 @@ cluster:
   EXPECT_DOUBLE_EQ(c->levels[0].link.bandwidth_bytes_per_s, 2.5e6);
   EXPECT_DOUBLE_EQ(c->levels[0].link.latency_s, 0.030);
   EXPECT_FALSE(c->levels[0].link.shape);
+  EXPECT_EQ(c->levels[0].link.codecs.dispatch, "bf16");
+  EXPECT_EQ(c->levels[0].link.codecs.combine, "topk:0.5+zstd:2");
+  EXPECT_EQ(c->levels[1].link.codecs.dispatch, "raw") << "raw unless a link class says otherwise";
   EXPECT_DOUBLE_EQ(c->levels[1].link.bandwidth_bytes_per_s, 10e6);
   EXPECT_DOUBLE_EQ(c->levels[1].link.latency_s, 250e-6);
   EXPECT_TRUE(c->levels[1].link.shape);
@@ -397,6 +400,12 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
        "job.yaml:4: cluster.levels[1].name: duplicate level name 'dc'"},
       {"cluster:\n  levels: []\n", "job.yaml:2: cluster.levels: must be a non-empty list"},
       {"cluster:\n  nodes: 3\n", "job.yaml:2: cluster.nodes: unknown key"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {dispatch: bf17}\n",
+       "job.yaml:7: cluster.levels[0].link.codecs.dispatch: codec 'bf17': unknown stage 'bf17'"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {gather: bf16}\n",
+       "job.yaml:7: cluster.levels[0].link.codecs.gather: unknown key"},
       {"cluster: [1, 2]\n", "job.yaml:1: cluster: must be a mapping"},
       {"cluster:\n  levels: [\n", "YAML syntax error"},
   };
