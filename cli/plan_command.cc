@@ -106,6 +106,9 @@ int run_plan(const PlanOptions& o) {
                              {"configured_alpha_s", links[l].configured.alpha_s},
                              {"configured_beta_s_per_byte", links[l].configured.beta_s_per_byte},
                              {"source", links[l].source},
+                             {"codecs", {{"dispatch", links[l].codecs.dispatch}, {"combine", links[l].codecs.combine}}},
+                             {"codec_wire_fraction", {links[l].codec_cost.dispatch_fraction, links[l].codec_cost.combine_fraction}},
+                             {"codec_s_per_byte", {links[l].codec_cost.dispatch_s_per_byte, links[l].codec_cost.combine_s_per_byte}},
                              {"r2", links[l].r2}});
     j["compute"] = {{"flops_per_s", compute.flops_per_s},
                     {"gemm_overhead_s", compute.gemm_overhead_s},
@@ -170,6 +173,11 @@ int run_plan(const PlanOptions& o) {
                     fmt_seconds(ls.configured.alpha_s).c_str(),
                     fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str());
       std::printf("]\n");
+      const TokenCodecCost& cc = ls.codec_cost;
+      if (ls.codecs.dispatch != "raw" || ls.codecs.combine != "raw")
+        std::printf("  %-10s token codecs: dispatch %s (%.2f of the bytes, %.2f ns/B), combine %s (%.2f, %.2f ns/B)\n",
+                    "", ls.codecs.dispatch.c_str(), cc.dispatch_fraction, cc.dispatch_s_per_byte * 1e9,
+                    ls.codecs.combine.c_str(), cc.combine_fraction, cc.combine_s_per_byte * 1e9);
     }
     std::printf("\n  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "domains", "gathered",
                 "compute", "a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "iteration");

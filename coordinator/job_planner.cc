@@ -1,11 +1,62 @@
 #include "coordinator/job_planner.h"
 
 #include <algorithm>
+#include <map>
 #include <thread>
+
+#include "common/clock.h"
+#include "common/rng.h"
+#include "compression/codec.h"
 
 namespace xd {
 
 namespace {
+
+// Wire fraction and encode + decode seconds per raw byte of one pipeline on
+// `rows` random rows of `width` (fastest of three).
+std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width) {
+  std::vector<float> x(static_cast<size_t>(rows) * width), y(x.size());
+  Rng rng(12345);
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  EncodedTensor e;
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double t0 = steady_seconds();
+    if (!codec.encode(x.data(), {static_cast<uint64_t>(rows), static_cast<uint64_t>(width)}, &e).is_ok() ||
+        !decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
+      return {1.0, 0.0};  // cannot happen for a parsed pipeline on finite data
+    best = std::min(best, steady_seconds() - t0);
+  }
+  const double raw = double(x.size()) * sizeof(float);
+  return {double(e.payload.size() + e.metadata.size()) / raw, best / raw};
+}
+
+std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
+  const int width = job.train.model.hidden_size;
+  const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len * job.train.model.top_k;
+  const int rows = static_cast<int>(std::clamp<long long>(routed, 1, 4096));
+  // Workers on this machine share its cores, as for compute.
+  double sharing = 1;
+  if (job.cluster.hosts.empty())
+    sharing = std::max(1.0, job.cluster.world_size() / double(std::max(1u, std::thread::hardware_concurrency())));
+  std::map<std::string, std::pair<double, double>> measured;
+  auto cost = [&](const std::string& spec) -> std::pair<double, double> {
+    auto p = CodecPipeline::parse(spec);
+    if (!p || (p->stages().size() == 1 && p->stages()[0].kind == CodecKind::kRaw)) return {1.0, 0.0};
+    if (!measured.count(spec)) measured[spec] = measure_codec(*p, rows, width);
+    return measured[spec];
+  };
+  std::vector<TokenCodecCost> out;
+  for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
+    const LinkCodecs& c = job.cluster.levels[l].link.codecs;
+    const auto [df, ds] = cost(c.dispatch);
+    const auto [cf, cs] = cost(c.combine);
+    out.push_back(TokenCodecCost{df, cf, ds * sharing, cs * sharing});
+    (*links)[l].codecs = c;
+    (*links)[l].codec_cost = out.back();
+  }
+  return out;
+}
 
 ComputeModel fit_compute_model(const JobConfig& job, JobPlan* out) {
   ComputeModel compute;
@@ -43,7 +94,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
   std::vector<LinkModel> models;
   for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
     const LevelSpec& level = job.cluster.levels[l];
-    LinkEstimate e{level.name, spec[l], spec[l], "spec", "", 0};
+    LinkEstimate e{level.name, spec[l], spec[l], "spec", "", 0, {}, {}};
     if (options.probe_links && !level.link.shape) {
       e.note = "not shaped here; a loopback probe says nothing of the real link";
     } else if (options.probe_links) {
@@ -63,6 +114,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     out.links.push_back(e);
   }
   out.inputs = planner_inputs_for(job, models, out.compute);
+  out.inputs.token_codecs = measure_token_codecs(job, &out.links);
   XD_RETURN_IF_ERROR(out.inputs.validate());
   out.plan = plan_iteration(out.inputs);
   return out;

@@ -8,7 +8,11 @@
 //      (coordinator/link_probe.h), or takes the spec's figures (unshaped
 //      classes always do: a loopback probe says nothing of a real link; a
 //      failed probe falls back too, and says why);
-//   3. plans every expert-domain candidate (coordinator/planner.h).
+//   3. measures each configured token codec on a sample of rows of the
+//      model's width: the fraction of the bytes it leaves and its encode +
+//      decode time (per core, shared like compute when every worker runs
+//      here); raw costs nothing and is not measured;
+//   4. plans every expert-domain candidate (coordinator/planner.h).
 // Takes about 1-5 s. Not thread-safe against other GEMMs of this process
 // (the probes set OpenBLAS's thread count).
 #pragma once
@@ -40,6 +44,8 @@ struct LinkEstimate {
   std::string source;    // "probe" or "spec"
   std::string note;      // why the spec's figures were used, if not asked for
   double r2 = 0;         // of the probe's fit
+  LinkCodecs codecs;     // the token codecs of this link class
+  TokenCodecCost codec_cost;  // as measured (raw: 1 and 0)
 };
 
 struct JobPlan {

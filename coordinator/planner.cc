@@ -17,6 +17,12 @@ Status PlannerInputs::validate() const {
   if (bytes_per_element <= 0) return bad("bytes_per_element must be positive");
   XD_RETURN_IF_ERROR(Topology::check(level_sizes, std::vector<int>(level_sizes.size(), 1)));
   if (links.size() != level_sizes.size()) return bad("need one link model per level");
+  if (!token_codecs.empty() && token_codecs.size() != level_sizes.size())
+    return bad("need one token codec cost per level (or none)");
+  for (const TokenCodecCost& c : token_codecs)
+    if (!(c.dispatch_fraction > 0) || !(c.combine_fraction > 0) || !(c.dispatch_s_per_byte >= 0) ||
+        !(c.combine_s_per_byte >= 0))
+      return bad("token codec fractions must be positive and their times >= 0");
   for (const LinkModel& l : links)
     if (!(l.alpha_s >= 0) || !(l.beta_s_per_byte >= 0) || !std::isfinite(l.alpha_s) ||
         !std::isfinite(l.beta_s_per_byte))
@@ -152,7 +158,8 @@ class BackgroundStream {
 
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
-                                 const std::vector<int>& domain_sizes, double memory_cap_bytes) {
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
+                                 const std::vector<TokenCodecCost>& token_codecs) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
   XD_CHECK(links.size() == level_sizes.size());
   const int num_levels = static_cast<int>(level_sizes.size());
@@ -163,19 +170,27 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   c.domain_sizes = domain_sizes;
   c.level_bytes.assign(num_levels, 0.0);
 
-  // One A2A (one direction of one MoE layer), level by level; one layer's AG
-  // (outer level first, forwarding what the outer levels gathered) and its RS.
-  double a2a_one = 0, ag_layer = 0, gathered_per_layer_experts = 1;
+  // One A2A toward the experts (Dispatch, backward of Combine) and one back
+  // to the sources (Combine, backward of Dispatch) of one MoE layer, level by
+  // level, each through its token codec; one layer's AG (outer level first,
+  // forwarding what the outer levels gathered) and its RS.
+  double a2a_to_experts = 0, a2a_to_sources = 0, ag_layer = 0, gathered_per_layer_experts = 1;
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
+    const TokenCodecCost codec = token_codecs.empty() ? TokenCodecCost{} : token_codecs[l];
     const int sf = level_sizes[l], s = domain_sizes[l];
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
-    if (a2a_msgs > 0)
-      a2a_one += link.alpha_s + link.beta_s_per_byte * a2a_bytes;
+    if (a2a_msgs > 0) {
+      a2a_to_experts += link.alpha_s + a2a_bytes * (link.beta_s_per_byte * codec.dispatch_fraction +
+                                                    codec.dispatch_s_per_byte);
+      a2a_to_sources += link.alpha_s + a2a_bytes * (link.beta_s_per_byte * codec.combine_fraction +
+                                                    codec.combine_s_per_byte);
+    }
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
     if (s > 1) ag_layer += link.alpha_s + link.beta_s_per_byte * ag_bytes;
-    c.level_bytes[l] += layers * (4 * a2a_bytes + 2 * ag_bytes);
+    c.level_bytes[l] +=
+        layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + 2 * ag_bytes);
     gathered_per_layer_experts *= s;
   }
   const double held = n * gathered_per_layer_experts;  // experts per layer incl. own
@@ -217,9 +232,9 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     t += dt;
     c.compute_s += dt;
   };
-  auto a2a = [&] {
-    t += a2a_one;
-    c.a2a_s += a2a_one;
+  auto a2a = [&](double dt) {
+    t += dt;
+    c.a2a_s += dt;
   };
   for (int k = 0; k < layers; ++k) {
     compute(w.pre_expert_fwd_s, &ag);
@@ -227,16 +242,16 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     const double wait = ag.drain(std::max(0, k + 1 - (layers - ag.pending())));
     t += wait;
     c.exposed_ag_s += wait;
-    a2a();  // Dispatch
+    a2a(a2a_to_experts);  // Dispatch
     compute(expert_fwd, &ag);
-    a2a();  // Combine
+    a2a(a2a_to_sources);  // Combine
   }
   compute(w.post_s, nullptr);
   for (int k = layers - 1; k >= 0; --k) {
-    a2a();  // backward of Combine
+    a2a(a2a_to_experts);  // backward of Combine
     compute(expert_bwd, &rs);
     rs.release(ag_layer);  // this layer's replica gradients are ready
-    a2a();  // backward of Dispatch
+    a2a(a2a_to_sources);  // backward of Dispatch
     compute(w.pre_expert_bwd_s, &rs);
   }
   c.exposed_rs_s = rs.drain();
@@ -249,7 +264,8 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
 }
 
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
-                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep) {
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
+                   const std::vector<TokenCodecCost>& token_codecs) {
   Plan plan;
   plan.mode = ep.mode;
   plan.chosen = -1;
@@ -258,7 +274,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
   if (ep.mode == EpMode::kHybrid) wanted = ep.domain_sizes;
   for (const auto& s : domain_candidates(level_sizes)) {
     plan.candidates.push_back(
-        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes));
+        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, token_codecs));
     const PlanCandidate& c = plan.candidates.back();
     const int i = static_cast<int>(plan.candidates.size()) - 1;
     if (ep.mode != EpMode::kAuto) {
@@ -283,7 +299,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
 Plan plan_iteration(const PlannerInputs& in) {
   const Status st = in.validate();
   XD_CHECK_MSG(st.is_ok(), st.message().c_str());
-  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel);
+  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel, in.token_codecs);
 }
 
 }  // namespace xd

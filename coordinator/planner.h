@@ -6,7 +6,9 @@
 //   compute   pre-expert (attention, router, shared experts), expert and post
 //             (LM head) GEMMs, forward and backward;
 //   tokens    4 A2As per MoE layer (Dispatch and Combine, forward and backward),
-//             level by level; a level-l A2A moves D(1 - S^l/SF^l) bytes;
+//             level by level; a level-l A2A moves D(1 - S^l/SF^l) bytes, times
+//             the wire fraction of that level's token codec for the direction,
+//             plus the codec's encode + decode time;
 //   experts   the AG of replicas, outer level first, moving
 //             n P_E (prod_{j<l} S^j)(S^l - 1) bytes at level l, and the
 //             reduce-scatter of replica gradients, same volume;
@@ -42,6 +44,14 @@ struct LinkModel {
   double beta_s_per_byte = 0;
 };
 
+// What the token codecs of one link class cost (cluster.levels[].link.codecs):
+// per direction, the fraction of the raw fp32 bytes that crosses the link and
+// the encode + decode seconds per raw byte. Raw: 1 and 0.
+struct TokenCodecCost {
+  double dispatch_fraction = 1, combine_fraction = 1;
+  double dispatch_s_per_byte = 0, combine_s_per_byte = 0;
+};
+
 // A GEMM of f flops takes gemm_overhead_s + f / flops_per_s. Only GEMMs are
 // counted; non_gemm_factor scales every compute term to cover the rest (norms,
 // softmax, router, element-wise ops), fitted by coordinator/step_probe.h.
@@ -60,6 +70,7 @@ struct PlannerInputs {
   std::vector<LinkModel> links;       // one per level
   ComputeModel compute;
   ExpertParallelSpec expert_parallel;
+  std::vector<TokenCodecCost> token_codecs;  // one per level; empty: raw everywhere
   // Not modelled yet; validate() rejects anything but the defaults.
   int pipeline_degree = 1;  // r: A2A chunks overlapping expert compute
   bool farskip = false;     // FarSkip frees A2A to overlap dense compute
@@ -120,14 +131,16 @@ std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_si
 // One candidate under a workload; memory_cap_bytes decides feasibility.
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
-                                 const std::vector<int>& domain_sizes, double memory_cap_bytes);
+                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
+                                 const std::vector<TokenCodecCost>& token_codecs = {});
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
 // sizes, which must divide the level sizes (chosen even if infeasible: the
 // caller reports it); auto -> the feasible candidate with the least
 // iteration time (ties: fewer gathered bytes).
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
-                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep);
+                   const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
+                   const std::vector<TokenCodecCost>& token_codecs = {});
 // plan_workload(workload_of(in), ...). `in` must validate().
 Plan plan_iteration(const PlannerInputs& in);
 

@@ -158,6 +158,28 @@ TEST(Planner, LatencyIsPaidOncePerCollectiveNotPerMessage) {
   EXPECT_DOUBLE_EQ(ag.a2a_s, 0.0);
 }
 
+TEST(Planner, ATokenCodecScalesItsLevelsBytesAndAddsItsTime) {
+  Workload w = one_layer(0, 1000);  // no experts to gather: tokens only
+  w.experts_per_worker = 1;
+  const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
+  const PlanCandidate raw = evaluate_candidate(w, {2, 2}, links, {1, 1}, 1e300);
+  // bf16 toward the experts on the outer level only, with a codec cost.
+  std::vector<TokenCodecCost> codecs(2);
+  codecs[0].dispatch_fraction = 0.5;
+  codecs[0].dispatch_s_per_byte = 1e-9;
+  const PlanCandidate half = evaluate_candidate(w, {2, 2}, links, {1, 1}, 1e300, codecs);
+  // Level 0 moves D/2 per A2A: 2 A2As toward the experts now carry half.
+  EXPECT_DOUBLE_EQ(half.level_bytes[0], raw.level_bytes[0] - 2 * 500.0 * 0.5);
+  EXPECT_DOUBLE_EQ(half.level_bytes[1], raw.level_bytes[1]);
+  // Each of those 2 A2As saves 250 bytes x 1e-6 s and pays 500 bytes x 1e-9 s.
+  EXPECT_NEAR(half.a2a_s, raw.a2a_s - 2 * (250 * 1e-6) + 2 * (500 * 1e-9), 1e-12);
+  PlannerInputs in;
+  in.level_sizes = {2, 2};
+  in.links = links;
+  in.token_codecs = {TokenCodecCost{}};
+  EXPECT_FALSE(in.validate().is_ok()) << "one cost per level";
+}
+
 TEST(Planner, WorkloadCountsTheModelShapes) {
   PlannerInputs in;
   in.model = default_train_config().model;
