@@ -105,17 +105,23 @@ void print_status(const nlohmann::json& s) {
   }
 }
 
+// Per link class: its shaping, the bytes of the last step, and how much the
+// token codecs shrank the token rows (raw / wire; "-" without token traffic).
 void print_links(const nlohmann::json& s, const nlohmann::json& last) {
-  std::printf("%-12s %-14s %-11s %-6s %16s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step");
+  std::printf("%-12s %-14s %-11s %-6s %16s %7s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step",
+              "tokens");
+  const nlohmann::json bytes = last.value("bytes", nlohmann::json::object());
+  auto get = [&](const std::string& key) { return bytes.contains(key) ? bytes[key].get<double>() : 0.0; };
   for (const auto& l : s.value("links", nlohmann::json::array())) {
     const std::string name = l.value("name", "?");
-    double bytes = 0;
-    if (last.contains("bytes"))
-      for (auto it = last["bytes"].begin(); it != last["bytes"].end(); ++it)
-        if (it.key() == name + "/total") bytes = it.value().get<double>();
-    std::printf("%-12s %-14s %-11s %-6s %16.0f\n", fit(name, 12).c_str(),
+    const double wire = get(name + "/moe_dispatch") + get(name + "/moe_combine");
+    const double raw = get(name + "/moe_dispatch_raw") + get(name + "/moe_combine_raw");
+    char ratio[16] = "-";
+    if (wire > 0 && raw > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", raw / wire);
+    std::printf("%-12s %-14s %-11s %-6s %16.0f %7s\n", fit(name, 12).c_str(),
                 human_rate(l.value("bandwidth_bytes_per_s", 0.0)).c_str(),
-                (num(l, "latency_s", "%.2f", 1e3) + " ms").c_str(), l.value("shaped", false) ? "yes" : "no", bytes);
+                (num(l, "latency_s", "%.2f", 1e3) + " ms").c_str(), l.value("shaped", false) ? "yes" : "no",
+                get(name + "/total"), ratio);
   }
 }
 

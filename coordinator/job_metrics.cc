@@ -1,6 +1,7 @@
 #include "coordinator/job_metrics.h"
 
 #include <algorithm>
+#include <string_view>
 #include <cstdio>
 #include <sstream>
 
@@ -137,12 +138,24 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       gauge(f.name, f.help);
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
-    o << "# HELP xdmoe_step_bytes Bytes sent in the last complete step per link class and operation.\n"
-         "# TYPE xdmoe_step_bytes gauge\n";
-    for (const auto& [key, v] : s->bytes) {
-      const auto slash = key.find('/');
-      const std::string link = key.substr(0, slash), opname = slash == std::string::npos ? "" : key.substr(slash + 1);
-      o << "xdmoe_step_bytes{" << label << ",link=\"" << link << "\",op=\"" << opname << "\"} " << v << "\n";
+    // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the token
+    // rows' fp32 bytes before any codec): two metrics with the same labels.
+    constexpr std::string_view kRaw = "_raw";
+    for (const bool raw : {false, true}) {
+      const std::string metric = raw ? "xdmoe_step_raw_bytes" : "xdmoe_step_bytes";
+      o << "# HELP " << metric
+        << (raw ? " Bytes of the token rows before any codec, in the last complete step, per link class and operation.\n"
+                : " Bytes sent in the last complete step per link class and operation.\n")
+        << "# TYPE " << metric << " gauge\n";
+      for (const auto& [key, v] : s->bytes) {
+        const bool is_raw = key.size() > kRaw.size() && key.compare(key.size() - kRaw.size(), kRaw.size(), kRaw) == 0;
+        if (is_raw != raw) continue;
+        const auto slash = key.find('/');
+        const std::string link = key.substr(0, slash);
+        std::string opname = slash == std::string::npos ? "" : key.substr(slash + 1);
+        if (raw) opname.resize(opname.size() - kRaw.size());
+        o << metric << "{" << label << ",link=\"" << link << "\",op=\"" << opname << "\"} " << v << "\n";
+      }
     }
   }
   gauge("worker_step", "Last step each worker reported.");

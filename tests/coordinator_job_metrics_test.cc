@@ -1,0 +1,48 @@
+// The coordinator's aggregation of per-step metrics (coordinator/job_metrics.h):
+// a step is complete when every worker reported it, its bound is
+// max(compute, busiest link), and raw and wire bytes are exported apart.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "coordinator/job_metrics.h"
+
+namespace xd {
+namespace {
+
+StepMetrics report(int64_t step, double compute, double busy) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = 2.0;
+  m.step_s = 1.0;
+  m.compute_s = compute;
+  m.link_busy_s = busy;
+  m.bytes = {{"dc/moe_dispatch", 50}, {"dc/moe_dispatch_raw", 100}, {"dc/total", 80}};
+  return m;
+}
+
+TEST(JobMetrics, AStepIsCompleteWhenEveryWorkerReportedAndItsBoundIsTheLargerStream) {
+  JobMetrics metrics(2);
+  metrics.record(0, report(1, 0.3, 0.5));
+  EXPECT_EQ(metrics.last_complete(), nullptr) << "one of two workers";
+  metrics.record(1, report(1, 0.4, 0.2));
+  ASSERT_NE(metrics.last_complete(), nullptr);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_DOUBLE_EQ(s.compute_s, 0.4);      // the slowest worker
+  EXPECT_DOUBLE_EQ(s.link_busy_s, 0.5);    // the busiest worker's busiest link
+  EXPECT_DOUBLE_EQ(s.bound_s(), 0.5);
+  EXPECT_DOUBLE_EQ(s.bytes.at("dc/moe_dispatch_raw"), 200);  // summed over workers
+}
+
+TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) {
+  JobMetrics metrics(1);
+  metrics.record(0, report(1, 0.3, 0.5));
+  const std::string text = metrics.prometheus("j", {"running"});
+  EXPECT_NE(text.find("xdmoe_step_bytes{job=\"j\",link=\"dc\",op=\"moe_dispatch\"} 50\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_step_raw_bytes{job=\"j\",link=\"dc\",op=\"moe_dispatch\"} 100\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("moe_dispatch_raw"), std::string::npos) << "the suffix is the metric's, not the label's";
+  EXPECT_NE(text.find("xdmoe_bound_seconds{job=\"j\"} 0.5\n"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace xd
