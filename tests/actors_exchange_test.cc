@@ -129,6 +129,41 @@ TEST(HybridExchange, CompressedRowsTravelWithTheirCodecAndArriveIntact) {
   run_round_trip({4}, {1}, true, "bf16");
 }
 
+// A peer whose compressed rows do not add up -- a payload one byte short,
+// rows of another width, a record that is not a codec record -- fails the
+// exchange with a Status naming the peer, never a crash.
+TEST(HybridExchange, ACorruptCompressedMessageFailsTheExchangeWithAStatus) {
+  const std::vector<float> two_rows = {1, 2, 3, 4, 5, 6};
+  auto corrupt = [&](const char* what) -> std::pair<std::string, std::vector<uint8_t>> {
+    EncodedTensor e;
+    const bool wide = std::string(what) == "wrong width";
+    std::vector<float> rows = two_rows;
+    if (wide) rows.resize(10, 0.5f);
+    XD_CHECK(CodecPipeline::parse("bf16")->encode(rows.data(), {2, wide ? 5u : 3u}, &e).is_ok());
+    if (std::string(what) == "short payload") e.payload.pop_back();
+    if (std::string(what) == "not a record") e.metadata = std::string("\x81\xa1x\x01", 4);  // {"x": 1}
+    return {e.metadata, e.payload};
+  };
+  for (const char* what : {"short payload", "wrong width", "not a record"}) {
+    Cluster cluster(2);
+    HybridExpertExchange ex(cluster.transports[0].get(), Topology({2}, {1}), 4, std::chrono::seconds(10));
+    // Rank 1, played here, sends rank 0 its two dispatch rows, corrupted.
+    auto [meta, payload] = corrupt(what);
+    const int32_t ids[2] = {0, 1};
+    cluster.transports[1]->send(0, Tag{MessageKind::kMoeDispatch, 0, 0, (uint16_t)ExchangePhase::kDispatch, 0},
+                                {OutFrame::copy_of(ids, sizeof ids), OutFrame::copy_of(payload.data(), payload.size())},
+                                meta, kFlagCompressed);
+    std::vector<float> rows(4 * 3, 1.0f), out;
+    std::vector<int> counts = {1, 1, 1, 1}, out_counts;
+    ex.to_experts({0, (int)ExchangePhase::kDispatch}, rows.data(), counts, 3, &out, &out_counts);
+    EXPECT_FALSE(ex.status().is_ok()) << what;
+    EXPECT_NE(ex.status().code(), Status::Code::kTimeout) << what << ": refused at once, not waited out";
+    std::printf("[exchange] %s: %s\n", what, ex.status().message().c_str());
+    EXPECT_NE(ex.status().message().find("from rank 1"), std::string::npos) << what << ": " << ex.status().message();
+    EXPECT_EQ(out_counts.size(), ex.computed_experts().size()) << "shapes stay consistent";
+  }
+}
+
 TEST(HybridExchange, WorkersComputeExactlyTheExpertsOfTheirDomains) {
   Cluster cluster(4);
   HybridExpertExchange ep(cluster.transports[3].get(), Topology({2, 2}, {1, 1}), 8);
