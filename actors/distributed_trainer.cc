@@ -153,6 +153,7 @@ void DistributedTrainer::record_link_figures(StepMetrics* m) {
   double busy = 0;
   for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
   m->comm_s = std::max(busy, m->exposed_comm_s);
+  m->codec_s = exchange_->take_codec_seconds();
   // The token rows before any codec, beside what crossed each link class.
   const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();
   for (int p = 0; p < world_; ++p) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace xd {
@@ -54,6 +55,12 @@ void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std
   XD_CHECK(to_experts.size() == static_cast<size_t>(topology_.world_size()) && to_sources.size() == to_experts.size());
   codec_to_experts_ = std::move(to_experts);
   codec_to_sources_ = std::move(to_sources);
+}
+
+double HybridExpertExchange::take_codec_seconds() {
+  const double s = codec_s_;
+  codec_s_ = 0;
+  return s;
 }
 
 std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
@@ -135,7 +142,9 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
     const bool plain = !codec || (codec->stages().size() == 1 && codec->stages()[0].kind == CodecKind::kRaw);
     if (!plain) {
       auto encoded = std::make_shared<EncodedTensor>();
+      const double t0 = steady_seconds();
       Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());
+      codec_s_ += steady_seconds() - t0;
       if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
       frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
                                 std::shared_ptr<const void>(encoded, encoded->payload.data())});
@@ -165,9 +174,11 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
         return Status::corruption("MoE exchange: compressed rows of the wrong width" + from);
       nrows = static_cast<int>(shape->rows);
       decoded[i].resize((size_t)nrows * width);
-      XD_RETURN_IF_ERROR(decode_tensor(meta, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
-                                       decoded[i].data(), decoded[i].size())
-                             .with_context("MoE exchange" + from));
+      const double t0 = steady_seconds();
+      Status st = decode_tensor(meta, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
+                                decoded[i].data(), decoded[i].size());
+      codec_s_ += steady_seconds() - t0;
+      XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
     } else {
       if (m->tensor_size(frame) % (sizeof(float) * width) != 0)
         return Status::corruption("MoE exchange: malformed rows" + from);

@@ -45,6 +45,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // fp32 bytes of the rows sent since the last call, before any codec, per
   // peer rank: [0] toward the experts, [1] back to the sources.
   std::vector<std::array<double, 2>> take_raw_bytes();
+  // Seconds spent encoding and decoding token rows since the last call.
+  double take_codec_seconds();
 
   void to_experts(const ExchangeTag& tag, const float* rows, const std::vector<int>& counts,
                   int width, std::vector<float>* out, std::vector<int>* out_counts) override;
@@ -88,6 +90,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   Transport* transport_;
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
   std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank
+  double codec_s_ = 0;
   Topology topology_;
   int rank_;
   int num_experts_, experts_per_worker_;

@@ -144,6 +144,7 @@ json to_json(const StepMetrics& m) {
           {"step_s", m.step_s},       {"compute_s", m.compute_s},
           {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
           {"link_busy_s", m.link_busy_s},
+          {"codec_s", m.codec_s},
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
@@ -163,6 +164,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("comm_s", &m.comm_s);
     f.get("exposed_comm_s", &m.exposed_comm_s);
     f.get("link_busy_s", &m.link_busy_s);
+    f.get("codec_s", &m.codec_s);
     f.get("predicted_step_s", &m.predicted_step_s);
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);

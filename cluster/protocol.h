@@ -91,6 +91,7 @@ struct StepMetrics {
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
   // max(compute_s, link_busy_s).
   double link_busy_s = 0;
+  double codec_s = 0;  // encoding and decoding token rows (part of compute_s)
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"

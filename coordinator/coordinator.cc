@@ -415,6 +415,7 @@ void Coordinator::Impl::write_summary() {
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
     j["mean_link_busy_s"] = mean.link_busy_s;
+    j["mean_codec_s"] = mean.codec_s;
     j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
     j["bytes_per_step"] = mean.bytes;
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;

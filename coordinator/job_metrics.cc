@@ -21,6 +21,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.comm_s = std::max(s.comm_s, m.comm_s);
   s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
   s.link_busy_s = std::max(s.link_busy_s, m.link_busy_s);
+  s.codec_s = std::max(s.codec_s, m.codec_s);
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
@@ -47,6 +48,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.comm_s += s.comm_s;
     out.exposed_comm_s += s.exposed_comm_s;
     out.link_busy_s += s.link_busy_s;
+    out.codec_s += s.codec_s;
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
@@ -63,6 +65,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.comm_s /= n;
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
+  out.codec_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
   for (double& w : out.gather_wait_s) w /= n;
@@ -84,6 +87,7 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"exposed_comm_s", s.exposed_comm_s},
           {"overlap_percent", s.overlap_percent()},
           {"link_busy_s", s.link_busy_s},
+          {"codec_s", s.codec_s},
           {"bound_s", s.bound_s()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
@@ -131,6 +135,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
         {"bound_seconds", "The step's bound: max(compute, busiest link's transmit time).", s->bound_s()},
+        {"codec_seconds", "Time a worker spent encoding and decoding token rows in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
     };

@@ -23,6 +23,7 @@ struct StepSummary {
   double tokens_per_s = 0;                     // sum over workers
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers
   double link_busy_s = 0;                      // max over workers
+  double codec_s = 0;                          // max over workers
   // max(compute, busiest link's transmit time): no schedule can beat it.
   double bound_s() const { return std::max(compute_s, link_busy_s); }
   double predicted_step_s = 0;

@@ -100,6 +100,7 @@ TEST(Distributed, FourWorkerEpMatchesOneProcessOnTheSameGlobalBatch) {
     const std::string label = std::string("2x2 ep") + (*flat ? " (flat)" : " (per level)");
     auto r = testing::run_job(temp_dir("ep"), model_yaml() + cluster_yaml(2, 2), 4, args);
     expect_same_losses(r, expected, label);
+    EXPECT_EQ(r.summary.value("mean_codec_s", -1.0), 0.0) << "raw rows cost no codec time";
   }
 }
 
@@ -126,6 +127,7 @@ TEST(Distributed, Bf16TokensOnTheInterDcLinkHalveItsTokenBytesAndTrainWithinABou
   std::printf("[dist] bf16 tokens on dc: worst relative loss difference %.2e over %zu steps; dc token bytes "
               "%.0f on the wire for %.0f raw (%.2fx)\n", worst, expected.size(), wire, raw, raw / wire);
   EXPECT_GT(worst, 0.0) << "bf16 must change something: is the codec applied?";
+  EXPECT_GT(r.summary["mean_codec_s"].get<double>(), 0.0) << "the codec's time is reported";
   EXPECT_LT(worst, 2e-3);
   EXPECT_GT(raw / wire, 1.6) << "bf16 rows (plus expert ids and headers) should be close to half";
   EXPECT_FALSE(bytes.contains("worker/moe_dispatch") && bytes["worker/moe_dispatch"].get<double>() <

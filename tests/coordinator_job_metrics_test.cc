@@ -17,6 +17,7 @@ StepMetrics report(int64_t step, double compute, double busy) {
   m.step_s = 1.0;
   m.compute_s = compute;
   m.link_busy_s = busy;
+  m.codec_s = compute / 10;
   m.bytes = {{"dc/moe_dispatch", 50}, {"dc/moe_dispatch_raw", 100}, {"dc/total", 80}};
   return m;
 }
@@ -31,6 +32,7 @@ TEST(JobMetrics, AStepIsCompleteWhenEveryWorkerReportedAndItsBoundIsTheLargerStr
   EXPECT_DOUBLE_EQ(s.compute_s, 0.4);      // the slowest worker
   EXPECT_DOUBLE_EQ(s.link_busy_s, 0.5);    // the busiest worker's busiest link
   EXPECT_DOUBLE_EQ(s.bound_s(), 0.5);
+  EXPECT_DOUBLE_EQ(s.codec_s, 0.04);       // the slowest worker's codec time
   EXPECT_DOUBLE_EQ(s.bytes.at("dc/moe_dispatch_raw"), 200);  // summed over workers
 }
 
