@@ -10,6 +10,9 @@
 namespace xd {
 
 namespace {
+// The most a peer's compressed rows may decode to: the transport's default
+// cap on one message (TransportOptions::max_message_bytes).
+constexpr uint64_t kMaxDecodedBytes = uint64_t(2) << 30;
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -170,8 +173,15 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       const std::string meta(static_cast<const char*>(m->meta_data()), m->meta_size());
       auto shape = encoded_shape(meta);
       if (!shape) return shape.status().with_context("MoE exchange" + from);
-      if (shape->cols != static_cast<uint64_t>(width) || shape->rows > (1u << 30))
+      if (shape->cols != static_cast<uint64_t>(width))
         return Status::corruption("MoE exchange: compressed rows of the wrong width" + from);
+      // Check the row count before allocating for it: the count we expect,
+      // or, while discovering it, no more than a raw message could carry.
+      if (!discover && shape->rows != static_cast<uint64_t>(in_counts[i]))
+        return Status::corruption("MoE exchange: " + std::to_string(shape->rows) + " compressed rows" + from +
+                                  ", expected " + std::to_string(in_counts[i]));
+      if (shape->rows * width * sizeof(float) > kMaxDecodedBytes)
+        return Status::corruption("MoE exchange: compressed rows beyond the message size limit" + from);
       nrows = static_cast<int>(shape->rows);
       decoded[i].resize((size_t)nrows * width);
       const double t0 = steady_seconds();

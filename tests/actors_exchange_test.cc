@@ -130,7 +130,8 @@ TEST(HybridExchange, CompressedRowsTravelWithTheirCodecAndArriveIntact) {
 }
 
 // A peer whose compressed rows do not add up -- a payload one byte short,
-// rows of another width, a record that is not a codec record -- fails the
+// rows of another width, a record that is not a codec record, a claim of a
+// billion rows (refused before anything is allocated for them) -- fails the
 // exchange with a Status naming the peer, never a crash.
 TEST(HybridExchange, ACorruptCompressedMessageFailsTheExchangeWithAStatus) {
   const std::vector<float> two_rows = {1, 2, 3, 4, 5, 6};
@@ -142,9 +143,13 @@ TEST(HybridExchange, ACorruptCompressedMessageFailsTheExchangeWithAStatus) {
     XD_CHECK(CodecPipeline::parse("bf16")->encode(rows.data(), {2, wide ? 5u : 3u}, &e).is_ok());
     if (std::string(what) == "short payload") e.payload.pop_back();
     if (std::string(what) == "not a record") e.metadata = std::string("\x81\xa1x\x01", 4);  // {"x": 1}
+    if (std::string(what) == "a billion rows") {  // rows: 2 -> 2^30, as a msgpack u32
+      const size_t at = e.metadata.find("rows") + 4;
+      e.metadata.replace(at, 1, std::string("\xce\x40\x00\x00\x00", 5));
+    }
     return {e.metadata, e.payload};
   };
-  for (const char* what : {"short payload", "wrong width", "not a record"}) {
+  for (const char* what : {"short payload", "wrong width", "not a record", "a billion rows"}) {
     Cluster cluster(2);
     HybridExpertExchange ex(cluster.transports[0].get(), Topology({2}, {1}), 4, std::chrono::seconds(10));
     // Rank 1, played here, sends rank 0 its two dispatch rows, corrupted.
