@@ -142,8 +142,7 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
     std::vector<OutFrame> frames;
     if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
     const CodecPipeline* codec = codecs.empty() ? nullptr : &codecs[group[i]];
-    const bool plain = !codec || (codec->stages().size() == 1 && codec->stages()[0].kind == CodecKind::kRaw);
-    if (!plain) {
+    if (codec && !codec->is_raw()) {
       auto encoded = std::make_shared<EncodedTensor>();
       const double t0 = steady_seconds();
       Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());

@@ -77,17 +77,6 @@ Expected<LogLevel> parse_log_level(const std::string& name) {
   return Status::invalid_argument("unknown log level '" + name + "' (use debug, info, warn, error or off)");
 }
 
-const char* log_level_name(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kError: return "error";
-    case LogLevel::kOff: return "off";
-  }
-  return "?";
-}
-
 void set_log_level(LogLevel level) { current_level().store(static_cast<int>(level)); }
 LogLevel log_level() { return static_cast<LogLevel>(current_level().load(std::memory_order_relaxed)); }
 

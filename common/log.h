@@ -16,7 +16,6 @@ namespace xd {
 enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
 
 Expected<LogLevel> parse_log_level(const std::string& name);  // "debug", "info", "warn", "error", "off"
-const char* log_level_name(LogLevel level);
 void set_log_level(LogLevel level);
 LogLevel log_level();
 inline bool log_enabled(LogLevel level) { return level >= log_level(); }

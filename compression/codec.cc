@@ -324,7 +324,7 @@ std::string CodecPipeline::spec() const {
   return s;
 }
 
-bool CodecPipeline::lossless() const { return stages_.front().kind == CodecKind::kRaw; }
+bool CodecPipeline::is_raw() const { return stages_.size() == 1 && stages_.front().kind == CodecKind::kRaw; }
 
 Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out) const {
   const uint64_t n = shape.elements();

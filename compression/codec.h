@@ -56,7 +56,7 @@ class CodecPipeline {
 
   const std::vector<CodecStage>& stages() const { return stages_; }
   std::string spec() const;  // parse(spec()) gives the same pipeline
-  bool lossless() const;     // raw, optionally with zstd
+  bool is_raw() const;       // plain raw: nothing to encode
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
   // codec refuses it, a shape beyond kMaxCodecElements.

@@ -34,8 +34,6 @@ class ExpertResidualCodec {
   Status decode(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, const float* base,
                 float* out, size_t n) const;
 
-  const CodecPipeline& residual_pipeline() const { return residual_; }
-
  private:
   explicit ExpertResidualCodec(CodecPipeline p) : residual_(std::move(p)) {}
   CodecPipeline residual_;

@@ -42,7 +42,7 @@ std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vect
   std::map<std::string, std::pair<double, double>> measured;
   auto cost = [&](const std::string& spec) -> std::pair<double, double> {
     auto p = CodecPipeline::parse(spec);
-    if (!p || (p->stages().size() == 1 && p->stages()[0].kind == CodecKind::kRaw)) return {1.0, 0.0};
+    if (!p || p->is_raw()) return {1.0, 0.0};
     if (!measured.count(spec)) measured[spec] = measure_codec(*p, rows, width);
     return measured[spec];
   };

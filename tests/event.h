@@ -19,10 +19,6 @@ class Event {
     }
     cv_.notify_all();
   }
-  bool is_set() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return set_;
-  }
   // True when set within `timeout`.
   bool wait_for(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -30,7 +26,7 @@ class Event {
   }
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   bool set_ = false;
 };

@@ -33,12 +33,6 @@ class JsonFields {
       fail(name(key), "has the wrong type");
     }
   }
-  // A key that may be absent (out keeps its value then).
-  template <typename T>
-  void get_optional(const char* key, T* out) {
-    if (ok() && j_.is_object() && j_.contains(key)) get(key, out);
-    seen_.insert(key);
-  }
   // The sub-object under `key`, marked as read; null when missing (an error).
   const nlohmann::json* object(const char* key) {
     seen_.insert(key);
