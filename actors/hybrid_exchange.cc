@@ -150,8 +150,7 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
       frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
                                 std::shared_ptr<const void>(encoded, encoded->payload.data())});
-      std::string meta = encoded->metadata;
-      sends.push_back(transport_->send(group[i], tag, std::move(frames), std::move(meta), kFlagCompressed));
+      sends.push_back(transport_->send(group[i], tag, std::move(frames), std::move(encoded->metadata), kFlagCompressed));
     } else {
       frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
       sends.push_back(transport_->send(group[i], tag, std::move(frames)));
@@ -169,9 +168,9 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
     if (m->num_tensors() != frame + 1) return Status::corruption("MoE exchange: malformed rows" + from);
     int nrows = 0;
     if (m->header().flags & kFlagCompressed) {
-      const std::string meta(static_cast<const char*>(m->meta_data()), m->meta_size());
-      auto shape = encoded_shape(meta);
-      if (!shape) return shape.status().with_context("MoE exchange" + from);
+      auto record = parse_codec_record(std::string(static_cast<const char*>(m->meta_data()), m->meta_size()));
+      if (!record) return record.status().with_context("MoE exchange" + from);
+      const TensorShape* shape = &record->shape;
       if (shape->cols != static_cast<uint64_t>(width))
         return Status::corruption("MoE exchange: compressed rows of the wrong width" + from);
       // Check the row count before allocating for it: the count we expect,
@@ -184,7 +183,7 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       nrows = static_cast<int>(shape->rows);
       decoded[i].resize((size_t)nrows * width);
       const double t0 = steady_seconds();
-      Status st = decode_tensor(meta, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
+      Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
                                 decoded[i].data(), decoded[i].size());
       codec_s_ += steady_seconds() - t0;
       XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));

@@ -61,31 +61,19 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
   }
 }
 
-struct StageRecord {
-  CodecKind kind = CodecKind::kRaw;
-  uint64_t bytes = 0;
-  uint64_t kept = 0;  // topk
-  int level = 0;      // zstd
-};
-
-struct Record {
-  uint64_t rows = 0, cols = 0;
-  std::vector<StageRecord> stages;
-};
-
-std::string pack_record(const Record& r) {
+std::string pack_record(const CodecRecord& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pk.pack_map(4);
   pk.pack(std::string("v"));
   pk.pack(kCodecFormatVersion);
   pk.pack(std::string("rows"));
-  pk.pack(r.rows);
+  pk.pack(r.shape.rows);
   pk.pack(std::string("cols"));
-  pk.pack(r.cols);
+  pk.pack(r.shape.cols);
   pk.pack(std::string("stages"));
   pk.pack_array(static_cast<uint32_t>(r.stages.size()));
-  for (const StageRecord& s : r.stages) {
+  for (const CodecStageRecord& s : r.stages) {
     const bool extra = s.kind == CodecKind::kTopK || s.kind == CodecKind::kZstd;
     pk.pack_map(extra ? 3 : 2);
     pk.pack(std::string("kind"));
@@ -112,8 +100,8 @@ bool as_u64(const msgpack::object& o, uint64_t* v) {
   return true;
 }
 
-Expected<Record> unpack_record(const std::string& metadata) {
-  Record r;
+Expected<CodecRecord> unpack_record(const std::string& metadata) {
+  CodecRecord r;
   try {
     // Small limits: a record holds a handful of stages, nothing nested deeper.
     const msgpack::unpack_limit limit(/*array*/ 16, /*map*/ 16, /*str*/ 16, /*bin*/ 0, /*ext*/ 0, /*depth*/ 4);
@@ -133,10 +121,10 @@ Expected<Record> unpack_record(const std::string& metadata) {
                      std::to_string(kCodecFormatVersion));
         have_v = true;
       } else if (key == "rows") {
-        if (!as_u64(kv.val, &r.rows)) return bad("'rows' is not an integer");
+        if (!as_u64(kv.val, &r.shape.rows)) return bad("'rows' is not an integer");
         have_rows = true;
       } else if (key == "cols") {
-        if (!as_u64(kv.val, &r.cols)) return bad("'cols' is not an integer");
+        if (!as_u64(kv.val, &r.shape.cols)) return bad("'cols' is not an integer");
         have_cols = true;
       } else if (key == "stages") {
         if (kv.val.type != msgpack::type::ARRAY) return bad("'stages' is not a list");
@@ -144,7 +132,7 @@ Expected<Record> unpack_record(const std::string& metadata) {
         for (uint32_t s = 0; s < kv.val.via.array.size; ++s) {
           const msgpack::object& so = kv.val.via.array.ptr[s];
           if (so.type != msgpack::type::MAP) return bad("stage " + std::to_string(s) + " is not a map");
-          StageRecord st;
+          CodecStageRecord st;
           bool have_kind = false, have_bytes = false, have_kept = false, have_level = false;
           for (uint32_t f = 0; f < so.via.map.size; ++f) {
             const msgpack::object_kv& skv = so.via.map.ptr[f];
@@ -182,8 +170,8 @@ Expected<Record> unpack_record(const std::string& metadata) {
   } catch (const std::exception& e) {
     return bad(std::string("malformed msgpack (") + e.what() + ")");
   }
-  if (r.cols != 0 && r.rows > kMaxCodecElements / r.cols) return bad("shape too large");
-  if (r.rows * r.cols > kMaxCodecElements) return bad("shape too large");
+  if (r.shape.cols != 0 && r.shape.rows > kMaxCodecElements / r.shape.cols) return bad("shape too large");
+  if (r.shape.elements() > kMaxCodecElements) return bad("shape too large");
   if (r.stages.empty() || !is_value_codec(r.stages[0].kind)) return bad("the first stage is not a value codec");
   for (size_t i = 1; i < r.stages.size(); ++i)
     if (is_value_codec(r.stages[i].kind)) return bad("a value codec after the first stage");
@@ -191,7 +179,7 @@ Expected<Record> unpack_record(const std::string& metadata) {
 }
 
 // The exact byte size a value codec's output must have (topk: its bound).
-bool value_bytes_ok(const StageRecord& s, uint64_t rows, uint64_t n) {
+bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
   switch (s.kind) {
     case CodecKind::kRaw: return s.bytes == 4 * n;
     case CodecKind::kBf16:
@@ -203,7 +191,7 @@ bool value_bytes_ok(const StageRecord& s, uint64_t rows, uint64_t n) {
   return false;
 }
 
-Status decode_values(const StageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols, float* out) {
+Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols, float* out) {
   const uint64_t n = rows * cols;
   switch (s.kind) {
     case CodecKind::kRaw:
@@ -330,9 +318,9 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
   const uint64_t n = shape.elements();
   if ((shape.cols != 0 && shape.rows > kMaxCodecElements / shape.cols) || n > kMaxCodecElements)
     return Status::invalid_argument("tensor too large to encode");
-  Record rec{shape.rows, shape.cols, {}};
+  CodecRecord rec{shape, {}};
   const CodecStage& v = stages_.front();
-  StageRecord first{v.kind, 0, 0, 0};
+  CodecStageRecord first{v.kind, 0, 0, 0};
   std::vector<uint8_t>& bytes = out->payload;
   switch (v.kind) {
     case CodecKind::kRaw:
@@ -388,49 +376,49 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
     if (ZSTD_isError(got)) return Status::internal(std::string("zstd: ") + ZSTD_getErrorName(got));
     z.resize(got);
     bytes.swap(z);
-    rec.stages.push_back(StageRecord{CodecKind::kZstd, bytes.size(), 0, stages_[i].level});
+    rec.stages.push_back(CodecStageRecord{CodecKind::kZstd, bytes.size(), 0, stages_[i].level});
   }
   out->metadata = pack_record(rec);
   return Status::ok();
 }
 
-Expected<TensorShape> encoded_shape(const std::string& metadata) {
-  auto rec = unpack_record(metadata);
-  if (!rec) return rec.status();
-  return TensorShape{rec->rows, rec->cols};
-}
+Expected<CodecRecord> parse_codec_record(const std::string& metadata) { return unpack_record(metadata); }
 
 Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
                      size_t n) {
   auto rec = unpack_record(metadata);
   if (!rec) return rec.status();
-  const uint64_t elements = rec->rows * rec->cols;
+  return decode_tensor(*rec, payload, payload_bytes, out, n);
+}
+
+Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, float* out, size_t n) {
+  const uint64_t elements = rec.shape.elements();
   if (elements != n)
     return Status::invalid_argument("encoded tensor has " + std::to_string(elements) + " elements, the buffer " +
                                     std::to_string(n));
-  const StageRecord& value = rec->stages.front();
-  if (!value_bytes_ok(value, rec->rows, elements))
+  const CodecStageRecord& value = rec.stages.front();
+  if (!value_bytes_ok(value, rec.shape.rows, elements))
     return Status::corruption(std::string(kind_name(value.kind)) + ": " + std::to_string(value.bytes) +
                               " bytes do not fit a tensor of " + std::to_string(elements) + " elements");
-  if (rec->stages.back().bytes != payload_bytes)
+  if (rec.stages.back().bytes != payload_bytes)
     return Status::corruption("payload of " + std::to_string(payload_bytes) + " bytes, the metadata says " +
-                              std::to_string(rec->stages.back().bytes));
+                              std::to_string(rec.stages.back().bytes));
   // Undo the byte stages, last first.
   std::vector<uint8_t> buffer;
   const uint8_t* data = payload;
-  for (size_t i = rec->stages.size() - 1; i >= 1; --i) {
-    const uint64_t want = rec->stages[i - 1].bytes;
-    const unsigned long long declared = ZSTD_getFrameContentSize(data, rec->stages[i].bytes);
+  for (size_t i = rec.stages.size() - 1; i >= 1; --i) {
+    const uint64_t want = rec.stages[i - 1].bytes;
+    const unsigned long long declared = ZSTD_getFrameContentSize(data, rec.stages[i].bytes);
     if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN || declared != want)
       return Status::corruption("zstd: the frame does not declare the expected " + std::to_string(want) + " bytes");
     std::vector<uint8_t> next(want);
-    const size_t got = ZSTD_decompress(next.data(), next.size(), data, rec->stages[i].bytes);
+    const size_t got = ZSTD_decompress(next.data(), next.size(), data, rec.stages[i].bytes);
     if (ZSTD_isError(got)) return Status::corruption(std::string("zstd: ") + ZSTD_getErrorName(got));
     if (got != want) return Status::corruption("zstd: decompressed to the wrong size");
     buffer.swap(next);
     data = buffer.data();
   }
-  return decode_values(value, data, rec->rows, rec->cols, out);
+  return decode_values(value, data, rec.shape.rows, rec.shape.cols, out);
 }
 
 }  // namespace xd

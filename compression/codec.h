@@ -66,11 +66,28 @@ class CodecPipeline {
   std::vector<CodecStage> stages_;  // one value codec, then byte codecs
 };
 
-// Decodes any encoded tensor into out[0..n), n = its rows * cols (an error
-// when n differs). Never reads outside `metadata` and `payload`.
+// The metadata record, parsed (codec_format.h): the shape and each stage.
+struct CodecStageRecord {
+  CodecKind kind = CodecKind::kRaw;
+  uint64_t bytes = 0;  // this stage's output
+  uint64_t kept = 0;   // topk
+  int level = 0;       // zstd
+};
+struct CodecRecord {
+  TensorShape shape;
+  std::vector<CodecStageRecord> stages;  // a value codec, then byte codecs
+};
+
+// Reads and checks a metadata record: version, keys, kinds, stage order,
+// shape limits. A receiver parses once, checks the shape against what it
+// expects before allocating, then decodes from the parsed record.
+Expected<CodecRecord> parse_codec_record(const std::string& metadata);
+
+// Decodes an encoded tensor into out[0..n), n = its rows * cols (an error
+// when n differs). Never reads outside `payload`.
+Status decode_tensor(const CodecRecord& record, const uint8_t* payload, size_t payload_bytes, float* out, size_t n);
+// The same, parsing `metadata` first.
 Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
                      size_t n);
-// The shape recorded in `metadata`, so a receiver can size its buffer.
-Expected<TensorShape> encoded_shape(const std::string& metadata);
 
 }  // namespace xd

@@ -17,7 +17,6 @@
 #include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
-#include "transport/link_shaping.h"
 
 namespace xd {
 

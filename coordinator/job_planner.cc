@@ -12,6 +12,15 @@ namespace xd {
 
 namespace {
 
+// The share of a core each worker gets: 1 with a host list (a worker per
+// slot), else min(1, cores / workers), since every worker runs on this
+// machine. The probes measured one thread.
+double core_share(const JobConfig& job) {
+  if (!job.cluster.hosts.empty()) return 1.0;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::min(1.0, cores / job.cluster.world_size());
+}
+
 // Wire fraction and encode + decode seconds per raw byte of one pipeline on
 // `rows` random rows of `width` (fastest of three).
 std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width) {
@@ -35,10 +44,7 @@ std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vect
   const int width = job.train.model.hidden_size;
   const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len * job.train.model.top_k;
   const int rows = static_cast<int>(std::clamp<long long>(routed, 1, 4096));
-  // Workers on this machine share its cores, as for compute.
-  double sharing = 1;
-  if (job.cluster.hosts.empty())
-    sharing = std::max(1.0, job.cluster.world_size() / double(std::max(1u, std::thread::hardware_concurrency())));
+  const double slowdown = 1.0 / core_share(job);  // workers here share its cores, as for compute
   std::map<std::string, std::pair<double, double>> measured;
   auto cost = [&](const std::string& spec) -> std::pair<double, double> {
     auto p = CodecPipeline::parse(spec);
@@ -51,7 +57,7 @@ std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vect
     const LinkCodecs& c = job.cluster.levels[l].link.codecs;
     const auto [df, ds] = cost(c.dispatch);
     const auto [cf, cs] = cost(c.combine);
-    out.push_back(TokenCodecCost{df, cf, ds * sharing, cs * sharing});
+    out.push_back(TokenCodecCost{df, cf, ds * slowdown, cs * slowdown});
     (*links)[l].codecs = c;
     (*links)[l].codec_cost = out.back();
   }
@@ -73,12 +79,7 @@ ComputeModel fit_compute_model(const JobConfig& job, JobPlan* out) {
   } else {
     out->compute_note = "model step probe failed (" + probe.status().message() + "); compute counts GEMMs only";
   }
-  // Without a host list every worker runs on this machine: they share its
-  // cores (the probes measured one thread).
-  if (job.cluster.hosts.empty()) {
-    const double cores = std::max(1u, std::thread::hardware_concurrency());
-    compute.flops_per_s *= std::min(1.0, cores / job.cluster.world_size());
-  }
+  compute.flops_per_s *= core_share(job);
   return compute;
 }
 

@@ -234,7 +234,7 @@ TEST(Codec, HostileMetadataIsRefusedWithTheReason) {
   meta.insert(at + 5, std::string("\x7f\xff\xff\xff\xff\xff\xff\xff", 8));  // cols = 2^63 - 1
   const std::string why = decode_tensor(meta, big.payload.data(), big.payload.size(), y.data(), y.size()).message();
   EXPECT_NE(why.find("too large"), std::string::npos) << why;
-  EXPECT_FALSE(encoded_shape(meta));
+  EXPECT_FALSE(parse_codec_record(meta));
 }
 
 // Experts of one layer that share most of their weights, as trained experts
