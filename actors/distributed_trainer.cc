@@ -81,7 +81,29 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
     to_sources.push_back(std::move(*c));
   }
   t->exchange_->set_codecs(std::move(to_experts), std::move(to_sources));
+  // Hierarchical all-reduce of dense gradients: inside the innermost level
+  // (fast links), then across the workers at the same inner position.
+  const int L = topo->num_levels();
+  t->inner_ = std::make_unique<Communicator>(transport, topo->level_group(o.rank, L - 1), o.timeout);
+  std::vector<int> outer;
+  for (int m = 0; m < t->world_; ++m)
+    if (topo->coordinate(m, L - 1) == topo->coordinate(o.rank, L - 1)) outer.push_back(m);
+  t->outer_ = std::make_unique<Communicator>(transport, outer, o.timeout);
   t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
+  ExpertCodecOptions codec_options;
+  for (int l = 0; l < topo->num_levels(); ++l) {
+    const LinkCodecs& lc = job.cluster.levels[l].link.codecs;
+    auto g = ExpertCodecSpec::parse(lc.expert_gather);
+    auto r = ExpertCodecSpec::parse(lc.expert_grad);
+    if (!g) return g.status();
+    if (!r) return r.status();
+    codec_options.gather.push_back(std::move(*g));
+    codec_options.grad.push_back(std::move(*r));
+  }
+  codec_options.base_sync_every = job.cluster.expert_parallel.base_sync_every;
+  codec_options.base_inner = t->inner_.get();
+  codec_options.base_outer = t->outer_.get();
+  XD_RETURN_IF_ERROR(t->comm_->set_codecs(codec_options));
   if (o.memory_cap_bytes > 0 && t->comm_->replica_bytes() > o.memory_cap_bytes)
     return Status::invalid_argument("gathered experts need " + std::to_string(t->comm_->replica_bytes()) +
                                     " bytes, above the memory cap of " + std::to_string((size_t)o.memory_cap_bytes));
@@ -91,14 +113,6 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   t->exchange_->set_hooks([comm](int layer) { comm->wait_gathered(layer); },
                           [comm, self](int layer) { comm->start_reduce((uint32_t)self->step_, layer); });
 
-  // Hierarchical all-reduce of dense gradients: inside the innermost level
-  // (fast links), then across the workers at the same inner position.
-  const int L = topo->num_levels();
-  t->inner_ = std::make_unique<Communicator>(transport, topo->level_group(o.rank, L - 1), o.timeout);
-  std::vector<int> outer;
-  for (int m = 0; m < t->world_; ++m)
-    if (topo->coordinate(m, L - 1) == topo->coordinate(o.rank, L - 1)) outer.push_back(m);
-  t->outer_ = std::make_unique<Communicator>(transport, outer, o.timeout);
   t->dense_buffer_.resize(t->dense_count_ + 1);
   t->last_stats_ = transport->stats();
   t->comm_->start_gather(0);
@@ -153,7 +167,17 @@ void DistributedTrainer::record_link_figures(StepMetrics* m) {
   double busy = 0;
   for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
   m->comm_s = std::max(busy, m->exposed_comm_s);
-  m->codec_s = exchange_->take_codec_seconds();
+  m->codec_s = exchange_->take_codec_seconds() + comm_->take_codec_seconds();
+  // Expert tensors before any codec, and what the lossy codecs lost.
+  const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
+  for (size_t l = 0; l < expert.size(); ++l) {
+    const std::string& name = opts_.link_names[l];
+    const ExpertCodecFigures& f = expert[l];
+    if (f.gather_raw_bytes > 0) m->bytes[name + "/expert_gather_raw"] += f.gather_raw_bytes;
+    if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
+    if (f.gather_signal > 0) m->nmse[name + "/expert_gather"] = f.gather_error / f.gather_signal;
+    if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
+  }
   // The token rows before any codec, beside what crossed each link class.
   const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();
   for (int p = 0; p < world_; ++p) {

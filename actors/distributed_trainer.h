@@ -52,6 +52,7 @@ class DistributedTrainer {
   Status save_shard(const std::string& dir) const;
   MoeTransformer<float>& model() { return *model_; }
   size_t replica_bytes() const { return comm_->replica_bytes(); }
+  ExpertCommunicator& expert_communicator() { return *comm_; }
 
  private:
   DistributedTrainer() = default;
@@ -68,9 +69,10 @@ class DistributedTrainer {
   std::unique_ptr<MoeTransformer<float>> model_;
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<BatchSampler> sampler_;
+  // Before comm_: its thread runs the SR base all-reduce on them.
+  std::unique_ptr<Communicator> inner_, outer_;
   std::unique_ptr<HybridExpertExchange> exchange_;
   std::unique_ptr<ExpertCommunicator> comm_;
-  std::unique_ptr<Communicator> inner_, outer_;
   std::vector<std::pair<size_t, size_t>> dense_ranges_;  // [begin, end) of replicated params
   size_t dense_count_ = 0;
   std::vector<std::pair<size_t, size_t>> expert_ranges_;

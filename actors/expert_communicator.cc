@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "actors/detail/expert_wire_codec.h"
+
 namespace xd {
 
 namespace {
@@ -17,6 +19,50 @@ class CommActor : public Actor {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A payload and its codec record, kept alive until ZeroMQ has sent it.
+struct WireMessage {
+  std::vector<OutFrame> frames;
+  std::string metadata;
+  uint16_t flags = kFlagNone;
+};
+
+WireMessage wire_message(std::vector<float> packed, EncodedTensor encoded) {
+  WireMessage w;
+  if (encoded.payload.empty() && encoded.metadata.empty()) {
+    auto buf = std::make_shared<std::vector<float>>(std::move(packed));
+    w.frames.push_back({buf->data(), buf->size() * sizeof(float), std::shared_ptr<const void>(buf, buf->data())});
+    return w;
+  }
+  auto enc = std::make_shared<EncodedTensor>(std::move(encoded));
+  w.frames.push_back({enc->payload.data(), enc->payload.size(), std::shared_ptr<const void>(enc, enc->payload.data())});
+  w.metadata = std::move(enc->metadata);
+  w.flags = kFlagCompressed;
+  return w;
+}
+
+// The floats of a received expert message: its raw frame, or its codec
+// payload decoded into `scratch`. `tensors` * `n` floats are expected.
+Expected<const float*> received_floats(const IncomingMessage& msg, size_t tensors, size_t n,
+                                       std::vector<float>* scratch) {
+  if (msg.num_tensors() != 1) return Status::corruption("expected one frame, got " + std::to_string(msg.num_tensors()));
+  if (!(msg.header().flags & kFlagCompressed)) {
+    if (msg.tensor_size(0) != tensors * n * sizeof(float))
+      return Status::corruption("wrong size: " + std::to_string(msg.tensor_size(0)) + " bytes, expected " +
+                                std::to_string(tensors * n * sizeof(float)));
+    return static_cast<const float*>(msg.tensor_data(0));
+  }
+  auto record = parse_codec_record(std::string(static_cast<const char*>(msg.meta_data()), msg.meta_size()));
+  if (!record) return record.status();
+  if (record->shape.rows != tensors || record->shape.cols != n)
+    return Status::corruption("compressed experts of shape " + std::to_string(record->shape.rows) + "x" +
+                              std::to_string(record->shape.cols) + ", expected " + std::to_string(tensors) + "x" +
+                              std::to_string(n));
+  scratch->resize(tensors * n);
+  XD_RETURN_IF_ERROR(decode_tensor(*record, static_cast<const uint8_t*>(msg.tensor_data(0)), msg.tensor_size(0),
+                                   scratch->data(), scratch->size()));
+  return static_cast<const float*>(scratch->data());
 }
 }  // namespace
 
@@ -43,12 +89,94 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
   replica_grads_.assign(n, 0.0f);
   state_.assign(layers_, LayerState{});
   gather_wait_.assign(layers_, 0.0);
+  base_.assign((size_t)layers_ * 3 * expert_floats_, 0.0f);
+  const int levels = topology_.num_levels();
+  figures_.assign(levels, ExpertCodecFigures{});
+  XD_CHECK(set_codecs(ExpertCodecOptions{std::vector<ExpertCodecSpec>(levels), std::vector<ExpertCodecSpec>(levels)})
+               .is_ok());
   actor_ = std::make_unique<CommActor>();
   actor_->start();
 }
 
 ExpertCommunicator::~ExpertCommunicator() { actor_.reset(); }
 
+Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
+  const int levels = topology_.num_levels();
+  if ((int)o.gather.size() != levels || (int)o.grad.size() != levels)
+    return Status::invalid_argument("expert codecs: one per level expected (" + std::to_string(levels) + ")");
+  bool base = false;
+  gather_codecs_.clear();
+  grad_codecs_.clear();
+  for (int l = 0; l < levels; ++l) {
+    if (o.grad[l].against_base) return Status::invalid_argument("expert gradients have no base ('sr:')");
+    base = base || (o.gather[l].against_base && !topology_.ag_peers(rank_, l).empty());
+    gather_codecs_.push_back(std::make_unique<detail::ExpertWireCodec>(
+        o.gather[l], detail::ExpertWireCodec::Traffic::kWeights, expert_floats_));
+    grad_codecs_.push_back(std::make_unique<detail::ExpertWireCodec>(
+        o.grad[l], detail::ExpertWireCodec::Traffic::kGradients, expert_floats_));
+  }
+  if (base && o.base_sync_every < 0) return Status::invalid_argument("base_sync_every must be >= 0");
+  codec_options_ = o;
+  uses_base_ = base;
+  return Status::ok();
+}
+
+std::vector<float> ExpertCommunicator::base_copy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return base_;
+}
+
+std::vector<ExpertCodecFigures> ExpertCommunicator::take_codec_figures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ExpertCodecFigures> out = figures_;
+  std::fill(figures_.begin(), figures_.end(), ExpertCodecFigures{});
+  return out;
+}
+
+double ExpertCommunicator::take_codec_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double s = codec_s_;
+  codec_s_ = 0;
+  return s;
+}
+
+void ExpertCommunicator::drain() {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  actor_->post([&] {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(m);
+  cv.wait(lock, [&] { return done; });
+}
+
+uint64_t ExpertCommunicator::tensor_key(int layer, int expert, int which) const {
+  return ((uint64_t)layer * model_->config().num_experts + expert) * 3 + which;
+}
+
+const float* ExpertCommunicator::base_of(int layer, int which) const {
+  return uses_base_ ? &base_[((size_t)layer * 3 + which) * expert_floats_] : nullptr;
+}
+
+Status ExpertCommunicator::sync_base(uint32_t step, const std::vector<float>& local_sums) {
+  std::vector<float> sums = local_sums;
+  Communicator* inner = codec_options_.base_inner;
+  Communicator* outer = codec_options_.base_outer;
+  if (inner && outer && (inner->size() > 1 || outer->size() > 1)) {
+    // Every rank ends with the same bits: each shard is summed in one place
+    // and then copied (reduce-scatter, then all-gather).
+    CollectiveTag tag{step, kNoLayer, 2, MessageKind::kExpertBase};
+    XD_RETURN_IF_ERROR(hierarchical_all_reduce(inner, outer, tag, sums.data(), sums.size()).wait());
+  }
+  const float inv = 1.0f / model_->config().num_experts;
+  for (float& v : sums) v *= inv;
+  std::lock_guard<std::mutex> lock(mu_);
+  base_.swap(sums);
+  return Status::ok();
+}
 size_t ExpertCommunicator::replica_bytes() const { return replica_weights_.size() * sizeof(float); }
 
 std::vector<int> ExpertCommunicator::held_after(int m, int level) const {
@@ -104,8 +232,33 @@ void ExpertCommunicator::start_gather(uint32_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& s : state_) s.gathered = false;
   }
+  const int every = codec_options_.base_sync_every;
+  const bool base_due = uses_base_ && (step == 0 || (every > 0 && step % every == 0));
+  std::shared_ptr<std::vector<float>> sums;
+  if (base_due) {
+    // This worker's share of every layer's mean expert, taken now: the
+    // optimizer has just written the weights and nothing touches them until
+    // the next step's update.
+    sums = std::make_shared<std::vector<float>>(base_.size(), 0.0f);
+    for (int layer = 0; layer < layers_; ++layer)
+      for (int j = 0; j < experts_per_worker_; ++j)
+        for (int which = 0; which < 3; ++which) {
+          const float* w = weights_of(layer, rank_ * experts_per_worker_ + j, which);
+          float* s = &(*sums)[((size_t)layer * 3 + which) * expert_floats_];
+          for (size_t k = 0; k < expert_floats_; ++k) s[k] += w[k];
+        }
+  }
+  auto post_sync = [this, step, sums] {
+    actor_->post([this, step, sums] {
+      Status st = sync_base(step, *sums);
+      if (!st.is_ok()) finish(0, true, st.with_context("SR base all-reduce"));
+    });
+  };
+  // Before the first step the gathers need a base; later ones use the last.
+  if (base_due && step == 0) post_sync();
   for (int layer = 0; layer < layers_; ++layer)
     actor_->post([this, step, layer] { finish(layer, true, gather_layer(step, layer)); });
+  if (base_due && step != 0) post_sync();
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {
@@ -156,84 +309,108 @@ Status ExpertCommunicator::status() const {
 }
 
 Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
-  const size_t per_expert = 3 * expert_floats_;
   for (int l = 0; l < topology_.num_levels(); ++l) {
     const std::vector<int> peers = topology_.ag_peers(rank_, l);
     if (peers.empty()) continue;
+    detail::ExpertWireCodec& codec = *gather_codecs_[l];
     const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
     std::vector<std::shared_ptr<RecvSlot>> slots;
     for (int p : peers) slots.push_back(transport_->recv(p, tag));
     // Everything held after the outer levels, in worker order.
-    const std::vector<int> mine = held_after(rank_, l);
-    auto buf = std::make_shared<std::vector<float>>(mine.size() * experts_per_worker_ * per_expert);
-    size_t off = 0;
-    for (int m : mine)
-      for (int j = 0; j < experts_per_worker_; ++j)
-        for (int which = 0; which < 3; ++which, off += expert_floats_)
-          std::memcpy(&(*buf)[off], weights_of(layer, m * experts_per_worker_ + j, which),
-                      expert_floats_ * sizeof(float));
-    OutFrame frame{buf->data(), buf->size() * sizeof(float), std::shared_ptr<const void>(buf, buf->data())};
+    auto tensors_of = [&](const std::vector<int>& workers) {
+      std::vector<detail::ExpertTensorRef> t;
+      for (int m : workers)
+        for (int j = 0; j < experts_per_worker_; ++j)
+          for (int which = 0; which < 3; ++which) {
+            const int e = m * experts_per_worker_ + j;
+            t.push_back({tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)});
+          }
+      return t;
+    };
+    const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
+    std::vector<float> packed;
+    EncodedTensor encoded;
+    detail::ReconstructionError err;
+    auto t0 = std::chrono::steady_clock::now();
+    XD_RETURN_IF_ERROR(codec.encode(mine, &packed, &encoded, &err).with_context("expert all-gather"));
+    double codec_s = seconds_since(t0);
+    const double raw_bytes = double(packed.size() * sizeof(float)) * peers.size();
+    WireMessage w = wire_message(std::move(packed), std::move(encoded));
     std::vector<std::shared_ptr<Completion>> sends;
-    for (int p : peers) sends.push_back(transport_->send(p, tag, {frame}));
+    for (int p : peers) sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
+    std::vector<float> scratch;
     for (size_t i = 0; i < peers.size(); ++i) {
       auto msg = slots[i]->wait(timeout_);
-      if (!msg) return msg.status().with_context("expert all-gather from rank " + std::to_string(peers[i]));
-      const std::vector<int> theirs = held_after(peers[i], l);
-      const size_t expect = theirs.size() * experts_per_worker_ * per_expert * sizeof(float);
-      if (msg->num_tensors() != 1 || msg->tensor_size(0) != expect)
-        return Status::corruption("expert all-gather: wrong size from rank " + std::to_string(peers[i]));
-      const float* src = static_cast<const float*>(msg->tensor_data(0));
-      size_t in = 0;
-      for (int m : theirs)
-        for (int j = 0; j < experts_per_worker_; ++j)
-          for (int which = 0; which < 3; ++which, in += expert_floats_)
-            std::memcpy(weights_of(layer, m * experts_per_worker_ + j, which), src + in,
-                        expert_floats_ * sizeof(float));
+      const std::string from = "expert all-gather from rank " + std::to_string(peers[i]);
+      if (!msg) return msg.status().with_context(from);
+      const std::vector<detail::ExpertTensorRef> theirs = tensors_of(held_after(peers[i], l));
+      t0 = std::chrono::steady_clock::now();
+      auto floats = received_floats(*msg, theirs.size(), expert_floats_, &scratch);
+      if (!floats) return floats.status().with_context(from);
+      codec.apply(theirs, *floats);
+      codec_s += seconds_since(t0);
     }
     for (auto& c : sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
+    std::lock_guard<std::mutex> lock(mu_);
+    figures_[l].gather_raw_bytes += raw_bytes;
+    figures_[l].gather_error += err.error;
+    figures_[l].gather_signal += err.signal;
+    if (!codec.is_raw()) codec_s_ += codec_s;
   }
   return Status::ok();
 }
 
 Status ExpertCommunicator::reduce_layer(uint32_t step, int layer) {
-  const size_t per_expert = 3 * expert_floats_;
   for (int l = topology_.num_levels() - 1; l >= 0; --l) {
     const std::vector<int> peers = topology_.ag_peers(rank_, l);
     if (peers.empty()) continue;
+    detail::ExpertWireCodec& codec = *grad_codecs_[l];
     const Tag tag{MessageKind::kExpertGrad, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
     std::vector<std::shared_ptr<RecvSlot>> slots;
     for (int p : peers) slots.push_back(transport_->recv(p, tag));
+    auto tensors_of = [&](const std::vector<int>& workers) {
+      std::vector<detail::ExpertTensorRef> t;
+      for (int m : workers)
+        for (int j = 0; j < experts_per_worker_; ++j)
+          for (int which = 0; which < 3; ++which) {
+            const int e = m * experts_per_worker_ + j;
+            t.push_back({tensor_key(layer, e, which), grads_of(layer, e, which), nullptr});
+          }
+      return t;
+    };
     std::vector<std::shared_ptr<Completion>> sends;
+    detail::ReconstructionError err;
+    double codec_s = 0, raw_bytes = 0;
     for (int p : peers) {
       // The gradients of what p contributed at this level go back to p.
-      const std::vector<int> theirs = held_after(p, l);
-      auto buf = std::make_shared<std::vector<float>>(theirs.size() * experts_per_worker_ * per_expert);
-      size_t off = 0;
-      for (int m : theirs)
-        for (int j = 0; j < experts_per_worker_; ++j)
-          for (int which = 0; which < 3; ++which, off += expert_floats_)
-            std::memcpy(&(*buf)[off], grads_of(layer, m * experts_per_worker_ + j, which),
-                        expert_floats_ * sizeof(float));
-      OutFrame frame{buf->data(), buf->size() * sizeof(float), std::shared_ptr<const void>(buf, buf->data())};
-      sends.push_back(transport_->send(p, tag, {frame}));
+      std::vector<float> packed;
+      EncodedTensor encoded;
+      const auto t0 = std::chrono::steady_clock::now();
+      XD_RETURN_IF_ERROR(codec.encode(tensors_of(held_after(p, l)), &packed, &encoded, &err)
+                             .with_context("expert gradient reduce"));
+      codec_s += seconds_since(t0);
+      raw_bytes += double(packed.size() * sizeof(float));
+      WireMessage w = wire_message(std::move(packed), std::move(encoded));
+      sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
     }
-    const std::vector<int> mine = held_after(rank_, l);
-    const size_t expect = mine.size() * experts_per_worker_ * per_expert * sizeof(float);
+    const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
+    std::vector<float> scratch;
     for (size_t i = 0; i < peers.size(); ++i) {
       auto msg = slots[i]->wait(timeout_);
-      if (!msg) return msg.status().with_context("expert gradient reduce from rank " + std::to_string(peers[i]));
-      if (msg->num_tensors() != 1 || msg->tensor_size(0) != expect)
-        return Status::corruption("expert gradient reduce: wrong size from rank " + std::to_string(peers[i]));
-      const float* src = static_cast<const float*>(msg->tensor_data(0));
-      size_t in = 0;
-      for (int m : mine)
-        for (int j = 0; j < experts_per_worker_; ++j)
-          for (int which = 0; which < 3; ++which, in += expert_floats_) {
-            float* dst = grads_of(layer, m * experts_per_worker_ + j, which);
-            for (size_t k = 0; k < expert_floats_; ++k) dst[k] += src[in + k];
-          }
+      const std::string from = "expert gradient reduce from rank " + std::to_string(peers[i]);
+      if (!msg) return msg.status().with_context(from);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto floats = received_floats(*msg, mine.size(), expert_floats_, &scratch);
+      if (!floats) return floats.status().with_context(from);
+      codec.apply(mine, *floats);
+      codec_s += seconds_since(t0);
     }
     for (auto& c : sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
+    std::lock_guard<std::mutex> lock(mu_);
+    figures_[l].grad_raw_bytes += raw_bytes;
+    figures_[l].grad_error += err.error;
+    figures_[l].grad_signal += err.signal;
+    if (!codec.is_raw()) codec_s_ += codec_s;
   }
   return Status::ok();
 }

@@ -9,6 +9,13 @@
 // from the compute thread. Own experts' weights are read and their gradients
 // added to in place, so the caller must not touch a layer's expert gradients
 // between start_reduce(layer) and wait_reduced().
+//
+// Compression (set_codecs): each level's weights and gradients go through an
+// ExpertCodecSpec. The SR base experts (the mean of each layer's experts) are
+// re-synchronised by an all-reduce over the whole world, started after the
+// gathers of a step so it overlaps that step's compute; the gathers of the
+// next step use it, and before the first step it runs first. Every worker
+// thus encodes and decodes against the same bits.
 #pragma once
 
 #include <chrono>
@@ -19,16 +26,50 @@
 
 #include "actors/actor.h"
 #include "cluster/topology.h"
+#include "compression/expert_codec.h"
 #include "model/moe_transformer.h"
+#include "transport/communicator.h"
 #include "transport/transport.h"
 
 namespace xd {
+
+namespace detail {
+class ExpertWireCodec;
+}
+
+struct ExpertCodecOptions {
+  std::vector<ExpertCodecSpec> gather;  // per level (the link class of the AG at that level)
+  std::vector<ExpertCodecSpec> grad;    // per level
+  int base_sync_every = 1;              // steps; 0: once, before the first step
+  // The base all-reduce runs inside `base_inner`, then across `base_outer`
+  // (together the whole world; see hierarchical_all_reduce).
+  Communicator* base_inner = nullptr;
+  Communicator* base_outer = nullptr;
+};
+
+// What the codecs did at one level since the last take_codec_figures().
+struct ExpertCodecFigures {
+  double gather_raw_bytes = 0, grad_raw_bytes = 0;  // what raw floats would have sent
+  double gather_error = 0, gather_signal = 0;       // reconstruction NMSE = error / signal
+  double grad_error = 0, grad_signal = 0;
+};
 
 class ExpertCommunicator {
  public:
   ExpertCommunicator(Transport* transport, Topology topology, MoeTransformer<float>* model,
                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
   ~ExpertCommunicator();
+
+  // Before the first start_gather; all workers must pass the same options.
+  Status set_codecs(const ExpertCodecOptions& options);
+  bool uses_base() const { return uses_base_; }
+  // The base experts in use, (layers, 3, ff*d); all zero without sr:.
+  std::vector<float> base_copy() const;
+  std::vector<ExpertCodecFigures> take_codec_figures();  // per level
+  // Blocks until everything started so far (gathers, reduces, the base
+  // all-reduce) has run.
+  void drain();
+  double take_codec_seconds();
 
   // Weights and gradient buffers of a gathered replica (layer, global expert).
   ExpertParams<float> replica(int layer, int expert);
@@ -58,6 +99,9 @@ class ExpertCommunicator {
   float* weights_of(int layer, int expert, int which);
   float* grads_of(int layer, int expert, int which);
   void finish(int layer, bool gather, const Status& st);
+  Status sync_base(uint32_t step, const std::vector<float>& local_sums);
+  uint64_t tensor_key(int layer, int expert, int which) const;
+  const float* base_of(int layer, int which) const;
 
   Transport* transport_;
   Topology topology_;
@@ -69,7 +113,16 @@ class ExpertCommunicator {
   std::vector<int> replica_slot_;  // expert -> slot, or -1
   std::vector<float> replica_weights_, replica_grads_;  // (layers, slots, 3, ff*d)
 
+  // Codecs, per level; used on the actor thread only.
+  std::vector<std::unique_ptr<detail::ExpertWireCodec>> gather_codecs_, grad_codecs_;
+  ExpertCodecOptions codec_options_;
+  bool uses_base_ = false;
+  std::vector<float> base_;        // (layers, 3, ff*d); written on the actor thread under mu_
+  std::vector<float> local_sums_;  // this worker's experts, summed; filled by start_gather
+
   mutable std::mutex mu_;
+  std::vector<ExpertCodecFigures> figures_;
+  double codec_s_ = 0;
   std::condition_variable cv_;
   std::vector<LayerState> state_;
   std::vector<double> gather_wait_;

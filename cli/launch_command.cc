@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +168,18 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
       return std::string(buf);
     });
   }
+  // Lossy expert codecs: the reconstruction error, mean over steps.
+  std::set<std::string> lossy;
+  for (const auto& r : runs)
+    if (r.summary.contains("mean_nmse"))
+      for (const auto& [k, v] : r.summary["mean_nmse"].items()) lossy.insert(k);
+  for (const std::string& k : lossy)
+    row(("NMSE " + k).c_str(), [&](const RunResult& r) {
+      if (!r.summary.contains("mean_nmse") || !r.summary["mean_nmse"].contains(k)) return std::string("-");
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.4f", r.summary["mean_nmse"][k].get<double>());
+      return std::string(buf);
+    });
   row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
   if (runs.size() >= 2 && runs[0].summary.contains("mean_step_s") && runs.back().summary.contains("mean_step_s")) {
     const double a = runs[0].summary["mean_step_s"].get<double>(), b = runs.back().summary["mean_step_s"].get<double>();

@@ -18,6 +18,7 @@
 
 #include "common/units.h"
 #include "compression/codec.h"
+#include "compression/expert_codec.h"
 
 namespace xd {
 
@@ -73,7 +74,33 @@ int link_level(const std::vector<int>& level_sizes, int m, int n) {
   return -1;
 }
 
+std::vector<std::pair<const char*, std::string*>> LinkCodecs::by_kind() {
+  return {{"dispatch", &dispatch}, {"combine", &combine}, {"expert_gather", &expert_gather},
+          {"expert_grad", &expert_grad}, {"dense_grad", &dense_grad}};
+}
+
+std::vector<std::pair<const char*, const std::string*>> LinkCodecs::by_kind() const {
+  std::vector<std::pair<const char*, const std::string*>> out;
+  for (auto [k, v] : const_cast<LinkCodecs*>(this)->by_kind()) out.emplace_back(k, v);
+  return out;
+}
+
 namespace {
+
+// The first bad codec spec of a link class, as (traffic kind, why).
+std::optional<std::pair<std::string, std::string>> codec_issue(const LinkCodecs& c) {
+  for (const auto& [kind, spec] : {std::pair{"dispatch", &c.dispatch}, {"combine", &c.combine}})
+    if (auto p = CodecPipeline::parse(*spec); !p) return std::pair{kind, p.status().message()};
+  for (const auto& [kind, spec] : {std::pair{"expert_gather", &c.expert_gather}, {"expert_grad", &c.expert_grad}}) {
+    auto e = ExpertCodecSpec::parse(*spec);
+    if (!e) return std::pair{kind, e.status().message()};
+    if (e->against_base && std::string(kind) == "expert_grad")
+      return std::pair{kind, "'sr:' applies to weights only; gradients have no base"};
+  }
+  if (c.dense_grad != "raw" && c.dense_grad != "bf16")
+    return std::pair{"dense_grad", "'" + c.dense_grad + "' is not a dense-gradient codec (use raw or bf16)"};
+  return std::nullopt;
+}
 
 std::string level_key(size_t i) { return "cluster.levels[" + std::to_string(i) + "]"; }
 
@@ -95,8 +122,7 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
       return Issue{k + ".link.bandwidth", "must be positive"};
     if (!(l.link.latency_s >= 0) || !std::isfinite(l.link.latency_s))
       return Issue{k + ".link.latency", "must be >= 0"};
-    for (const auto& [kind, spec] : {std::pair{"dispatch", &l.link.codecs.dispatch}, {"combine", &l.link.codecs.combine}})
-      if (auto p = CodecPipeline::parse(*spec); !p) return Issue{k + ".link.codecs." + kind, p.status().message()};
+    if (auto issue = codec_issue(l.link.codecs)) return Issue{k + ".link.codecs." + issue->first, issue->second};
   }
   const ExpertParallelSpec& ep = c.expert_parallel;
   if (ep.domain_sizes.size() != c.levels.size())
@@ -115,6 +141,7 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
     for (int s : ep.domain_sizes)
       if (s != 1) return Issue{"cluster.expert_parallel.domain_sizes", "mode ep means all 1s"};
   if (!(ep.memory_cap_bytes >= 0)) return Issue{"cluster.expert_parallel.memory_cap", "must be >= 0"};
+  if (ep.base_sync_every < 0) return Issue{"cluster.expert_parallel.base_sync_every", "must be >= 0"};
   if (!c.hosts.empty()) {
     const int g0 = c.levels[0].size;
     std::vector<long long> per_dc(g0, 0);
@@ -156,10 +183,11 @@ void read_level(YamlReader& r, const YAML::Node& node, const std::string& k, Lev
         else if (lk == "latency") r.get_unit(lv, lfull, &level->link.latency_s, parse_duration);
         else if (lk == "shape") r.get(lv, lfull, &level->link.shape);
         else
-          r.section(lv, lfull, {"dispatch", "combine"},
+          r.section(lv, lfull, {"dispatch", "combine", "expert_gather", "expert_grad", "dense_grad"},
                     [&](const std::string& ck, const YAML::Node& cv, const std::string& cfull) {
             // Checked with every other rule, by first_issue().
-            r.get(cv, cfull, ck == "dispatch" ? &level->link.codecs.dispatch : &level->link.codecs.combine);
+            for (auto [kind, spec] : level->link.codecs.by_kind())
+              if (ck == kind) r.get(cv, cfull, spec);
           });
       });
     }
@@ -219,7 +247,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
       read_hosts(r, v, &c.hosts);
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
-      r.section(v, full, {"mode", "domain_sizes", "memory_cap"}, {},
+      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -239,6 +267,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
             r.get(ev[i], ik, &s);
             ep.domain_sizes.push_back(s);
           }
+        } else if (ek == "base_sync_every") {
+          r.get(ev, efull, &ep.base_sync_every);
         } else {
           r.get_unit(ev, efull, &ep.memory_cap_bytes, parse_byte_size);
         }

@@ -11,19 +11,35 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
 
 namespace xd {
 
-// Codecs (compression/codec.h spec strings) for the traffic kinds that cross
-// a link class. dispatch: token rows moving toward the experts (the forward
-// Dispatch and the backward of Combine); combine: rows moving back to their
-// sources (the forward Combine and the backward of Dispatch).
+// Codecs for the traffic kinds that cross a link class
+// (docs/compression.md):
+//   dispatch:  token rows moving toward the experts (the forward Dispatch and
+//              the backward of Combine); a CodecPipeline spec (codec.h).
+//   combine:   rows moving back to their sources (the forward Combine and the
+//              backward of Dispatch); a CodecPipeline spec.
+//   expert_gather: expert weights in the HybridEP all-gather;
+//              an ExpertCodecSpec (expert_codec.h), e.g. "sr:topk:0.02+zstd".
+//   expert_grad: replica gradients back to their owners; an ExpertCodecSpec
+//              without "sr:", e.g. "bf16" or "ef:topk:0.1".
+//   dense_grad: the dense-gradient all-reduce: "raw" (fp32) or "bf16" (bf16 on
+//              the wire, fp32 sums; MegaScale-MoE Sec. 5).
 struct LinkCodecs {
   std::string dispatch = "raw";
   std::string combine = "raw";
+  std::string expert_gather = "raw";
+  std::string expert_grad = "raw";
+  std::string dense_grad = "raw";
+
+  // Each traffic kind by its config key, for readers, writers and checks.
+  std::vector<std::pair<const char*, std::string*>> by_kind();
+  std::vector<std::pair<const char*, const std::string*>> by_kind() const;
 };
 
 struct LinkClassSpec {
@@ -52,6 +68,9 @@ struct ExpertParallelSpec {
   // Bytes of gathered expert replicas a worker may hold (all layers). A
   // candidate above it is infeasible. +infinity: no cap.
   double memory_cap_bytes = 64e6;
+  // Steps between re-synchronisations of the SR base experts (an all-reduce
+  // of every layer's mean expert); 0: only once, before the first step.
+  int base_sync_every = 1;
 };
 
 struct HostSpec {

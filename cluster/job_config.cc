@@ -52,6 +52,12 @@ Expected<JobConfig> load_job_config(const std::string& path) {
 
 namespace {
 
+json codecs_to_json(const LinkCodecs& c) {
+  json out = json::object();
+  for (auto [kind, spec] : c.by_kind()) out[kind] = *spec;
+  return out;
+}
+
 json cluster_to_json(const ClusterSpec& c) {
   json levels = json::array(), hosts = json::array();
   for (const LevelSpec& l : c.levels)
@@ -61,14 +67,14 @@ json cluster_to_json(const ClusterSpec& c) {
                                 {"bandwidth_bytes_per_s", l.link.bandwidth_bytes_per_s},
                                 {"latency_s", l.link.latency_s},
                                 {"shape", l.link.shape},
-                                {"codecs", {{"dispatch", l.link.codecs.dispatch},
-                                            {"combine", l.link.codecs.combine}}}}}});
+                                {"codecs", codecs_to_json(l.link.codecs)}}}});
   for (const HostSpec& h : c.hosts) hosts.push_back({{"host", h.host}, {"dc", h.dc}, {"slots", h.slots}});
   const ExpertParallelSpec& ep = c.expert_parallel;
   return {{"levels", levels},
           {"hosts", hosts},
           {"expert_parallel", {{"mode", ep_mode_name(ep.mode)},
                                {"domain_sizes", ep.domain_sizes},
+                               {"base_sync_every", ep.base_sync_every},
                                // JSON has no infinity: null means no cap.
                                {"memory_cap_bytes", std::isinf(ep.memory_cap_bytes)
                                                         ? json(nullptr) : json(ep.memory_cap_bytes)}}}};
@@ -102,8 +108,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
     k.get("shape", &l->link.shape);
     if (const json* codecs = k.object("codecs")) {
       JsonFields c(*codecs, k.name("codecs"));
-      c.get("dispatch", &l->link.codecs.dispatch);
-      c.get("combine", &l->link.codecs.combine);
+      for (auto [kind, spec] : l->link.codecs.by_kind()) c.get(kind, spec);
       k.fail(c.finish());
     }
     lf.fail(k.finish());
@@ -124,6 +129,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
     else c->expert_parallel.mode = *m;
   }
   e.get("domain_sizes", &c->expert_parallel.domain_sizes);
+  e.get("base_sync_every", &c->expert_parallel.base_sync_every);
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
   f.fail(e.finish());
 }

@@ -148,6 +148,7 @@ json to_json(const StepMetrics& m) {
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
+          {"nmse", m.nmse},
           {"gather_wait_s", m.gather_wait_s}};
 }
 
@@ -168,6 +169,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("predicted_step_s", &m.predicted_step_s);
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);
+    f.get("nmse", &m.nmse);
     f.get("gather_wait_s", &m.gather_wait_s);
   }));
   *out = std::move(m);

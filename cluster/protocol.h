@@ -91,11 +91,16 @@ struct StepMetrics {
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
   // max(compute_s, link_busy_s).
   double link_busy_s = 0;
-  double codec_s = 0;  // encoding and decoding token rows (part of compute_s)
+  // Encoding and decoding: token rows (on the compute thread, part of
+  // compute_s) and expert tensors (on the expert communicator's thread).
+  double codec_s = 0;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"
   std::map<std::string, double> bytes;
+  // Reconstruction error of the lossy expert codecs this step, per "link
+  // class/traffic", e.g. "dc/expert_gather": ||x - rebuilt||^2 / ||x||^2.
+  std::map<std::string, double> nmse;
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;

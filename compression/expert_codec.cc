@@ -4,6 +4,31 @@
 
 namespace xd {
 
+Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
+  ExpertCodecSpec out;
+  std::string rest = spec;
+  for (;;) {
+    if (rest.rfind("sr:", 0) == 0 && !out.against_base && !out.feedback) {
+      out.against_base = true;
+      rest = rest.substr(3);
+    } else if (rest.rfind("ef:", 0) == 0 && !out.feedback) {
+      out.feedback = true;
+      rest = rest.substr(3);
+    } else {
+      break;
+    }
+  }
+  auto p = CodecPipeline::parse(rest);
+  if (!p) return Status::invalid_argument("expert codec '" + spec + "': " + p.status().message() +
+                                          " (the form is [sr:][ef:]PIPELINE, e.g. sr:topk:0.02+zstd)");
+  out.pipeline = std::move(*p);
+  return out;
+}
+
+std::string ExpertCodecSpec::spec() const {
+  return std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + pipeline.spec();
+}
+
 Expected<ExpertResidualCodec> ExpertResidualCodec::create(const std::string& residual) {
   auto p = CodecPipeline::parse(residual);
   if (!p) return p.status();

@@ -19,6 +19,29 @@
 
 namespace xd {
 
+// How expert tensors (weights in the HybridEP all-gather, or replica
+// gradients on their way back) cross one link class, as written in a job
+// config: "[sr:][ef:]PIPELINE".
+//   sr:  send the residual against the layer's base expert (weights only);
+//        the receiver adds the base back.
+//   ef:  error feedback: send the change against what the receivers already
+//        hold (weights) or add back what earlier steps dropped (gradients),
+//        so what one step leaves out is sent in a later one. Sender and
+//        receivers keep the same state, so it is exact bookkeeping, not an
+//        estimate.
+//   PIPELINE: a CodecPipeline spec, e.g. "topk:0.01+zstd:1", "bf16", "raw".
+// "sr:topk:0.02+zstd" is the paper's SR codec; "topk:0.02+zstd" the same
+// top-k without the base.
+struct ExpertCodecSpec {
+  bool against_base = false;
+  bool feedback = false;
+  CodecPipeline pipeline = CodecPipeline::raw();
+
+  static Expected<ExpertCodecSpec> parse(const std::string& spec);
+  std::string spec() const;  // parse(spec()) gives the same
+  bool is_raw() const { return !against_base && !feedback && pipeline.is_raw(); }
+};
+
 class ExpertResidualCodec {
  public:
   // `residual` is the pipeline for expert - base, e.g. "topk:0.01+zstd:1".

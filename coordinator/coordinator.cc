@@ -417,6 +417,7 @@ void Coordinator::Impl::write_summary() {
     j["mean_codec_s"] = mean.codec_s;
     j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
     j["bytes_per_step"] = mean.bytes;
+    j["mean_nmse"] = mean.nmse;
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;
     j["peak_rss_bytes"] = mean.peak_rss_bytes;
   }
@@ -431,6 +432,7 @@ void Coordinator::Impl::write_summary() {
                 mean.bound_s() > 0 ? mean.step_s / mean.bound_s() : 0.0, mean.predicted_step_s * 1e3,
                 mean.peak_rss_bytes / 1e6);
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
+    for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
     if (!mean.gather_wait_s.empty()) {
       std::printf("  wait for gathered experts per layer (ms):");
       for (double w : mean.gather_wait_s) std::printf(" %.1f", w * 1e3);

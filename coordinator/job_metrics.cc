@@ -25,6 +25,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
+  for (const auto& [k, v] : m.nmse) s.nmse[k] = std::max(s.nmse[k], v);
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
   for (size_t l = 0; l < m.gather_wait_s.size(); ++l) s.gather_wait_s[l] = std::max(s.gather_wait_s[l], m.gather_wait_s[l]);
   if (s.reporters == world_) {
@@ -52,6 +53,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
+    for (const auto& [k, v] : s.nmse) out.nmse[k] += v;
     if (out.gather_wait_s.size() < s.gather_wait_s.size()) out.gather_wait_s.resize(s.gather_wait_s.size(), 0.0);
     for (size_t l = 0; l < s.gather_wait_s.size(); ++l) out.gather_wait_s[l] += s.gather_wait_s[l];
   }
@@ -68,6 +70,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.codec_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
+  for (auto& [k, v] : out.nmse) v /= n;
   for (double& w : out.gather_wait_s) w /= n;
   out.step = complete_.back().step;
   out.reporters = n;
@@ -92,6 +95,7 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
+          {"nmse", s.nmse},
           {"gather_wait_s", s.gather_wait_s}};
 }
 }  // namespace
@@ -135,7 +139,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
         {"bound_seconds", "The step's bound: max(compute, busiest link's transmit time).", s->bound_s()},
-        {"codec_seconds", "Time a worker spent encoding and decoding token rows in the step.", s->codec_s},
+        {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
     };
@@ -149,7 +153,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
     for (const bool raw : {false, true}) {
       const std::string metric = raw ? "xdmoe_step_raw_bytes" : "xdmoe_step_bytes";
       o << "# HELP " << metric
-        << (raw ? " Bytes of the token rows before any codec, in the last complete step, per link class and operation.\n"
+        << (raw ? " Bytes before any codec (token rows, expert tensors), in the last complete step, per link class and operation.\n"
                 : " Bytes sent in the last complete step per link class and operation.\n")
         << "# TYPE " << metric << " gauge\n";
       for (const auto& [key, v] : s->bytes) {
@@ -161,6 +165,14 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         if (raw) opname.resize(opname.size() - kRaw.size());
         o << metric << "{" << label << ",link=\"" << link << "\",op=\"" << opname << "\"} " << v << "\n";
       }
+    }
+  }
+  if (s && !s->nmse.empty()) {
+    gauge("codec_nmse", "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy expert codec, worst worker.");
+    for (const auto& [key, v] : s->nmse) {
+      const auto slash = key.find('/');
+      o << "xdmoe_codec_nmse{" << label << ",link=\"" << key.substr(0, slash) << "\",traffic=\""
+        << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
     }
   }
   gauge("worker_step", "Last step each worker reported.");

@@ -29,6 +29,7 @@ struct StepSummary {
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;                   // max
   std::map<std::string, double> bytes;         // sum
+  std::map<std::string, double> nmse;          // max over workers (mean() averages steps)
   std::vector<double> gather_wait_s;           // per layer, max over workers
   double overlap_percent() const {
     return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;

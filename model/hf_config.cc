@@ -104,6 +104,7 @@ Status read_xdmoe_keys(const json& j, ModelConfig* cfg) {
   // HF's name for the init std, overridden by ours when both are present.
   XD_RETURN_IF_ERROR(get_double(j, "initializer_range", false, &cfg->init_std));
   XD_RETURN_IF_ERROR(get_double(j, "xdmoe_init_std", false, &cfg->init_std));
+  XD_RETURN_IF_ERROR(get_double(j, "xdmoe_expert_init_spread", false, &cfg->expert_init_spread));
 
   if (auto it = j.find("xdmoe_connectivity"); it != j.end()) {
     if (!it->is_array()) return ill_typed("xdmoe_connectivity", "a list of names", *it);
@@ -152,6 +153,7 @@ json model_config_to_json(const ModelConfig& cfg) {
   j["xdmoe_num_shared_experts"] = cfg.num_shared_experts;
   j["xdmoe_shared_intermediate_size"] = cfg.shared_intermediate_size;
   j["xdmoe_init_std"] = cfg.init_std;
+  j["xdmoe_expert_init_spread"] = cfg.expert_init_spread;
   // Written as stored: an empty list keeps meaning "every layer regular".
   json conn = json::array();
   for (Connectivity c : cfg.connectivity) conn.push_back(connectivity_name(c));

@@ -33,6 +33,7 @@ Status ModelConfig::validate() const {
   if (!(rope_theta > 0)) return bad("rope_theta", "must be positive");
   if (!(rms_norm_eps > 0)) return bad("rms_norm_eps", "must be positive");
   if (!(init_std > 0)) return bad("init_std", "must be positive");
+  if (!(expert_init_spread >= 0 && expert_init_spread <= 1)) return bad("expert_init_spread", "must be in [0, 1]");
   if (!connectivity.empty() && static_cast<int>(connectivity.size()) != num_layers)
     return bad("connectivity", "needs one entry per layer (" + std::to_string(num_layers) +
                                    "), or a single value for all");

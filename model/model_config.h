@@ -42,6 +42,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   double init_std = 0.02;
+  // 1: every routed expert starts from its own random draw. Below 1, the
+  // experts of a layer start alike, as after sparse upcycling: one draw shared
+  // by the layer's experts, plus this fraction of each expert's own
+  // (w = std * (sqrt(1 - s^2) shared + s own), so the std stays init_std).
+  double expert_init_spread = 1.0;
   std::vector<Connectivity> connectivity;  // one per layer; empty = all regular
 
   int head_dim() const { return hidden_size / num_heads; }

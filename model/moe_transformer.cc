@@ -55,6 +55,19 @@ void MoeTransformer<T>::init(uint64_t seed) {
       continue;
     }
     Rng rng(hash_string(s.name, seed));
+    const double spread = config().expert_init_spread;
+    if (s.is_routed_expert() && spread < 1) {
+      // The layer's shared draw: the same name with "*" for the expert index.
+      const std::string tag = "experts." + std::to_string(s.expert) + ".";
+      std::string shared_name = s.name;
+      const size_t at = shared_name.find(tag);
+      XD_CHECK(at != std::string::npos);
+      shared_name.replace(at, tag.size(), "experts.*.");
+      Rng shared(hash_string(shared_name, seed));
+      const double a = std::sqrt(1 - spread * spread) * stddev, b = spread * stddev;
+      for (size_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(a * shared.normal() + b * rng.normal());
+      continue;
+    }
     for (size_t i = 0; i < s.numel(); ++i) p[i] = static_cast<T>(rng.normal() * stddev);
   }
 }

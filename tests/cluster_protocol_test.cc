@@ -30,7 +30,9 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.train.optimizer.grad_clip = 0.5;
   job.cluster.hosts = {{"10.0.0.1", 0, 2}, {"10.0.1.1", 1, 2}, {"10.0.2.1", 2, 2}, {"10.0.3.1", 3, 2}};
   job.cluster.expert_parallel.memory_cap_bytes = std::numeric_limits<double>::infinity();
-  job.cluster.levels[0].link.codecs = {"bf16", "int8_row+zstd:1"};
+  job.cluster.levels[0].link.codecs = {"bf16", "int8_row+zstd:1", "sr:ef:topk:0.01+zstd:1", "bf16", "bf16"};
+  job.cluster.expert_parallel.base_sync_every = 7;
+  job.train.model.expert_init_spread = 0.25;
   ASSERT_TRUE(job.validate().is_ok()) << job.validate().to_string();
   const json j = job_config_to_json(job);
   auto back = job_config_from_json(json::parse(j.dump()));  // through text, as on the wire
@@ -39,6 +41,10 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_TRUE(std::isinf(back->cluster.expert_parallel.memory_cap_bytes));
   EXPECT_EQ(back->cluster.hosts.size(), 4u);
   EXPECT_EQ(back->cluster.levels[0].link.codecs.combine, "int8_row+zstd:1");
+  EXPECT_EQ(back->cluster.levels[0].link.codecs.expert_gather, "sr:ef:topk:0.01+zstd:1");
+  EXPECT_EQ(back->cluster.levels[0].link.codecs.dense_grad, "bf16");
+  EXPECT_EQ(back->cluster.expert_parallel.base_sync_every, 7);
+  EXPECT_EQ(back->train.model.expert_init_spread, 0.25);
   EXPECT_EQ(back->train.optimizer.grad_clip, 0.5);
   EXPECT_EQ(back->train.model.connectivity, job.train.model.connectivity);
 }

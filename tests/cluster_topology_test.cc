@@ -303,7 +303,12 @@ cluster:
   levels:
     - name: region
       size: 2
-      link: {bandwidth: 20mbit, latency: 30ms, shape: false, codecs: {dispatch: bf16, combine: "topk:0.5+zstd:2"}}
+      link:
+        bandwidth: 20mbit
+        latency: 30ms
+        shape: false
+        codecs: {dispatch: bf16, combine: "topk:0.5+zstd:2", expert_gather: "sr:ef:topk:0.02+zstd:1",
+                 expert_grad: "ef:topk:0.1", dense_grad: bf16}
     - name: node
       size: 4
       link: {bandwidth: 10MB/s, latency: 250us}
@@ -315,6 +320,7 @@ cluster:
     mode: hybrid
     domain_sizes: [1, 2]
     memory_cap: 1.5MiB
+    base_sync_every: 10
 )";
   auto c = parse_cluster_spec(yaml, "job.yaml");
   ASSERT_TRUE(c) << c.status().message();
@@ -324,7 +330,13 @@ cluster:
   EXPECT_FALSE(c->levels[0].link.shape);
   EXPECT_EQ(c->levels[0].link.codecs.dispatch, "bf16");
   EXPECT_EQ(c->levels[0].link.codecs.combine, "topk:0.5+zstd:2");
+  EXPECT_EQ(c->levels[0].link.codecs.expert_gather, "sr:ef:topk:0.02+zstd:1");
+  EXPECT_EQ(c->levels[0].link.codecs.expert_grad, "ef:topk:0.1");
+  EXPECT_EQ(c->levels[0].link.codecs.dense_grad, "bf16");
+  EXPECT_EQ(c->expert_parallel.base_sync_every, 10);
   EXPECT_EQ(c->levels[1].link.codecs.dispatch, "raw") << "raw unless a link class says otherwise";
+  EXPECT_EQ(c->levels[1].link.codecs.expert_gather, "raw");
+  EXPECT_EQ(c->levels[1].link.codecs.dense_grad, "raw");
   EXPECT_DOUBLE_EQ(c->levels[1].link.bandwidth_bytes_per_s, 10e6);
   EXPECT_DOUBLE_EQ(c->levels[1].link.latency_s, 250e-6);
   EXPECT_TRUE(c->levels[1].link.shape);
@@ -406,6 +418,17 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
        "        codecs: {gather: bf16}\n",
        "job.yaml:7: cluster.levels[0].link.codecs.gather: unknown key"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {expert_grad: \"sr:topk:0.1\"}\n",
+       "cluster.levels[0].link.codecs.expert_grad: 'sr:' applies to weights only"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {expert_gather: \"sr:topk:2\"}\n",
+       "cluster.levels[0].link.codecs.expert_gather: expert codec 'sr:topk:2'"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {dense_grad: int8_row}\n",
+       "cluster.levels[0].link.codecs.dense_grad: 'int8_row' is not a dense-gradient codec (use raw or bf16)"},
+      {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
+       "cluster.expert_parallel.base_sync_every: must be >= 0"},
       {"cluster: [1, 2]\n", "job.yaml:1: cluster: must be a mapping"},
       {"cluster:\n  levels: [\n", "YAML syntax error"},
   };

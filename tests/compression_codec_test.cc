@@ -293,3 +293,29 @@ TEST(ExpertResidualCodec, TheReceiverRebuildsBasePlusResidualAndTheBaseBeatsPlai
 
 }  // namespace
 }  // namespace xd
+
+namespace xd {
+namespace {
+
+TEST(ExpertCodecSpec, ReadsTheBaseAndFeedbackPrefixesAndRefusesTheRestNamingTheForm) {
+  auto sr = ExpertCodecSpec::parse("sr:ef:topk:0.02+zstd:1");
+  ASSERT_TRUE(sr) << sr.status().to_string();
+  EXPECT_TRUE(sr->against_base);
+  EXPECT_TRUE(sr->feedback);
+  EXPECT_EQ(sr->pipeline.spec(), "topk:0.02+zstd:1");
+  EXPECT_EQ(ExpertCodecSpec::parse(sr->spec())->spec(), sr->spec());
+  auto plain = ExpertCodecSpec::parse("topk:0.02");
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->against_base);
+  EXPECT_FALSE(plain->feedback);
+  EXPECT_TRUE(ExpertCodecSpec::parse("raw")->is_raw());
+  EXPECT_FALSE(ExpertCodecSpec::parse("ef:raw")->is_raw());
+  for (const char* bad : {"sr:", "ef:sr:topk:0.1", "sr:sr:bf16", "sr:topk:0", "mean:bf16"}) {
+    auto r = ExpertCodecSpec::parse(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.status().message().find("[sr:][ef:]PIPELINE"), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace xd

@@ -67,7 +67,7 @@ Tag Communicator::wire_tag(MessageKind kind, const CollectiveTag& t, uint32_t su
                            uint32_t round) const {
   // chunk = sub-operation (8 bits) | round (24 bits), so the steps of one
   // composite collective never match each other.
-  return Tag{kind, t.step, t.layer, t.phase, (sub << 24) | (round & 0xFFFFFF)};
+  return Tag{t.traffic.value_or(kind), t.step, t.layer, t.phase, (sub << 24) | (round & 0xFFFFFF)};
 }
 
 Expected<IncomingMessage> Communicator::wait_from(const std::shared_ptr<RecvSlot>& slot,

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -33,9 +34,15 @@ class CollectiveCompletion;  // transport/detail/collective_completion.h
 }
 
 struct CollectiveTag {
+  CollectiveTag(uint32_t step_ = 0, uint16_t layer_ = kNoLayer, uint16_t phase_ = 0,
+                std::optional<MessageKind> traffic_ = std::nullopt)
+      : step(step_), layer(layer_), phase(phase_), traffic(traffic_) {}
   uint32_t step = 0;
   uint16_t layer = kNoLayer;
   uint16_t phase = 0;
+  // When set, every message of the collective carries this kind instead of
+  // the collective's own, so its bytes are counted apart (e.g. kExpertBase).
+  std::optional<MessageKind> traffic;
 };
 
 // The running collective; wait() blocks until it has finished and returns its

@@ -33,6 +33,7 @@ const char* message_kind_name(MessageKind k) {
     case MessageKind::kMoeCombine: return "moe_combine";
     case MessageKind::kExpertGather: return "expert_gather";
     case MessageKind::kExpertGrad: return "expert_grad";
+    case MessageKind::kExpertBase: return "expert_base";
   }
   return "unknown";
 }

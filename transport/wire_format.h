@@ -55,6 +55,7 @@ enum class MessageKind : uint8_t {
   kMoeCombine = 33,    // expert outputs back
   kExpertGather = 34,  // expert weights (HybridEP AG)
   kExpertGrad = 35,    // replica gradients back to owners
+  kExpertBase = 36,    // the all-reduce of the SR base experts
 };
 inline constexpr int kMaxMessageKind = 64;  // counters are indexed by kind
 
