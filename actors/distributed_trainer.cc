@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "actors/detail/dense_all_reduce.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
@@ -89,6 +90,11 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   for (int m = 0; m < t->world_; ++m)
     if (topo->coordinate(m, L - 1) == topo->coordinate(o.rank, L - 1)) outer.push_back(m);
   t->outer_ = std::make_unique<Communicator>(transport, outer, o.timeout);
+  // bf16 on a stage when a link class it crosses asks for it: the inner
+  // group's is the innermost level's, the outer group's all the others.
+  for (int l = 0; l < L; ++l)
+    if (job.cluster.levels[l].link.codecs.dense_grad == "bf16")
+      (l == L - 1 ? t->dense_inner_bf16_ : t->dense_outer_bf16_) = true;
   t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
   ExpertCodecOptions codec_options;
   for (int l = 0; l < topo->num_levels(); ++l) {
@@ -129,12 +135,10 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
   dense_buffer_[k] = static_cast<float>(local);
-  CollectiveHandle h = outer_->size() > 1 || inner_->size() > 1
-                           ? hierarchical_all_reduce(inner_.get(), outer_.get(),
-                                                     {static_cast<uint32_t>(step_), kNoLayer, 1},
-                                                     dense_buffer_.data(), dense_buffer_.size())
-                           : CollectiveHandle();
-  XD_RETURN_IF_ERROR(h.wait());
+  if (outer_->size() > 1 || inner_->size() > 1)
+    XD_RETURN_IF_ERROR(detail::dense_all_reduce(inner_.get(), outer_.get(), {dense_inner_bf16_, dense_outer_bf16_},
+                                                {static_cast<uint32_t>(step_), kNoLayer, 1}, dense_buffer_.data(),
+                                                dense_buffer_.size()));
   const float inv = 1.0f / world_;
   k = 0;
   for (auto [b, e] : dense_ranges_)

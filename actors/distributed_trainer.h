@@ -77,6 +77,7 @@ class DistributedTrainer {
   size_t dense_count_ = 0;
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
   std::vector<float> dense_buffer_;
+  bool dense_inner_bf16_ = false, dense_outer_bf16_ = false;  // dense_grad codecs (bf16 or fp32)
   int64_t step_ = 0;
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "actors/detail/expert_wire_codec.h"
@@ -118,7 +119,7 @@ TEST(ExpertWireCodec, GradientsAddToWhatTheReceiverAlreadyHas) {
 
 // ---- four workers, 2 DCs x 2, HybridEP with every expert gathered ----------
 
-std::string job_yaml(const std::string& gather) {
+std::string job_yaml(const std::string& gather, const std::string& dense = "raw") {
   return R"(model:
   hidden_size: 32
   num_layers: 2
@@ -145,7 +146,7 @@ cluster:
     - name: dc
       size: 2
       link: {bandwidth: 1gbit, latency: 0ms, shape: false, codecs: {expert_gather: ")" +
-         gather + R"(", expert_grad: "ef:topk:0.2"}}
+         gather + R"(", expert_grad: "ef:topk:0.2", dense_grad: )" + dense + R"(}}
     - name: worker
       size: 2
       link: {bandwidth: 10gbit, latency: 0ms, shape: false}
@@ -276,6 +277,40 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
   }
   // Feedback: far better than the first step's reconstruction.
   EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
+}
+
+// The replicated (dense) parameters of every worker, back to back.
+std::vector<float> dense_parameters(DistributedTrainer& t) {
+  std::vector<float> out;
+  MoeTransformer<float>& m = t.model();
+  for (const TensorSlot& s : m.layout().slots())
+    if (!s.is_routed_expert()) out.insert(out.end(), m.params().begin() + s.offset, m.params().begin() + s.offset + s.numel());
+  return out;
+}
+
+TEST(DenseGradients, Bf16OnTheDcLinkHalvesItsBytesAndKeepsEveryReplicatedParameterBitIdentical) {
+  std::map<std::string, double> dc_bytes;
+  std::vector<float> loss;
+  for (const std::string dense : {"raw", "bf16"}) {
+    auto job = parse_job_config(job_yaml("raw", dense), "job.yaml");
+    ASSERT_TRUE(job) << job.status().to_string();
+    Workers w = start_workers(*job);
+    std::vector<StepMetrics> metrics;
+    double bytes = 0;
+    for (int step = 0; step < 4; ++step) {
+      step_all(w, &metrics);
+      const std::vector<float> first = dense_parameters(*w.trainers[0]);
+      for (size_t r = 1; r < w.trainers.size(); ++r)
+        ASSERT_EQ(first, dense_parameters(*w.trainers[r])) << dense << ": worker " << r << " after step " << step + 1;
+      for (const auto& m : metrics)
+        for (const char* k : {"dc/reduce_scatter", "dc/all_reduce"})
+          if (m.bytes.count(k)) bytes += m.bytes.at(k);
+    }
+    dc_bytes[dense] = bytes;
+    loss.push_back(metrics[0].loss);
+  }
+  EXPECT_NEAR(dc_bytes["bf16"] / dc_bytes["raw"], 0.5, 0.01);
+  EXPECT_NEAR(loss[1], loss[0], 0.01 * loss[0]) << "bf16 partial sums barely move the loss in 4 steps";
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "compression/detail/number_formats.h"
 
+#include "compression/bfloat16.h"
+
 #include <immintrin.h>
 
 namespace xd::detail {
@@ -54,3 +56,15 @@ void fp16_to_floats(const uint8_t* in, size_t n, float* out) {
 }
 
 }  // namespace xd::detail
+
+namespace xd {
+
+void floats_to_bf16(const float* in, size_t n, uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = detail::float_to_bf16(in[i]);
+}
+
+void bf16_to_floats(const uint16_t* in, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = detail::bf16_to_float(in[i]);
+}
+
+}  // namespace xd

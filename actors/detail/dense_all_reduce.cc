@@ -1,0 +1,92 @@
+#include "actors/detail/dense_all_reduce.h"
+
+#include <vector>
+
+#include "compression/bfloat16.h"
+
+namespace xd::detail {
+
+namespace {
+
+std::vector<size_t> split(size_t count, int n) {
+  std::vector<size_t> counts(n, count / n);
+  for (size_t i = 0; i < count % n; ++i) counts[i]++;
+  return counts;
+}
+
+std::vector<size_t> offsets(const std::vector<size_t>& counts) {
+  std::vector<size_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+CollectiveTag stage(const CollectiveTag& tag, uint16_t n, MessageKind traffic) {
+  return CollectiveTag(tag.step, tag.layer, static_cast<uint16_t>(tag.phase * 8 + n), traffic);
+}
+
+// Member i's block of `data` (counts[i] floats) ends, summed over the group,
+// at member i. The partials cross in bf16; the own partial stays fp32.
+Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts) {
+  const int n = c->size(), me = c->index();
+  const std::vector<size_t> off = offsets(counts);
+  std::vector<uint16_t> send(off.back()), recv(counts[me] * n);
+  floats_to_bf16(data, off.back(), send.data());
+  std::vector<size_t> send_bytes(n), recv_bytes(n, counts[me] * sizeof(uint16_t));
+  for (int i = 0; i < n; ++i) send_bytes[i] = counts[i] * sizeof(uint16_t);
+  XD_RETURN_IF_ERROR(c->all_to_allv(tag, send.data(), send_bytes, recv.data(), recv_bytes).wait());
+  float* own = data + off[me];
+  std::vector<float> partial(counts[me]);
+  for (int i = 0; i < n; ++i) {  // a fixed order: the sum is the same on every run
+    if (i == me) continue;
+    bf16_to_floats(&recv[i * counts[me]], counts[me], partial.data());
+    for (size_t k = 0; k < counts[me]; ++k) own[k] += partial[k];
+  }
+  return Status::ok();
+}
+
+// Each member's block, rounded to bf16, goes to everyone; every member,
+// the owner too, ends with the rounded values.
+Status bf16_all_gather(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts) {
+  const int me = c->index();
+  const std::vector<size_t> off = offsets(counts);
+  std::vector<uint16_t> mine(counts[me]), all(off.back());
+  floats_to_bf16(data + off[me], counts[me], mine.data());
+  std::vector<size_t> bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(uint16_t);
+  XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.data(), all.data(), bytes).wait());
+  bf16_to_floats(all.data(), all.size(), data);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision p, const CollectiveTag& tag,
+                        float* data, size_t count) {
+  if (!p.inner_bf16 && !p.outer_bf16) return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
+  const std::vector<size_t> counts = split(count, inner->size());
+  const std::vector<size_t> off = offsets(counts);
+  if (inner->size() > 1) {
+    if (p.inner_bf16) XD_RETURN_IF_ERROR(bf16_reduce_scatter(inner, stage(tag, 0, MessageKind::kReduceScatter), data, counts));
+    else XD_RETURN_IF_ERROR(inner->reduce_scatter_now(tag, 10, data, counts));
+  }
+  float* shard = data + off[inner->index()];
+  const size_t shard_count = counts[inner->index()];
+  if (outer->size() > 1) {
+    if (p.outer_bf16) {
+      const std::vector<size_t> parts = split(shard_count, outer->size());
+      XD_RETURN_IF_ERROR(bf16_reduce_scatter(outer, stage(tag, 1, MessageKind::kReduceScatter), shard, parts));
+      XD_RETURN_IF_ERROR(bf16_all_gather(outer, stage(tag, 2, MessageKind::kAllReduce), shard, parts));
+    } else {
+      XD_RETURN_IF_ERROR(outer->ring_all_reduce_now(tag, 6, shard, shard_count));
+    }
+  }
+  if (inner->size() > 1) {
+    if (p.inner_bf16) return bf16_all_gather(inner, stage(tag, 3, MessageKind::kAllReduce), data, counts);
+    std::vector<size_t> bytes(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(float);
+    return inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);
+  }
+  return Status::ok();
+}
+
+}  // namespace xd::detail
