@@ -279,6 +279,31 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
   EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
 }
 
+// Trains `steps` steps on four workers; the mean loss of the last five.
+double train_loss(const std::string& gather, int steps) {
+  auto job = parse_job_config(job_yaml(gather), "job.yaml");
+  XD_CHECK(job.has_value());
+  job->train.steps = steps;
+  Workers w = start_workers(*job);
+  std::vector<StepMetrics> metrics;
+  double tail = 0;
+  for (int step = 0; step < steps; ++step) {
+    step_all(w, &metrics);
+    if (step >= steps - 5) tail += metrics[0].loss / 5;
+  }
+  return tail;
+}
+
+TEST(ExpertCompression, TrainingWithTheSrCodecOnTheDcLinkEndsWithinTwoPercentOfTheUncompressedLoss) {
+  const double raw = train_loss("raw", 30);
+  const double sr = train_loss("sr:ef:topk:0.05+zstd:1", 30);
+  const double plain = train_loss("topk:0.05+zstd:1", 30);
+  std::printf("loss of the last 5 of 30 steps: raw %.4f, SR with feedback %.4f, top-k without base %.4f\n", raw, sr,
+              plain);
+  EXPECT_NEAR(sr, raw, 0.02 * raw);
+  EXPECT_GT(plain, sr) << "without the base, the same ratio loses more";
+}
+
 // The replicated (dense) parameters of every worker, back to back.
 std::vector<float> dense_parameters(DistributedTrainer& t) {
   std::vector<float> out;
