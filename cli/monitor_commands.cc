@@ -105,23 +105,36 @@ void print_status(const nlohmann::json& s) {
   }
 }
 
-// Per link class: its shaping, the bytes of the last step, and how much the
-// token codecs shrank the token rows (raw / wire; "-" without token traffic).
+// Per link class: its shaping, the bytes of the last step, how much the
+// codecs shrank the token rows and the expert tensors (raw / wire; "-"
+// without such traffic), and the worst reconstruction NMSE of its lossy
+// expert codecs. 80 columns.
 void print_links(const nlohmann::json& s, const nlohmann::json& last) {
-  std::printf("%-12s %-14s %-11s %-6s %16s %7s\n", "link class", "bandwidth", "latency", "shaped", "bytes last step",
-              "tokens");
+  std::printf("%-12s %-12s %-10s %-6s %12s %7s %7s %7s\n", "link class", "bandwidth", "latency", "shaped",
+              "bytes/step", "tokens", "experts", "NMSE");
   const nlohmann::json bytes = last.value("bytes", nlohmann::json::object());
+  const nlohmann::json nmse = last.value("nmse", nlohmann::json::object());
   auto get = [&](const std::string& key) { return bytes.contains(key) ? bytes[key].get<double>() : 0.0; };
+  auto ratio = [](double raw, double wire) {
+    char out[16] = "-";
+    if (wire > 0 && raw > 0) std::snprintf(out, sizeof out, "%.1fx", raw / wire);
+    return std::string(out);
+  };
   for (const auto& l : s.value("links", nlohmann::json::array())) {
     const std::string name = l.value("name", "?");
-    const double wire = get(name + "/moe_dispatch") + get(name + "/moe_combine");
-    const double raw = get(name + "/moe_dispatch_raw") + get(name + "/moe_combine_raw");
-    char ratio[16] = "-";
-    if (wire > 0 && raw > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", raw / wire);
-    std::printf("%-12s %-14s %-11s %-6s %16.0f %7s\n", fit(name, 12).c_str(),
-                human_rate(l.value("bandwidth_bytes_per_s", 0.0)).c_str(),
-                (num(l, "latency_s", "%.2f", 1e3) + " ms").c_str(), l.value("shaped", false) ? "yes" : "no",
-                get(name + "/total"), ratio);
+    const std::string tokens = ratio(get(name + "/moe_dispatch_raw") + get(name + "/moe_combine_raw"),
+                                     get(name + "/moe_dispatch") + get(name + "/moe_combine"));
+    const std::string experts = ratio(get(name + "/expert_gather_raw") + get(name + "/expert_grad_raw"),
+                                      get(name + "/expert_gather") + get(name + "/expert_grad"));
+    double worst = -1;
+    for (const char* kind : {"/expert_gather", "/expert_grad"})
+      if (nmse.contains(name + kind)) worst = std::max(worst, nmse[name + kind].get<double>());
+    char error[16] = "-";
+    if (worst >= 0) std::snprintf(error, sizeof error, "%.1e", worst);
+    std::printf("%-12s %-12s %-10s %-6s %12.0f %7s %7s %7s\n", fit(name, 12).c_str(),
+                fit(human_rate(l.value("bandwidth_bytes_per_s", 0.0)), 12).c_str(),
+                fit(num(l, "latency_s", "%.2f", 1e3) + " ms", 10).c_str(), l.value("shaped", false) ? "yes" : "no",
+                get(name + "/total"), tokens.c_str(), experts.c_str(), error);
   }
 }
 
@@ -178,6 +191,11 @@ int run_metrics(const MonitorFlags& f) {
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());
+    if (l.contains("nmse") && !l["nmse"].empty()) {
+      std::printf("%-32s %14s\n", "link class / expert codec", "NMSE");
+      for (auto it = l["nmse"].begin(); it != l["nmse"].end(); ++it)
+        std::printf("%-32s %14.4g\n", it.key().c_str(), it.value().get<double>());
+    }
   }
   return 0;
 }

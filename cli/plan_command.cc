@@ -16,6 +16,7 @@
 namespace xd::cli {
 
 namespace {
+
 struct PlanOptions {
   std::string config, mode;
   std::vector<int> domains;
@@ -106,9 +107,16 @@ int run_plan(const PlanOptions& o) {
                              {"configured_alpha_s", links[l].configured.alpha_s},
                              {"configured_beta_s_per_byte", links[l].configured.beta_s_per_byte},
                              {"source", links[l].source},
-                             {"codecs", {{"dispatch", links[l].codecs.dispatch}, {"combine", links[l].codecs.combine}}},
-                             {"codec_wire_fraction", {links[l].codec_cost.dispatch_fraction, links[l].codec_cost.combine_fraction}},
-                             {"codec_s_per_byte", {links[l].codec_cost.dispatch_s_per_byte, links[l].codec_cost.combine_s_per_byte}},
+                             {"codecs", link_codecs_to_json(links[l].codecs)},
+                             {"codec_wire_fraction", {{"dispatch", links[l].codec_cost.dispatch_fraction},
+                                                      {"combine", links[l].codec_cost.combine_fraction},
+                                                      {"expert_gather", links[l].codec_cost.gather_fraction},
+                                                      {"expert_grad", links[l].codec_cost.grad_fraction},
+                                                      {"dense_grad", links[l].codec_cost.dense_fraction}}},
+                             {"codec_s_per_byte", {{"dispatch", links[l].codec_cost.dispatch_s_per_byte},
+                                                   {"combine", links[l].codec_cost.combine_s_per_byte},
+                                                   {"expert_gather", links[l].codec_cost.gather_s_per_byte},
+                                                   {"expert_grad", links[l].codec_cost.grad_s_per_byte}}},
                              {"r2", links[l].r2}});
     j["compute"] = {{"flops_per_s", compute.flops_per_s},
                     {"gemm_overhead_s", compute.gemm_overhead_s},
@@ -173,11 +181,18 @@ int run_plan(const PlanOptions& o) {
                     fmt_seconds(ls.configured.alpha_s).c_str(),
                     fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str());
       std::printf("]\n");
-      const TokenCodecCost& cc = ls.codec_cost;
+      const LinkCodecCost& cc = ls.codec_cost;
       if (ls.codecs.dispatch != "raw" || ls.codecs.combine != "raw")
         std::printf("  %-10s token codecs: dispatch %s (%.2f of the bytes, %.2f ns/B), combine %s (%.2f, %.2f ns/B)\n",
                     "", ls.codecs.dispatch.c_str(), cc.dispatch_fraction, cc.dispatch_s_per_byte * 1e9,
                     ls.codecs.combine.c_str(), cc.combine_fraction, cc.combine_s_per_byte * 1e9);
+      if (ls.codecs.expert_gather != "raw" || ls.codecs.expert_grad != "raw")
+        std::printf("  %-10s expert codecs: gather %s (%.3f of the bytes, %.2f ns/B), grad %s (%.3f, %.2f ns/B)\n",
+                    "", ls.codecs.expert_gather.c_str(), cc.gather_fraction, cc.gather_s_per_byte * 1e9,
+                    ls.codecs.expert_grad.c_str(), cc.grad_fraction, cc.grad_s_per_byte * 1e9);
+      if (ls.codecs.dense_grad != "raw")
+        std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
+                    cc.dense_fraction);
     }
     std::printf("\n  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "domains", "gathered",
                 "compute", "a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "iteration");

@@ -50,13 +50,13 @@ Expected<JobConfig> load_job_config(const std::string& path) {
   return parse_job_config(*text, path);
 }
 
-namespace {
-
-json codecs_to_json(const LinkCodecs& c) {
-  json out = json::object();
+nlohmann::json link_codecs_to_json(const LinkCodecs& c) {
+  nlohmann::json out = nlohmann::json::object();
   for (auto [kind, spec] : c.by_kind()) out[kind] = *spec;
   return out;
 }
+
+namespace {
 
 json cluster_to_json(const ClusterSpec& c) {
   json levels = json::array(), hosts = json::array();
@@ -67,7 +67,7 @@ json cluster_to_json(const ClusterSpec& c) {
                                 {"bandwidth_bytes_per_s", l.link.bandwidth_bytes_per_s},
                                 {"latency_s", l.link.latency_s},
                                 {"shape", l.link.shape},
-                                {"codecs", codecs_to_json(l.link.codecs)}}}});
+                                {"codecs", link_codecs_to_json(l.link.codecs)}}}});
   for (const HostSpec& h : c.hosts) hosts.push_back({{"host", h.host}, {"dc", h.dc}, {"slots", h.slots}});
   const ExpertParallelSpec& ep = c.expert_parallel;
   return {{"levels", levels},

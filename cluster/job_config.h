@@ -34,6 +34,9 @@ JobConfig default_job_config();
 Expected<JobConfig> parse_job_config(const std::string& yaml_text, const std::string& source);
 Expected<JobConfig> load_job_config(const std::string& path);
 
+// One link class's codecs, {traffic kind: spec} (the JSON form of LinkCodecs).
+nlohmann::json link_codecs_to_json(const LinkCodecs& codecs);
+
 // The effective configuration as JSON, and back. Every field is written, so
 // nothing depends on the reader's defaults; from_json rejects a missing,
 // unknown or mistyped key (naming it) and runs validate().

@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "compression/codec.h"
+#include "compression/expert_codec.h"
 
 namespace xd {
 
@@ -21,9 +22,9 @@ double core_share(const JobConfig& job) {
   return std::min(1.0, cores / job.cluster.world_size());
 }
 
-// Wire fraction and encode + decode seconds per raw byte of one pipeline on
-// `rows` random rows of `width` (fastest of three).
-std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width) {
+// Wire fraction and encode + `decodes` decode seconds per raw byte of one
+// pipeline on `rows` random rows of `width` (fastest of three).
+std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width, int decodes = 1) {
   std::vector<float> x(static_cast<size_t>(rows) * width), y(x.size());
   Rng rng(12345);
   for (float& v : x) v = static_cast<float>(rng.normal());
@@ -31,16 +32,18 @@ std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, in
   double best = 1e300;
   for (int rep = 0; rep < 3; ++rep) {
     const double t0 = steady_seconds();
-    if (!codec.encode(x.data(), {static_cast<uint64_t>(rows), static_cast<uint64_t>(width)}, &e).is_ok() ||
-        !decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
+    if (!codec.encode(x.data(), {static_cast<uint64_t>(rows), static_cast<uint64_t>(width)}, &e).is_ok())
       return {1.0, 0.0};  // cannot happen for a parsed pipeline on finite data
+    for (int d = 0; d < decodes; ++d)
+      if (!decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
+        return {1.0, 0.0};
     best = std::min(best, steady_seconds() - t0);
   }
   const double raw = double(x.size()) * sizeof(float);
   return {double(e.payload.size() + e.metadata.size()) / raw, best / raw};
 }
 
-std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
+std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
   const int width = job.train.model.hidden_size;
   const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len * job.train.model.top_k;
   const int rows = static_cast<int>(std::clamp<long long>(routed, 1, 4096));
@@ -52,12 +55,34 @@ std::vector<TokenCodecCost> measure_token_codecs(const JobConfig& job, std::vect
     if (!measured.count(spec)) measured[spec] = measure_codec(*p, rows, width);
     return measured[spec];
   };
-  std::vector<TokenCodecCost> out;
+  // Expert tensors: one expert's w1, w3, w2 as rows. A lossy expert codec is
+  // decoded twice: by the receiver, and by the sender (error feedback, NMSE).
+  const ModelConfig& mc = job.train.model;
+  const int expert_width = mc.expert_intermediate_size * mc.hidden_size;
+  std::map<std::string, std::pair<double, double>> measured_experts;
+  auto expert_cost = [&](const std::string& spec) -> std::pair<double, double> {
+    auto e = ExpertCodecSpec::parse(spec);
+    if (!e || e->pipeline.is_raw()) return {1.0, 0.0};
+    const std::string key = e->pipeline.spec();
+    if (!measured_experts.count(key)) measured_experts[key] = measure_codec(e->pipeline, 3, expert_width, 2);
+    return measured_experts[key];
+  };
+  std::vector<LinkCodecCost> out;
   for (size_t l = 0; l < job.cluster.levels.size(); ++l) {
     const LinkCodecs& c = job.cluster.levels[l].link.codecs;
     const auto [df, ds] = cost(c.dispatch);
     const auto [cf, cs] = cost(c.combine);
-    out.push_back(TokenCodecCost{df, cf, ds * slowdown, cs * slowdown});
+    const auto [gf, gs] = expert_cost(c.expert_gather);
+    const auto [rf, rs] = expert_cost(c.expert_grad);
+    LinkCodecCost cc{df, cf, ds * slowdown, cs * slowdown};
+    cc.gather_fraction = gf;
+    cc.gather_s_per_byte = gs * slowdown;
+    cc.grad_fraction = rf;
+    cc.grad_s_per_byte = rs * slowdown;
+    cc.dense_fraction = c.dense_grad == "bf16" ? 0.5 : 1.0;
+    auto gather = ExpertCodecSpec::parse(c.expert_gather);
+    cc.gather_against_base = gather && gather->against_base;
+    out.push_back(cc);
     (*links)[l].codecs = c;
     (*links)[l].codec_cost = out.back();
   }
@@ -115,7 +140,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     out.links.push_back(e);
   }
   out.inputs = planner_inputs_for(job, models, out.compute);
-  out.inputs.token_codecs = measure_token_codecs(job, &out.links);
+  out.inputs.link_codecs = measure_link_codecs(job, &out.links);
   XD_RETURN_IF_ERROR(out.inputs.validate());
   out.plan = plan_iteration(out.inputs);
   return out;

@@ -45,7 +45,7 @@ struct LinkEstimate {
   std::string note;      // why the spec's figures were used, if not asked for
   double r2 = 0;         // of the probe's fit
   LinkCodecs codecs;     // the token codecs of this link class
-  TokenCodecCost codec_cost;  // as measured (raw: 1 and 0)
+  LinkCodecCost codec_cost;  // as measured (raw: 1 and 0)
 };
 
 struct JobPlan {

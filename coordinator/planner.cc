@@ -17,12 +17,13 @@ Status PlannerInputs::validate() const {
   if (bytes_per_element <= 0) return bad("bytes_per_element must be positive");
   XD_RETURN_IF_ERROR(Topology::check(level_sizes, std::vector<int>(level_sizes.size(), 1)));
   if (links.size() != level_sizes.size()) return bad("need one link model per level");
-  if (!token_codecs.empty() && token_codecs.size() != level_sizes.size())
+  if (!link_codecs.empty() && link_codecs.size() != level_sizes.size())
     return bad("need one token codec cost per level (or none)");
-  for (const TokenCodecCost& c : token_codecs)
+  for (const LinkCodecCost& c : link_codecs)
     if (!(c.dispatch_fraction > 0) || !(c.combine_fraction > 0) || !(c.dispatch_s_per_byte >= 0) ||
-        !(c.combine_s_per_byte >= 0))
-      return bad("token codec fractions must be positive and their times >= 0");
+        !(c.combine_s_per_byte >= 0) || !(c.gather_fraction > 0) || !(c.gather_s_per_byte >= 0) ||
+        !(c.grad_fraction > 0) || !(c.grad_s_per_byte >= 0) || !(c.dense_fraction > 0))
+      return bad("codec fractions must be positive and their times >= 0");
   for (const LinkModel& l : links)
     if (!(l.alpha_s >= 0) || !(l.beta_s_per_byte >= 0) || !std::isfinite(l.alpha_s) ||
         !std::isfinite(l.beta_s_per_byte))
@@ -106,6 +107,8 @@ Workload workload_of(const PlannerInputs& in) {
   w.expert_bwd_s = f * 2 * expert_flops / rate;
   w.post_s = f * (3 * head_flops / rate + 3 * ovh);
   w.gemm_overhead_s = f * ovh;
+  const int every = in.expert_parallel.base_sync_every;
+  w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   return w;
 }
 
@@ -159,7 +162,7 @@ class BackgroundStream {
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
                                  const std::vector<int>& domain_sizes, double memory_cap_bytes,
-                                 const std::vector<TokenCodecCost>& token_codecs) {
+                                 const std::vector<LinkCodecCost>& link_codecs) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
   XD_CHECK(links.size() == level_sizes.size());
   const int num_levels = static_cast<int>(level_sizes.size());
@@ -174,10 +177,11 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   // to the sources (Combine, backward of Dispatch) of one MoE layer, level by
   // level, each through its token codec; one layer's AG (outer level first,
   // forwarding what the outer levels gathered) and its RS.
-  double a2a_to_experts = 0, a2a_to_sources = 0, ag_layer = 0, gathered_per_layer_experts = 1;
+  double a2a_to_experts = 0, a2a_to_sources = 0, ag_layer = 0, rs_layer = 0, gathered_per_layer_experts = 1;
+  bool base_sync = false;
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
-    const TokenCodecCost codec = token_codecs.empty() ? TokenCodecCost{} : token_codecs[l];
+    const LinkCodecCost codec = link_codecs.empty() ? LinkCodecCost{} : link_codecs[l];
     const int sf = level_sizes[l], s = domain_sizes[l];
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
@@ -187,10 +191,16 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
       a2a_to_sources += link.alpha_s + a2a_bytes * (link.beta_s_per_byte * codec.combine_fraction +
                                                     codec.combine_s_per_byte);
     }
+    // The replicas' raw bytes, through the AG and RS codecs of this level
+    // (their encode and decode time rides on the AG / RS stream).
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
-    if (s > 1) ag_layer += link.alpha_s + link.beta_s_per_byte * ag_bytes;
-    c.level_bytes[l] +=
-        layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + 2 * ag_bytes);
+    if (s > 1) {
+      ag_layer += link.alpha_s + ag_bytes * (link.beta_s_per_byte * codec.gather_fraction + codec.gather_s_per_byte);
+      rs_layer += link.alpha_s + ag_bytes * (link.beta_s_per_byte * codec.grad_fraction + codec.grad_s_per_byte);
+      base_sync = base_sync || codec.gather_against_base;
+    }
+    c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) +
+                                  ag_bytes * (codec.gather_fraction + codec.grad_fraction));
     gathered_per_layer_experts *= s;
   }
   const double held = n * gathered_per_layer_experts;  // experts per layer incl. own
@@ -204,12 +214,16 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   // Hierarchical all-reduce of the dense gradients: reduce-scatter inner
   // level first, on the shard left by the inner levels, then all-gather back.
   // Each phase is one round while the blocks are small, a ring of sf - 1
-  // rounds from Communicator's ring threshold on.
-  double shard = w.dense_param_bytes;
+  // rounds from Communicator's ring threshold on; dense_grad codecs scale the
+  // bytes. The SR base all-reduce (one expert per layer) is counted with it:
+  // it overlaps the next step's compute, but shares the same links.
+  const double base_bytes = base_sync ? w.base_syncs_per_step * w.expert_bytes * layers : 0.0;
+  double shard = w.dense_param_bytes + base_bytes;
   for (int l = num_levels - 1; l >= 0; --l) {
     const int sf = level_sizes[l];
-    if (sf > 1 && w.dense_param_bytes > 0) {
-      const double bytes = 2.0 * (sf - 1) / sf * shard;
+    const double fraction = link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
+    if (sf > 1 && shard > 0) {
+      const double bytes = 2.0 * (sf - 1) / sf * shard * fraction;
       const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
       const double rounds = ring ? sf - 1 : 1;
       c.allreduce_s += 2.0 * rounds * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
@@ -250,7 +264,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   for (int k = layers - 1; k >= 0; --k) {
     a2a(a2a_to_experts);  // backward of Combine
     compute(expert_bwd, &rs);
-    rs.release(ag_layer);  // this layer's replica gradients are ready
+    rs.release(rs_layer);  // this layer's replica gradients are ready
     a2a(a2a_to_sources);  // backward of Dispatch
     compute(w.pre_expert_bwd_s, &rs);
   }
@@ -258,14 +272,14 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   t += c.exposed_rs_s;
   t += c.allreduce_s;
   c.ag_s = ag_layer * layers;
-  c.rs_s = ag_layer * layers;
+  c.rs_s = rs_layer * layers;
   c.iteration_s = t;
   return c;
 }
 
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
                    const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
-                   const std::vector<TokenCodecCost>& token_codecs) {
+                   const std::vector<LinkCodecCost>& link_codecs) {
   Plan plan;
   plan.mode = ep.mode;
   plan.chosen = -1;
@@ -274,7 +288,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
   if (ep.mode == EpMode::kHybrid) wanted = ep.domain_sizes;
   for (const auto& s : domain_candidates(level_sizes)) {
     plan.candidates.push_back(
-        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, token_codecs));
+        evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, link_codecs));
     const PlanCandidate& c = plan.candidates.back();
     const int i = static_cast<int>(plan.candidates.size()) - 1;
     if (ep.mode != EpMode::kAuto) {
@@ -299,7 +313,7 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
 Plan plan_iteration(const PlannerInputs& in) {
   const Status st = in.validate();
   XD_CHECK_MSG(st.is_ok(), st.message().c_str());
-  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel, in.token_codecs);
+  return plan_workload(workload_of(in), in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
 }
 
 }  // namespace xd

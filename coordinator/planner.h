@@ -44,12 +44,16 @@ struct LinkModel {
   double beta_s_per_byte = 0;
 };
 
-// What the token codecs of one link class cost (cluster.levels[].link.codecs):
-// per direction, the fraction of the raw fp32 bytes that crosses the link and
+// What the codecs of one link class cost (cluster.levels[].link.codecs): per
+// traffic kind, the fraction of the raw fp32 bytes that crosses the link and
 // the encode + decode seconds per raw byte. Raw: 1 and 0.
-struct TokenCodecCost {
-  double dispatch_fraction = 1, combine_fraction = 1;
+struct LinkCodecCost {
+  double dispatch_fraction = 1, combine_fraction = 1;  // token rows
   double dispatch_s_per_byte = 0, combine_s_per_byte = 0;
+  double gather_fraction = 1, gather_s_per_byte = 0;  // expert weights (AG)
+  double grad_fraction = 1, grad_s_per_byte = 0;      // replica gradients (RS)
+  double dense_fraction = 1;                          // dense-gradient all-reduce (bf16: 0.5)
+  bool gather_against_base = false;                   // sr: the base all-reduce joins the step
 };
 
 // A GEMM of f flops takes gemm_overhead_s + f / flops_per_s. Only GEMMs are
@@ -70,7 +74,7 @@ struct PlannerInputs {
   std::vector<LinkModel> links;       // one per level
   ComputeModel compute;
   ExpertParallelSpec expert_parallel;
-  std::vector<TokenCodecCost> token_codecs;  // one per level; empty: raw everywhere
+  std::vector<LinkCodecCost> link_codecs;  // one per level; empty: raw everywhere
   // Not modelled yet; validate() rejects anything but the defaults.
   int pipeline_degree = 1;  // r: A2A chunks overlapping expert compute
   bool farskip = false;     // FarSkip frees A2A to overlap dense compute
@@ -99,6 +103,7 @@ struct Workload {
   double expert_bwd_s = 0;         // per MoE layer, the flops part
   double post_s = 0;               // LM head forward + backward, once
   double gemm_overhead_s = 0;      // per GEMM call; held experts add 3 (fwd) + 6 (bwd) calls
+  double base_syncs_per_step = 1;  // SR base all-reduces per step (1 / base_sync_every; 0: never)
 };
 Workload workload_of(const PlannerInputs& in);
 
@@ -132,7 +137,7 @@ std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_si
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links,
                                  const std::vector<int>& domain_sizes, double memory_cap_bytes,
-                                 const std::vector<TokenCodecCost>& token_codecs = {});
+                                 const std::vector<LinkCodecCost>& link_codecs = {});
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
 // sizes, which must divide the level sizes (chosen even if infeasible: the
@@ -140,7 +145,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
 // iteration time (ties: fewer gathered bytes).
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
                    const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
-                   const std::vector<TokenCodecCost>& token_codecs = {});
+                   const std::vector<LinkCodecCost>& link_codecs = {});
 // plan_workload(workload_of(in), ...). `in` must validate().
 Plan plan_iteration(const PlannerInputs& in);
 

@@ -164,7 +164,7 @@ TEST(Planner, ATokenCodecScalesItsLevelsBytesAndAddsItsTime) {
   const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
   const PlanCandidate raw = evaluate_candidate(w, {2, 2}, links, {1, 1}, 1e300);
   // bf16 toward the experts on the outer level only, with a codec cost.
-  std::vector<TokenCodecCost> codecs(2);
+  std::vector<LinkCodecCost> codecs(2);
   codecs[0].dispatch_fraction = 0.5;
   codecs[0].dispatch_s_per_byte = 1e-9;
   const PlanCandidate half = evaluate_candidate(w, {2, 2}, links, {1, 1}, 1e300, codecs);
@@ -176,8 +176,33 @@ TEST(Planner, ATokenCodecScalesItsLevelsBytesAndAddsItsTime) {
   PlannerInputs in;
   in.level_sizes = {2, 2};
   in.links = links;
-  in.token_codecs = {TokenCodecCost{}};
+  in.link_codecs = {LinkCodecCost{}};
   EXPECT_FALSE(in.validate().is_ok()) << "one cost per level";
+}
+
+TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneExpertPerLayerToTheAllReduce) {
+  Workload w = one_layer(1000, 0);  // experts only, no tokens
+  w.dense_param_bytes = 400;
+  w.base_syncs_per_step = 1;
+  const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
+  const PlanCandidate raw = evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300);
+  std::vector<LinkCodecCost> codecs(2);
+  codecs[0].gather_fraction = 0.01;  // SR at 100x on the outer level
+  codecs[0].gather_s_per_byte = 1e-9;
+  codecs[0].gather_against_base = true;
+  codecs[0].grad_fraction = 0.5;     // bf16 gradients
+  codecs[0].dense_fraction = 0.5;    // bf16 dense gradients
+  const PlanCandidate sr = evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs);
+  // One expert (1000 bytes) crosses level 0 each way per layer.
+  EXPECT_NEAR(raw.ag_s, 1000 * 1e-6, 1e-15);
+  EXPECT_NEAR(sr.ag_s, 1000 * (0.01 * 1e-6 + 1e-9), 1e-15);
+  EXPECT_NEAR(sr.rs_s, 1000 * 0.5 * 1e-6, 1e-15);
+  // The all-reduce: level 1 (raw) on 400 + 1000 base bytes, then level 0
+  // (bf16) on the half left: 2 (1/2) 700 bytes, halved.
+  EXPECT_DOUBLE_EQ(sr.level_bytes[1] - raw.level_bytes[1], 1000.0);
+  EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 700 * 0.5);
+  w.base_syncs_per_step = 0;  // base synchronised once: no per-step cost
+  EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }
 
 TEST(Planner, WorkloadCountsTheModelShapes) {
