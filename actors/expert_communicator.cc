@@ -21,6 +21,17 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// One layer's tensors (w1, w3, w2) of every expert of `workers`, in worker
+// order: the layout of an expert message.
+template <typename RefOf>
+std::vector<detail::ExpertTensorRef> tensor_refs(const std::vector<int>& workers, int per_worker, RefOf ref_of) {
+  std::vector<detail::ExpertTensorRef> out;
+  for (int m : workers)
+    for (int j = 0; j < per_worker; ++j)
+      for (int which = 0; which < 3; ++which) out.push_back(ref_of(m * per_worker + j, which));
+  return out;
+}
+
 // A payload and its codec record, kept alive until ZeroMQ has sent it.
 struct WireMessage {
   std::vector<OutFrame> frames;
@@ -318,14 +329,9 @@ Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
     for (int p : peers) slots.push_back(transport_->recv(p, tag));
     // Everything held after the outer levels, in worker order.
     auto tensors_of = [&](const std::vector<int>& workers) {
-      std::vector<detail::ExpertTensorRef> t;
-      for (int m : workers)
-        for (int j = 0; j < experts_per_worker_; ++j)
-          for (int which = 0; which < 3; ++which) {
-            const int e = m * experts_per_worker_ + j;
-            t.push_back({tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)});
-          }
-      return t;
+      return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
+        return detail::ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)};
+      });
     };
     const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
     std::vector<float> packed;
@@ -369,14 +375,9 @@ Status ExpertCommunicator::reduce_layer(uint32_t step, int layer) {
     std::vector<std::shared_ptr<RecvSlot>> slots;
     for (int p : peers) slots.push_back(transport_->recv(p, tag));
     auto tensors_of = [&](const std::vector<int>& workers) {
-      std::vector<detail::ExpertTensorRef> t;
-      for (int m : workers)
-        for (int j = 0; j < experts_per_worker_; ++j)
-          for (int which = 0; which < 3; ++which) {
-            const int e = m * experts_per_worker_ + j;
-            t.push_back({tensor_key(layer, e, which), grads_of(layer, e, which), nullptr});
-          }
-      return t;
+      return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
+        return detail::ExpertTensorRef{tensor_key(layer, e, which), grads_of(layer, e, which), nullptr};
+      });
     };
     std::vector<std::shared_ptr<Completion>> sends;
     detail::ReconstructionError err;

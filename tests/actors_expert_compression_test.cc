@@ -158,6 +158,17 @@ cluster:
 )";
 }
 
+JobConfig job_for(const std::string& gather, const std::string& dense = "raw") {
+  auto job = parse_job_config(job_yaml(gather, dense), "job.yaml");
+  XD_CHECK_MSG(job.has_value(), job.status().to_string().c_str());
+  return *job;
+}
+
+// Floats of one projection of one expert (ff * d).
+size_t expert_floats(const JobConfig& job) {
+  return (size_t)job.train.model.expert_intermediate_size * job.train.model.hidden_size;
+}
+
 struct Workers {
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<DistributedTrainer>> trainers;
@@ -218,11 +229,10 @@ void step_all(Workers& w, std::vector<StepMetrics>* metrics) {
 }
 
 TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTheMeanExpert) {
-  auto job = parse_job_config(job_yaml("sr:topk:0.05+zstd:1"), "job.yaml");
-  ASSERT_TRUE(job) << job.status().to_string();
-  Workers w = start_workers(*job);
-  const ModelConfig& mc = job->train.model;
-  const size_t ef = (size_t)mc.expert_intermediate_size * mc.hidden_size;
+  const JobConfig job = job_for("sr:topk:0.05+zstd:1");
+  Workers w = start_workers(job);
+  const ModelConfig& mc = job.train.model;
+  const size_t ef = expert_floats(job);
   std::vector<StepMetrics> metrics;
   for (int step = 0; step < 5; ++step) {
     step_all(w, &metrics);
@@ -252,11 +262,10 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
 }
 
 TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideTheOwnerGetItExactly) {
-  auto job = parse_job_config(job_yaml("sr:ef:topk:0.05+zstd:1"), "job.yaml");
-  ASSERT_TRUE(job) << job.status().to_string();
-  Workers w = start_workers(*job);
-  const ModelConfig& mc = job->train.model;
-  const size_t ef = (size_t)mc.expert_intermediate_size * mc.hidden_size;
+  const JobConfig job = job_for("sr:ef:topk:0.05+zstd:1");
+  Workers w = start_workers(job);
+  const ModelConfig& mc = job.train.model;
+  const size_t ef = expert_floats(job);
   std::vector<StepMetrics> metrics;
   for (int step = 0; step < 5; ++step) {
     step_all(w, &metrics);
@@ -281,10 +290,9 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
 
 // Trains `steps` steps on four workers; the mean loss of the last five.
 double train_loss(const std::string& gather, int steps) {
-  auto job = parse_job_config(job_yaml(gather), "job.yaml");
-  XD_CHECK(job.has_value());
-  job->train.steps = steps;
-  Workers w = start_workers(*job);
+  JobConfig job = job_for(gather);
+  job.train.steps = steps;
+  Workers w = start_workers(job);
   std::vector<StepMetrics> metrics;
   double tail = 0;
   for (int step = 0; step < steps; ++step) {
@@ -317,9 +325,7 @@ TEST(DenseGradients, Bf16OnTheDcLinkHalvesItsBytesAndKeepsEveryReplicatedParamet
   std::map<std::string, double> dc_bytes;
   std::vector<float> loss;
   for (const std::string dense : {"raw", "bf16"}) {
-    auto job = parse_job_config(job_yaml("raw", dense), "job.yaml");
-    ASSERT_TRUE(job) << job.status().to_string();
-    Workers w = start_workers(*job);
+    Workers w = start_workers(job_for("raw", dense));
     std::vector<StepMetrics> metrics;
     double bytes = 0;
     for (int step = 0; step < 4; ++step) {
