@@ -16,7 +16,7 @@ sparse upcycling; with --spread 1 they start independent and the base holds
 nothing (see docs/compression.md). Links are not shaped: only the loss matters.
 
 usage: python3 bench/sr_loss_bench.py [--xdmoe build/xdmoe] [--steps 200]
-           [--spread 0.2] [--runs raw,sr50,...] [--out bench/results]
+           [--spread 0.2] [--runs raw,sr50,...] [--out bench/results] [--name sr_loss]
 Writes <out>/sr_loss.csv (one row per run: final loss, mean loss of the last
 50 steps, expert-gather bytes and ratio, NMSE), <out>/sr_loss_curves.csv (every
 step) and <out>/sr_loss.png (gnuplot).
@@ -46,12 +46,14 @@ RUNS = {
     "sr50-ef": {"expert_gather": "sr:ef:topk:0.04+zstd:1"},
     "sr100-ef": {"expert_gather": "sr:ef:topk:0.02+zstd:1"},
     "sr200-ef": {"expert_gather": "sr:ef:topk:0.01+zstd:1"},
+    # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
+    "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }
 TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
 def job_yaml(base, run, steps, spread):
-    codecs = {k: v for k, v in run.items() if k != "domains"}
+    codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every")}
     y = base
     y = y.replace("  connectivity: regular", "  connectivity: regular\n  expert_init_spread: %g" % spread)
     y = re.sub(r"steps: \d+", "steps: %d" % steps, y, count=1)
@@ -62,8 +64,39 @@ def job_yaml(base, run, steps, spread):
     y = y.replace("link: {bandwidth: 1gbit, latency: 0.2ms, shape: true}",
                   "link: {bandwidth: 1gbit, latency: 0.2ms, shape: false}")
     y = y.replace("mode: auto ", "mode: hybrid")
+    y = re.sub(r"(    memory_cap: .*\n)", r"\g<1>    base_sync_every: %s\n" % run.get("base_every", "1"), y, count=1)
     y = y.replace("domain_sizes: [1, 1]", "domain_sizes: %s" % run.get("domains", "[2, 2]"))
     return y
+
+
+def plot_curves(curve_path, png, names):
+    """Loss curves (10-step running mean) from the curves CSV: all steps on the
+    left, the second half zoomed on the right."""
+    lines = open(curve_path).read().split("\n")[1:]
+    rows = [[float(x) for x in l.split(",")] for l in lines if l]
+    dat = png[:-4] + ".dat"
+    with open(dat, "w") as f:
+        for i in range(len(rows)):
+            window = rows[max(0, i - 9):i + 1]
+            f.write("%d %s\n" % (rows[i][0], " ".join("%.5f" % (sum(r[j] for r in window) / len(window))
+                                                       for j in range(1, len(rows[i])))))
+    half = len(rows) // 2
+    plots = ", ".join("'%s' using 1:%d with lines lw 2 dt %d title '%s'" % (dat, j + 2, 2 if n.endswith("-ef") else 1, n)
+                      for j, n in enumerate(names))
+    script = """set terminal pngcairo size 1400,600
+set output '%s'
+set multiplot layout 1,2 title 'Training loss (10-step running mean), 2 DC x 2 workers, HybridEP [2,2], codecs on the inter-DC link'
+set xlabel 'step'
+set ylabel 'loss'
+set grid
+set key right top
+plot %s
+set xrange [%d:*]
+set key right top
+plot %s
+unset multiplot
+""" % (png, plots, half, plots)
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
 
 
 def main():
@@ -74,7 +107,13 @@ def main():
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_loss_bench")
+    ap.add_argument("--name", default="sr_loss", help="prefix of the output files")
+    ap.add_argument("--plot-only", action="store_true", help="redraw <name>.png from <name>_curves.csv")
     a = ap.parse_args()
+    if a.plot_only:
+        curve_path = os.path.join(a.out, a.name + "_curves.csv")
+        plot_curves(curve_path, os.path.join(a.out, a.name + ".png"), open(curve_path).readline().strip().split(",")[1:])
+        return
     base = open(os.path.join(os.path.dirname(__file__), "..", "examples", "2dc.yaml")).read()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
@@ -111,13 +150,13 @@ def main():
         print("    mean loss of the last %d steps %.4f, expert gather %.1fx, NMSE %.4f" %
               (TAIL, rows[-1]["tail_loss"], rows[-1]["expert_gather_ratio"], rows[-1]["nmse"]), flush=True)
     ref = next((r["tail_loss"] for r in rows if r["run"] == "raw"), None)
-    with open(os.path.join(a.out, "sr_loss.csv"), "w") as f:
+    with open(os.path.join(a.out, a.name + ".csv"), "w") as f:
         keys = list(rows[0].keys()) + ["vs_raw_percent"]
         f.write(",".join(keys) + "\n")
         for r in rows:
             r["vs_raw_percent"] = 100.0 * (r["tail_loss"] / ref - 1) if ref else 0.0
             f.write(",".join(str(round(r[k], 6)) if isinstance(r[k], float) else str(r[k]) for k in keys) + "\n")
-    curve_path = os.path.join(a.out, "sr_loss_curves.csv")
+    curve_path = os.path.join(a.out, a.name + "_curves.csv")
     with open(curve_path, "w") as f:
         f.write("step," + ",".join(names) + "\n")
         for step in range(a.steps):
@@ -126,29 +165,8 @@ def main():
     for r in rows:
         print("%-15s %10.4f %+10.2f %9.1f %9.3f %8.2f %9.4f" % (r["run"], r["tail_loss"], r["vs_raw_percent"],
               r["expert_gather_ratio"], r["dc_expert_gather_MB"], r["dc_base_MB"], r["nmse"]))
-    # Loss curves, smoothed over 10 steps so the codecs can be told apart.
-    plot = ",\\\n  ".join("'%s' using 1:(avg%d($%d)) with lines title '%s'" % (curve_path, i, i + 2, n)
-                          for i, n in enumerate(names))
-    avgs = "\n".join(
-        "samples%d(x) = $0 > 9 ? 10 : ($0+1)\nback%d_1 = back%d_2 = back%d_3 = back%d_4 = back%d_5 = back%d_6 = "
-        "back%d_7 = back%d_8 = back%d_9 = back%d_10 = 0\nshift%d(x) = (back%d_10 = back%d_9, back%d_9 = back%d_8, "
-        "back%d_8 = back%d_7, back%d_7 = back%d_6, back%d_6 = back%d_5, back%d_5 = back%d_4, back%d_4 = back%d_3, "
-        "back%d_3 = back%d_2, back%d_2 = back%d_1, back%d_1 = x)\navg%d(x) = (shift%d(x), (back%d_1 + back%d_2 + "
-        "back%d_3 + back%d_4 + back%d_5 + back%d_6 + back%d_7 + back%d_8 + back%d_9 + back%d_10) / samples%d($0))"
-        % tuple([i] * 44) for i in range(len(names)))
-    script = """set terminal pngcairo size 1000,600
-set output '%s'
-set datafile separator ','
-set key autotitle columnhead right top
-set title 'Training loss, 2 DC x 2 workers, HybridEP [2,2], expert codec on the inter-DC link (10-step mean)'
-set xlabel 'step'
-set ylabel 'loss'
-set yrange [*:*]
-%s
-plot %s
-""" % (os.path.join(a.out, "sr_loss.png"), avgs, plot)
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    print("wrote %s/sr_loss.csv, %s and %s/sr_loss.png" % (a.out, curve_path, a.out))
+    plot_curves(curve_path, os.path.join(a.out, a.name + ".png"), names)
+    print("wrote %s/%s.csv, %s and %s/%s.png" % (a.out, a.name, curve_path, a.out, a.name))
 
 
 if __name__ == "__main__":
