@@ -100,7 +100,6 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
   replica_grads_.assign(n, 0.0f);
   state_.assign(layers_, LayerState{});
   gather_wait_.assign(layers_, 0.0);
-  base_.assign((size_t)layers_ * 3 * expert_floats_, 0.0f);
   const int levels = topology_.num_levels();
   figures_.assign(levels, ExpertCodecFigures{});
   XD_CHECK(set_codecs(ExpertCodecOptions{std::vector<ExpertCodecSpec>(levels), std::vector<ExpertCodecSpec>(levels)})
@@ -129,6 +128,8 @@ Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   if (base && o.base_sync_every < 0) return Status::invalid_argument("base_sync_every must be >= 0");
   codec_options_ = o;
   uses_base_ = base;
+  std::lock_guard<std::mutex> lock(mu_);
+  base_.assign(base ? (size_t)layers_ * 3 * expert_floats_ : 0, 0.0f);
   return Status::ok();
 }
 
@@ -172,8 +173,7 @@ const float* ExpertCommunicator::base_of(int layer, int which) const {
   return uses_base_ ? &base_[((size_t)layer * 3 + which) * expert_floats_] : nullptr;
 }
 
-Status ExpertCommunicator::sync_base(uint32_t step, const std::vector<float>& local_sums) {
-  std::vector<float> sums = local_sums;
+Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
   Communicator* inner = codec_options_.base_inner;
   Communicator* outer = codec_options_.base_outer;
   if (inner && outer && (inner->size() > 1 || outer->size() > 1)) {
@@ -250,7 +250,7 @@ void ExpertCommunicator::start_gather(uint32_t step) {
     // This worker's share of every layer's mean expert, taken now: the
     // optimizer has just written the weights and nothing touches them until
     // the next step's update.
-    sums = std::make_shared<std::vector<float>>(base_.size(), 0.0f);
+    sums = std::make_shared<std::vector<float>>((size_t)layers_ * 3 * expert_floats_, 0.0f);
     for (int layer = 0; layer < layers_; ++layer)
       for (int j = 0; j < experts_per_worker_; ++j)
         for (int which = 0; which < 3; ++which) {
@@ -261,8 +261,9 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   }
   auto post_sync = [this, step, sums] {
     actor_->post([this, step, sums] {
-      Status st = sync_base(step, *sums);
-      if (!st.is_ok()) finish(0, true, st.with_context("SR base all-reduce"));
+      // A failed sync leaves this worker's base unlike its peers': every
+      // later gather refuses to run against it (gather_layer).
+      if (base_status_.is_ok()) base_status_ = sync_base(step, *sums).with_context("SR base all-reduce");
     });
   };
   // Before the first step the gathers need a base; later ones use the last.
@@ -320,6 +321,7 @@ Status ExpertCommunicator::status() const {
 }
 
 Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
+  XD_RETURN_IF_ERROR(base_status_);
   for (int l = 0; l < topology_.num_levels(); ++l) {
     const std::vector<int> peers = topology_.ag_peers(rank_, l);
     if (peers.empty()) continue;

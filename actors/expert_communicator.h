@@ -63,7 +63,7 @@ class ExpertCommunicator {
   // Before the first start_gather; all workers must pass the same options.
   Status set_codecs(const ExpertCodecOptions& options);
   bool uses_base() const { return uses_base_; }
-  // The base experts in use, (layers, 3, ff*d); all zero without sr:.
+  // The base experts in use, (layers, 3, ff*d); empty without sr:.
   std::vector<float> base_copy() const;
   std::vector<ExpertCodecFigures> take_codec_figures();  // per level
   // Blocks until everything started so far (gathers, reduces, the base
@@ -99,7 +99,8 @@ class ExpertCommunicator {
   float* weights_of(int layer, int expert, int which);
   float* grads_of(int layer, int expert, int which);
   void finish(int layer, bool gather, const Status& st);
-  Status sync_base(uint32_t step, const std::vector<float>& local_sums);
+  // Sums every worker's `sums` in place, divides by E and installs the result.
+  Status sync_base(uint32_t step, std::vector<float>& sums);
   uint64_t tensor_key(int layer, int expert, int which) const;
   const float* base_of(int layer, int which) const;
 
@@ -117,8 +118,8 @@ class ExpertCommunicator {
   std::vector<std::unique_ptr<detail::ExpertWireCodec>> gather_codecs_, grad_codecs_;
   ExpertCodecOptions codec_options_;
   bool uses_base_ = false;
-  std::vector<float> base_;        // (layers, 3, ff*d); written on the actor thread under mu_
-  std::vector<float> local_sums_;  // this worker's experts, summed; filled by start_gather
+  std::vector<float> base_;  // (layers, 3, ff*d) with sr:, else empty; written on the actor thread under mu_
+  Status base_status_;       // actor thread only: a failed base all-reduce
 
   mutable std::mutex mu_;
   std::vector<ExpertCodecFigures> figures_;

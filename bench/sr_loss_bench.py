@@ -52,11 +52,12 @@ RUNS = {
 TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
-def job_yaml(base, run, steps, spread):
+def job_yaml(base, run, steps, spread, seed=1):
     codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every")}
     y = base
     y = y.replace("  connectivity: regular", "  connectivity: regular\n  expert_init_spread: %g" % spread)
     y = re.sub(r"steps: \d+", "steps: %d" % steps, y, count=1)
+    y = re.sub(r"\n  seed: \d+", "\n  seed: %d" % seed, y, count=1)
     y = y.replace("log_every: 10", "log_every: 50").replace("eval_every: 30", "eval_every: 0")
     c = ", ".join("%s: '%s'" % kv for kv in codecs.items())
     dc = "link: {bandwidth: 100mbit, latency: 10ms, shape: false%s}" % (", codecs: {%s}" % c if c else "")
@@ -108,6 +109,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_loss_bench")
     ap.add_argument("--name", default="sr_loss", help="prefix of the output files")
+    ap.add_argument("--seed", type=int, default=1, help="train.seed (initial weights and batch order)")
     ap.add_argument("--plot-only", action="store_true", help="redraw <name>.png from <name>_curves.csv")
     a = ap.parse_args()
     if a.plot_only:
@@ -122,7 +124,7 @@ def main():
     for i, name in enumerate(names):
         cfg = os.path.join(a.work, name + ".yaml")
         with open(cfg, "w") as f:
-            f.write(job_yaml(base, RUNS[name], a.steps, a.spread))
+            f.write(job_yaml(base, RUNS[name], a.steps, a.spread, a.seed))
         run_dir = os.path.join(a.work, name)
         print("[%d/%d] %s: %d steps ..." % (i + 1, len(names), name, a.steps), flush=True)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")

@@ -35,6 +35,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
 }
 
 StepSummary JobMetrics::mean(int skip) const {
+  std::map<std::string, int> nmse_steps;
   StepSummary out;
   int n = 0;
   for (size_t i = std::min<size_t>(skip, complete_.size() ? complete_.size() - 1 : 0); i < complete_.size(); ++i) {
@@ -53,7 +54,10 @@ StepSummary JobMetrics::mean(int skip) const {
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
-    for (const auto& [k, v] : s.nmse) out.nmse[k] += v;
+    for (const auto& [k, v] : s.nmse) {
+      out.nmse[k] += v;
+      nmse_steps[k]++;
+    }
     if (out.gather_wait_s.size() < s.gather_wait_s.size()) out.gather_wait_s.resize(s.gather_wait_s.size(), 0.0);
     for (size_t l = 0; l < s.gather_wait_s.size(); ++l) out.gather_wait_s[l] += s.gather_wait_s[l];
   }
@@ -70,7 +74,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.codec_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
-  for (auto& [k, v] : out.nmse) v /= n;
+  for (auto& [k, v] : out.nmse) v /= nmse_steps[k];  // over the steps that reported it
   for (double& w : out.gather_wait_s) w /= n;
   out.step = complete_.back().step;
   out.reporters = n;

@@ -217,19 +217,21 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   // rounds from Communicator's ring threshold on; dense_grad codecs scale the
   // bytes. The SR base all-reduce (one expert per layer) is counted with it:
   // it overlaps the next step's compute, but shares the same links.
+  // (The base always travels in fp32.)
   const double base_bytes = base_sync ? w.base_syncs_per_step * w.expert_bytes * layers : 0.0;
-  double shard = w.dense_param_bytes + base_bytes;
+  double shard = w.dense_param_bytes, base_shard = base_bytes;
   for (int l = num_levels - 1; l >= 0; --l) {
     const int sf = level_sizes[l];
     const double fraction = link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
-    if (sf > 1 && shard > 0) {
-      const double bytes = 2.0 * (sf - 1) / sf * shard * fraction;
+    if (sf > 1 && shard + base_shard > 0) {
+      const double bytes = 2.0 * (sf - 1) / sf * (shard * fraction + base_shard);
       const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
       const double rounds = ring ? sf - 1 : 1;
       c.allreduce_s += 2.0 * rounds * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
       c.level_bytes[l] += bytes;
     }
     shard /= sf;
+    base_shard /= sf;
   }
 
   // Held experts cost GEMM calls: 3 forward, 6 backward each.

@@ -197,10 +197,11 @@ TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneExpertPerLay
   EXPECT_NEAR(raw.ag_s, 1000 * 1e-6, 1e-15);
   EXPECT_NEAR(sr.ag_s, 1000 * (0.01 * 1e-6 + 1e-9), 1e-15);
   EXPECT_NEAR(sr.rs_s, 1000 * 0.5 * 1e-6, 1e-15);
-  // The all-reduce: level 1 (raw) on 400 + 1000 base bytes, then level 0
-  // (bf16) on the half left: 2 (1/2) 700 bytes, halved.
+  // The all-reduce: level 1 (raw) on 400 + 1000 base bytes, then level 0 on
+  // the half left: 2 (1/2) (200 dense bytes in bf16, halved, + 500 base
+  // bytes, which always travel in fp32).
   EXPECT_DOUBLE_EQ(sr.level_bytes[1] - raw.level_bytes[1], 1000.0);
-  EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 700 * 0.5);
+  EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 200 * 0.5 + 500);
   w.base_syncs_per_step = 0;  // base synchronised once: no per-step cost
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }

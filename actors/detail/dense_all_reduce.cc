@@ -36,7 +36,7 @@ Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* dat
   XD_RETURN_IF_ERROR(c->all_to_allv(tag, send.data(), send_bytes, recv.data(), recv_bytes).wait());
   float* own = data + off[me];
   std::vector<float> partial(counts[me]);
-  for (int i = 0; i < n; ++i) {  // a fixed order: the sum is the same on every run
+  for (int i = 0; i < n && counts[me] > 0; ++i) {  // a fixed order: the sum is the same on every run
     if (i == me) continue;
     bf16_to_floats(&recv[i * counts[me]], counts[me], partial.data());
     for (size_t k = 0; k < counts[me]; ++k) own[k] += partial[k];
