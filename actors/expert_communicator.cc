@@ -32,49 +32,6 @@ std::vector<detail::ExpertTensorRef> tensor_refs(const std::vector<int>& workers
   return out;
 }
 
-// A payload and its codec record, kept alive until ZeroMQ has sent it.
-struct WireMessage {
-  std::vector<OutFrame> frames;
-  std::string metadata;
-  uint16_t flags = kFlagNone;
-};
-
-WireMessage wire_message(std::vector<float> packed, EncodedTensor encoded) {
-  WireMessage w;
-  if (encoded.payload.empty() && encoded.metadata.empty()) {
-    auto buf = std::make_shared<std::vector<float>>(std::move(packed));
-    w.frames.push_back({buf->data(), buf->size() * sizeof(float), std::shared_ptr<const void>(buf, buf->data())});
-    return w;
-  }
-  auto enc = std::make_shared<EncodedTensor>(std::move(encoded));
-  w.frames.push_back({enc->payload.data(), enc->payload.size(), std::shared_ptr<const void>(enc, enc->payload.data())});
-  w.metadata = std::move(enc->metadata);
-  w.flags = kFlagCompressed;
-  return w;
-}
-
-// The floats of a received expert message: its raw frame, or its codec
-// payload decoded into `scratch`. `tensors` * `n` floats are expected.
-Expected<const float*> received_floats(const IncomingMessage& msg, size_t tensors, size_t n,
-                                       std::vector<float>* scratch) {
-  if (msg.num_tensors() != 1) return Status::corruption("expected one frame, got " + std::to_string(msg.num_tensors()));
-  if (!(msg.header().flags & kFlagCompressed)) {
-    if (msg.tensor_size(0) != tensors * n * sizeof(float))
-      return Status::corruption("wrong size: " + std::to_string(msg.tensor_size(0)) + " bytes, expected " +
-                                std::to_string(tensors * n * sizeof(float)));
-    return static_cast<const float*>(msg.tensor_data(0));
-  }
-  auto record = parse_codec_record(std::string(static_cast<const char*>(msg.meta_data()), msg.meta_size()));
-  if (!record) return record.status();
-  if (record->shape.rows != tensors || record->shape.cols != n)
-    return Status::corruption("compressed experts of shape " + std::to_string(record->shape.rows) + "x" +
-                              std::to_string(record->shape.cols) + ", expected " + std::to_string(tensors) + "x" +
-                              std::to_string(n));
-  scratch->resize(tensors * n);
-  XD_RETURN_IF_ERROR(decode_tensor(*record, static_cast<const uint8_t*>(msg.tensor_data(0)), msg.tensor_size(0),
-                                   scratch->data(), scratch->size()));
-  return static_cast<const float*>(scratch->data());
-}
 }  // namespace
 
 ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
@@ -343,7 +300,7 @@ Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
     XD_RETURN_IF_ERROR(codec.encode(mine, &packed, &encoded, &err).with_context("expert all-gather"));
     double codec_s = seconds_since(t0);
     const double raw_bytes = double(packed.size() * sizeof(float)) * peers.size();
-    WireMessage w = wire_message(std::move(packed), std::move(encoded));
+    detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
     std::vector<std::shared_ptr<Completion>> sends;
     for (int p : peers) sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
     std::vector<float> scratch;
@@ -353,7 +310,7 @@ Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
       if (!msg) return msg.status().with_context(from);
       const std::vector<detail::ExpertTensorRef> theirs = tensors_of(held_after(peers[i], l));
       t0 = std::chrono::steady_clock::now();
-      auto floats = received_floats(*msg, theirs.size(), expert_floats_, &scratch);
+      auto floats = detail::received_floats(*msg, theirs.size(), expert_floats_, &scratch);
       if (!floats) return floats.status().with_context(from);
       codec.apply(theirs, *floats);
       codec_s += seconds_since(t0);
@@ -393,7 +350,7 @@ Status ExpertCommunicator::reduce_layer(uint32_t step, int layer) {
                              .with_context("expert gradient reduce"));
       codec_s += seconds_since(t0);
       raw_bytes += double(packed.size() * sizeof(float));
-      WireMessage w = wire_message(std::move(packed), std::move(encoded));
+      detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
       sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
     }
     const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
@@ -403,7 +360,7 @@ Status ExpertCommunicator::reduce_layer(uint32_t step, int layer) {
       const std::string from = "expert gradient reduce from rank " + std::to_string(peers[i]);
       if (!msg) return msg.status().with_context(from);
       const auto t0 = std::chrono::steady_clock::now();
-      auto floats = received_floats(*msg, mine.size(), expert_floats_, &scratch);
+      auto floats = detail::received_floats(*msg, mine.size(), expert_floats_, &scratch);
       if (!floats) return floats.status().with_context(from);
       codec.apply(mine, *floats);
       codec_s += seconds_since(t0);

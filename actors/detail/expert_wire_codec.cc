@@ -92,4 +92,38 @@ void ExpertWireCodec::apply(const std::vector<ExpertTensorRef>& tensors, const f
   }
 }
 
+WireMessage wire_message(std::vector<float> packed, EncodedTensor encoded) {
+  WireMessage w;
+  if (encoded.payload.empty() && encoded.metadata.empty()) {
+    auto buf = std::make_shared<std::vector<float>>(std::move(packed));
+    w.frames.push_back({buf->data(), buf->size() * sizeof(float), std::shared_ptr<const void>(buf, buf->data())});
+    return w;
+  }
+  auto enc = std::make_shared<EncodedTensor>(std::move(encoded));
+  w.frames.push_back({enc->payload.data(), enc->payload.size(), std::shared_ptr<const void>(enc, enc->payload.data())});
+  w.metadata = std::move(enc->metadata);
+  w.flags = kFlagCompressed;
+  return w;
+}
+
+Expected<const float*> received_floats(const IncomingMessage& msg, size_t tensors, size_t n,
+                                       std::vector<float>* scratch) {
+  if (msg.num_tensors() != 1) return Status::corruption("expected one frame, got " + std::to_string(msg.num_tensors()));
+  if (!(msg.header().flags & kFlagCompressed)) {
+    if (msg.tensor_size(0) != tensors * n * sizeof(float))
+      return Status::corruption("wrong size: " + std::to_string(msg.tensor_size(0)) + " bytes, expected " +
+                                std::to_string(tensors * n * sizeof(float)));
+    return static_cast<const float*>(msg.tensor_data(0));
+  }
+  auto record = parse_codec_record(std::string(static_cast<const char*>(msg.meta_data()), msg.meta_size()));
+  if (!record) return record.status();
+  if (record->shape.rows != tensors || record->shape.cols != n)
+    return Status::corruption("compressed experts of shape " + std::to_string(record->shape.rows) + "x" +
+                              std::to_string(record->shape.cols) + ", expected " + std::to_string(tensors) + "x" +
+                              std::to_string(n));
+  scratch->resize(tensors * n);
+  XD_RETURN_IF_ERROR(decode_tensor(*record, static_cast<const uint8_t*>(msg.tensor_data(0)), msg.tensor_size(0),
+                                   scratch->data(), scratch->size()));
+  return static_cast<const float*>(scratch->data());
+}
 }  // namespace xd::detail

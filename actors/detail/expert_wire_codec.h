@@ -21,6 +21,8 @@
 #include "common/status.h"
 #include "compression/codec.h"
 #include "compression/expert_codec.h"
+#include "transport/message.h"
+#include "transport/transport.h"
 
 namespace xd::detail {
 
@@ -60,5 +62,21 @@ class ExpertWireCodec {
   std::unordered_map<uint64_t, std::vector<float>> state_;  // held (weights) or carried (gradients)
   std::vector<float> decoded_;
 };
+
+// An expert message ready for Transport::send: the packed floats as one raw
+// frame, or the codec payload with its record and kFlagCompressed. The frames
+// own their buffers until ZeroMQ has sent them.
+struct WireMessage {
+  std::vector<OutFrame> frames;
+  std::string metadata;
+  uint16_t flags = kFlagNone;
+};
+WireMessage wire_message(std::vector<float> packed, EncodedTensor encoded);
+
+// The floats of a received expert message: its raw frame, or its codec
+// payload decoded into `scratch`. `tensors` * `n` floats are expected; any
+// other shape or size is refused before anything is allocated for it.
+Expected<const float*> received_floats(const IncomingMessage& msg, size_t tensors, size_t n,
+                                       std::vector<float>* scratch);
 
 }  // namespace xd::detail
