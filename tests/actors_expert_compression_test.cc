@@ -45,11 +45,22 @@ std::vector<float> send_once(ExpertWireCodec& sender, ExpertWireCodec& receiver,
   return got;
 }
 
-TEST(ExpertWireCodec, WeightFeedbackConvergesToTheExactExpertAndTheSenderKnowsWhatTheReceiverHolds) {
+TEST(ExpertWireCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndTheSenderKnowsWhatTheReceiverHolds) {
   const size_t n = 4096;
   std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
   auto sender = codec("sr:ef:topk:0.05", ExpertWireCodec::Traffic::kWeights, n);
   auto receiver = codec("sr:ef:topk:0.05", ExpertWireCodec::Traffic::kWeights, n);
+  {
+    ReconstructionError err;
+    std::vector<float> packed;
+    EncodedTensor enc;
+    ASSERT_TRUE(sender.encode({{7, x.data(), base.data()}}, &packed, &enc, &err).is_ok());
+    EXPECT_TRUE(enc.payload.empty()) << "the first transfer goes raw";
+    std::vector<float> got(n, 0.0f);
+    receiver.apply({{7, got.data(), base.data()}}, packed.data());
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << "receivers start from the owner's weights";
+  }
+  x = normal(n, 11);  // a change no 5% of the entries can describe at once
   double first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {
     ReconstructionError err;
@@ -288,28 +299,37 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
   EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
 }
 
-// Trains `steps` steps on four workers; the mean loss of the last five.
-double train_loss(const std::string& gather, int steps) {
+struct TrainingResult {
+  double loss = 0;  // mean of the last five steps
+  double nmse = 0;  // mean over the steps of the DC gather's NMSE
+};
+
+// Trains `steps` steps on four workers.
+TrainingResult train(const std::string& gather, int steps) {
   JobConfig job = job_for(gather);
   job.train.steps = steps;
   Workers w = start_workers(job);
   std::vector<StepMetrics> metrics;
-  double tail = 0;
+  TrainingResult r;
   for (int step = 0; step < steps; ++step) {
     step_all(w, &metrics);
-    if (step >= steps - 5) tail += metrics[0].loss / 5;
+    if (step >= steps - 5) r.loss += metrics[0].loss / 5;
+    if (metrics[0].nmse.count("dc/expert_gather")) r.nmse += metrics[0].nmse.at("dc/expert_gather") / steps;
   }
-  return tail;
+  return r;
 }
 
 TEST(ExpertCompression, TrainingWithTheSrCodecOnTheDcLinkEndsWithinTwoPercentOfTheUncompressedLoss) {
-  const double raw = train_loss("raw", 30);
-  const double sr = train_loss("sr:ef:topk:0.05+zstd:1", 30);
-  const double plain = train_loss("topk:0.05+zstd:1", 30);
-  std::printf("loss of the last 5 of 30 steps: raw %.4f, SR with feedback %.4f, top-k without base %.4f\n", raw, sr,
-              plain);
-  EXPECT_NEAR(sr, raw, 0.02 * raw);
-  EXPECT_GT(plain, sr) << "without the base, the same ratio loses more";
+  const TrainingResult raw = train("raw", 30);
+  const TrainingResult sr = train("sr:ef:topk:0.05+zstd:1", 30);
+  const TrainingResult plain = train("topk:0.05+zstd:1", 30);
+  std::printf("last 5 of 30 steps: loss raw %.4f, SR with feedback %.4f (NMSE %.2e), top-k without base %.4f "
+              "(NMSE %.2e)\n", raw.loss, sr.loss, sr.nmse, plain.loss, plain.nmse);
+  EXPECT_NEAR(sr.loss, raw.loss, 0.02 * raw.loss);
+  // 30 steps of a small model cannot rank the codecs by loss (training is
+  // chaotic at this scale; bench/sr_loss_bench.py does it over 300 steps), but
+  // how well the replicas are rebuilt is deterministic.
+  EXPECT_LT(sr.nmse, 0.1 * plain.nmse) << "without the base and feedback, the same ratio rebuilds far worse";
 }
 
 // The replicated (dense) parameters of every worker, back to back.

@@ -16,6 +16,11 @@ std::vector<float>& ExpertWireCodec::state(uint64_t key) {
 Status ExpertWireCodec::encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
                                EncodedTensor* out, ReconstructionError* err) {
   const bool weights = traffic_ == Traffic::kWeights;
+  // With feedback, receivers hold nothing yet the first time: that transfer
+  // goes raw and exact, so replicas start from the owners' weights and only
+  // changes are compressed after it (both sides see the fresh state).
+  bool first = false;
+  for (const ExpertTensorRef& t : tensors) first = first || (weights && spec_.feedback && !state_.count(t.key));
   packed->resize(tensors.size() * n_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ExpertTensorRef& t = tensors[i];
@@ -37,7 +42,7 @@ Status ExpertWireCodec::encode(const std::vector<ExpertTensorRef>& tensors, std:
   out->payload.clear();
   if (spec_.is_raw()) return Status::ok();  // exact: no error, no state
   const float* decoded = packed->data();
-  if (!spec_.pipeline.is_raw()) {
+  if (!spec_.pipeline.is_raw() && !first) {
     XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out));
     // The sender decodes what it sent: the error-feedback state must be the
     // receivers' to the bit, and the reconstruction error is measured here.

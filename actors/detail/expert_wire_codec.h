@@ -8,7 +8,9 @@
 // add the decoded change to `held` (what every receiver holds, minus the
 // base); gradients: the sender encodes g + carried and keeps what the codec
 // dropped as the next step's `carried`. State is keyed per tensor by the
-// caller; a worker is never both sender and receiver of one key.
+// caller; a worker is never both sender and receiver of one key. With
+// feedback, the first message of weights whose receivers hold nothing yet is
+// sent raw (exact); later ones carry compressed changes.
 //
 // Owned by the ExpertCommunicator; used from its actor thread only.
 #pragma once
