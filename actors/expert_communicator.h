@@ -62,7 +62,6 @@ class ExpertCommunicator {
 
   // Before the first start_gather; all workers must pass the same options.
   Status set_codecs(const ExpertCodecOptions& options);
-  bool uses_base() const { return uses_base_; }
   // The base experts in use, (layers, 3, ff*d); empty without sr:.
   std::vector<float> base_copy() const;
   std::vector<ExpertCodecFigures> take_codec_figures();  // per level

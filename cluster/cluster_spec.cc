@@ -74,15 +74,21 @@ int link_level(const std::vector<int>& level_sizes, int m, int n) {
   return -1;
 }
 
+namespace {
+// Both by_kind()s: String is std::string or const std::string.
+template <typename String, typename Codecs>
+std::vector<std::pair<const char*, String*>> codecs_by_kind(Codecs& c) {
+  return {{"dispatch", &c.dispatch}, {"combine", &c.combine}, {"expert_gather", &c.expert_gather},
+          {"expert_grad", &c.expert_grad}, {"dense_grad", &c.dense_grad}};
+}
+}  // namespace
+
 std::vector<std::pair<const char*, std::string*>> LinkCodecs::by_kind() {
-  return {{"dispatch", &dispatch}, {"combine", &combine}, {"expert_gather", &expert_gather},
-          {"expert_grad", &expert_grad}, {"dense_grad", &dense_grad}};
+  return codecs_by_kind<std::string>(*this);
 }
 
 std::vector<std::pair<const char*, const std::string*>> LinkCodecs::by_kind() const {
-  std::vector<std::pair<const char*, const std::string*>> out;
-  for (auto [k, v] : const_cast<LinkCodecs*>(this)->by_kind()) out.emplace_back(k, v);
-  return out;
+  return codecs_by_kind<const std::string>(*this);
 }
 
 namespace {

@@ -20,34 +20,7 @@ namespace fs = std::filesystem;
 constexpr int kSteps = 20;
 constexpr int kBatchPerWorker = 2;
 
-// model/train/data shared by the distributed runs and the one-process reference.
-std::string model_yaml() {
-  return R"(model:
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  max_seq_len: 16
-  num_experts: 8
-  top_k: 2
-  expert_intermediate_size: 32
-  num_shared_experts: 1
-  shared_intermediate_size: 32
-  aux_loss_coef: 0.0
-  z_loss_coef: 0.001
-  init_std: 0.1
-  connectivity: regular
-train:
-  steps: 20
-  batch_size: 2
-  seq_len: 16
-  warmup_steps: 5
-  log_every: 5
-  eval_every: 0
-data:
-  builtin_bytes: 65536
-)";
-}
+using testing::model_yaml;
 
 std::string cluster_yaml(int dcs, int per_dc) {
   return "cluster:\n  levels:\n    - name: dc\n      size: " + std::to_string(dcs) +

@@ -12,6 +12,7 @@
 #include "actors/distributed_trainer.h"
 #include "cluster/job_config.h"
 #include "common/rng.h"
+#include "job_runner.h"
 
 namespace xd {
 namespace {
@@ -130,29 +131,10 @@ TEST(ExpertWireCodec, GradientsAddToWhatTheReceiverAlreadyHas) {
 
 // ---- four workers, 2 DCs x 2, HybridEP with every expert gathered ----------
 
+// The small MoE of job_runner.h on 2 DCs x 2 workers, HybridEP with every
+// expert gathered; `gather` and `dense` are the DC link's codecs.
 std::string job_yaml(const std::string& gather, const std::string& dense = "raw") {
-  return R"(model:
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  max_seq_len: 16
-  num_experts: 8
-  top_k: 2
-  expert_intermediate_size: 32
-  num_shared_experts: 1
-  shared_intermediate_size: 32
-  init_std: 0.1
-  expert_init_spread: 0.3
-train:
-  steps: 6
-  batch_size: 2
-  seq_len: 16
-  warmup_steps: 2
-  eval_every: 0
-data:
-  builtin_bytes: 65536
-cluster:
+  return testing::model_yaml() + R"(cluster:
   levels:
     - name: dc
       size: 2
@@ -172,6 +154,10 @@ cluster:
 JobConfig job_for(const std::string& gather, const std::string& dense = "raw") {
   auto job = parse_job_config(job_yaml(gather, dense), "job.yaml");
   XD_CHECK_MSG(job.has_value(), job.status().to_string().c_str());
+  job->train.steps = 6;
+  job->train.warmup_steps = 2;
+  job->train.model.expert_init_spread = 0.3;  // experts start alike: the base has something to hold
+  XD_CHECK(job->validate().is_ok());
   return *job;
 }
 

@@ -1,6 +1,7 @@
 // Runs a whole job from a test: a coordinator and its workers as real
 // processes of the xdmoe binary, over loopback. Returns their exit codes and
-// the coordinator's JSON summary.
+// the coordinator's JSON summary. Also the small model the distributed tests
+// share.
 #pragma once
 
 #include <sys/wait.h>
@@ -19,6 +20,36 @@
 #include "common/subprocess.h"
 
 namespace xd::testing {
+
+// model/train/data of a small MoE (8 experts, 2 layers) for distributed tests: 20
+// steps of 2 sequences of 16 tokens per worker on the built-in corpus.
+inline std::string model_yaml() {
+  return R"(model:
+  hidden_size: 32
+  num_layers: 2
+  num_heads: 2
+  num_kv_heads: 1
+  max_seq_len: 16
+  num_experts: 8
+  top_k: 2
+  expert_intermediate_size: 32
+  num_shared_experts: 1
+  shared_intermediate_size: 32
+  aux_loss_coef: 0.0
+  z_loss_coef: 0.001
+  init_std: 0.1
+  connectivity: regular
+train:
+  steps: 20
+  batch_size: 2
+  seq_len: 16
+  warmup_steps: 5
+  log_every: 5
+  eval_every: 0
+data:
+  builtin_bytes: 65536
+)";
+}
 
 inline std::string xdmoe_binary() { return std::string(XD_BINARY_DIR) + "/xdmoe"; }
 
