@@ -6,7 +6,13 @@
 
 #include <filesystem>
 
+#include <fstream>
+#include <set>
+
 #include "actors/detail/dense_all_reduce.h"
+#include "actors/detail/gradient_buckets.h"
+#include "common/atomic_file.h"
+#include "common/log.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
@@ -92,9 +98,29 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   t->outer_ = std::make_unique<Communicator>(transport, outer, o.timeout);
   // bf16 on a stage when a link class it crosses asks for it: the inner
   // group's is the innermost level's, the outer group's all the others.
+  detail::DenseWirePrecision precision;
   for (int l = 0; l < L; ++l)
     if (job.cluster.levels[l].link.codecs.dense_grad == "bf16")
-      (l == L - 1 ? t->dense_inner_bf16_ : t->dense_outer_bf16_) = true;
+      (l == L - 1 ? precision.inner_bf16 : precision.outer_bf16) = true;
+  // Buckets in the order backward finishes them: LM head and final norm,
+  // layers last to first, the embedding (which carries the expert norm).
+  const int layers = mc.num_layers;
+  std::vector<detail::GradientBuckets::Ranges> buckets(layers + 2);
+  for (const TensorSlot& s : t->layout_->slots()) {
+    if (s.is_routed_expert()) continue;
+    const bool embedding = s.layer < 0 && s.name.find("embed_tokens") != std::string::npos;
+    auto& ranges = buckets[s.layer >= 0 ? layers - s.layer : embedding ? layers + 1 : 0];
+    if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.numel();
+    else ranges.emplace_back(s.offset, s.offset + s.numel());
+  }
+  const bool overlapped = tc.farskip.overlapped;
+  t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
+                                                          std::move(buckets), 1, overlapped, &t->timeline_);
+  t->exchange_->set_overlapped(overlapped);
+  t->exchange_->set_timeline(&t->timeline_);
+  const int r = job.cluster.expert_parallel.pipeline_degree;
+  t->model_->set_pipeline_degree(r > 0 ? r : 1);
+  t->model_->set_timeline(&t->timeline_);
   t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
   ExpertCodecOptions codec_options;
   for (int l = 0; l < topo->num_levels(); ++l) {
@@ -115,41 +141,40 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
                                     " bytes, above the memory cap of " + std::to_string((size_t)o.memory_cap_bytes));
   ExpertCommunicator* comm = t->comm_.get();
   t->model_->set_expert_resolver([comm](int layer, int expert) { return comm->replica(layer, expert); });
+  comm->set_timeline(&t->timeline_);
   DistributedTrainer* self = t.get();
-  t->exchange_->set_hooks([comm](int layer) { comm->wait_gathered(layer); },
-                          [comm, self](int layer) { comm->start_reduce((uint32_t)self->step_, layer); });
-
-  t->dense_buffer_.resize(t->dense_count_ + 1);
+  t->exchange_->set_before_experts([comm](int layer) { comm->wait_gathered(layer); });
+  MoeTransformer<float>::BackwardHooks hooks;
+  hooks.experts_done = [comm, self](int layer) { comm->start_reduce((uint32_t)self->step_, layer); };
+  hooks.grads_ready = [self, layers](int group) {
+    // The embedding's bucket waits for the expert norm (reduce_dense_gradients).
+    if (group >= 0) self->buckets_->start((uint32_t)self->step_, layers - group, self->model_->grads().data());
+  };
+  t->model_->set_backward_hooks(std::move(hooks));
   t->last_stats_ = transport->stats();
   t->comm_->start_gather(0);
   return t;
 }
 
 Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
+  // Replica gradients must have reached their owners before the owners'
+  // gradients are scaled and their norm joins the all-reduce.
+  XD_RETURN_IF_ERROR(comm_->wait_reduced());
   std::vector<float>& g = model_->grads();
-  size_t k = 0;
-  for (auto [b, e] : dense_ranges_)
-    for (size_t i = b; i < e; ++i) dense_buffer_[k++] = g[i];
-  // The owned experts' squared gradient norm rides along, summed over workers.
   double local = 0;
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
-  dense_buffer_[k] = static_cast<float>(local);
-  if (outer_->size() > 1 || inner_->size() > 1)
-    XD_RETURN_IF_ERROR(detail::dense_all_reduce(inner_.get(), outer_.get(), {dense_inner_bf16_, dense_outer_bf16_},
-                                                {static_cast<uint32_t>(step_), kNoLayer, 1}, dense_buffer_.data(),
-                                                dense_buffer_.size()));
+  float norm = static_cast<float>(local);
+  buckets_->start(static_cast<uint32_t>(step_), buckets_->num_buckets() - 1, g.data(), &norm);
   const float inv = 1.0f / world_;
-  k = 0;
-  for (auto [b, e] : dense_ranges_)
-    for (size_t i = b; i < e; ++i) g[i] = dense_buffer_[k++] * inv;
+  XD_RETURN_IF_ERROR(buckets_->finish(g.data(), inv, &norm));
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) g[i] *= inv;
-  *expert_norm_sq = dense_buffer_[k] * (double)inv * inv;
+  *expert_norm_sq = norm * (double)inv * inv;
   return Status::ok();
 }
 
-void DistributedTrainer::record_link_figures(StepMetrics* m) {
+void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetrics* m) {
   TransportStats now = transport_->stats();
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
@@ -191,16 +216,27 @@ void DistributedTrainer::record_link_figures(StepMetrics* m) {
     m->bytes[name + "/moe_dispatch_raw"] += raw[p][0];
     m->bytes[name + "/moe_combine_raw"] += raw[p][1];
   }
+  // The busiest link class's transmit time, over the step and over its
+  // forward (until backward began) and backward parts.
+  auto at = [](const TransportStats& s, size_t c) {
+    return c < s.class_transmit_seconds.size() ? s.class_transmit_seconds[c] : 0.0;
+  };
+  double fwd_busy = 0, bwd_busy = 0;
   for (size_t c = 0; c < now.class_transmit_seconds.size(); ++c) {
-    const double before = c < last_stats_.class_transmit_seconds.size() ? last_stats_.class_transmit_seconds[c] : 0.0;
-    m->link_busy_s = std::max(m->link_busy_s, now.class_transmit_seconds[c] - before);
+    m->link_busy_s = std::max(m->link_busy_s, at(now, c) - at(last_stats_, c));
+    fwd_busy = std::max(fwd_busy, at(mid, c) - at(last_stats_, c));
+    bwd_busy = std::max(bwd_busy, at(now, c) - at(mid, c));
   }
+  m->fwd_comm_s = std::max(fwd_busy, m->fwd_exposed_s);
+  m->bwd_comm_s = std::max(bwd_busy, m->bwd_exposed_s);
   last_stats_ = std::move(now);
 }
 
 Expected<StepMetrics> DistributedTrainer::step() {
   const TrainConfig& tc = job_.train;
   const auto start = std::chrono::steady_clock::now();
+  const bool traced = std::count(tc.trace_steps.begin(), tc.trace_steps.end(), step_ + 1) > 0;
+  timeline_.set_enabled(traced);
   exchange_->set_step(static_cast<uint32_t>(step_));
   sampler_->next(&inputs_, &targets_);
   model_->zero_grad();
@@ -210,23 +246,22 @@ Expected<StepMetrics> DistributedTrainer::step() {
   XD_RETURN_IF_ERROR(comm_->status());
   if (!std::isfinite(loss.loss))
     return Status::internal("loss is " + std::to_string(loss.loss) + " at step " + std::to_string(step_ + 1));
+  const TransportStats mid = transport_->stats();
+  const double forward_s = seconds_since(start);
   model_->backward(exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
-  // Replica gradients must have reached their owners before the owners'
-  // gradients are scaled and their norm joins the dense all-reduce.
-  XD_RETURN_IF_ERROR(comm_->wait_reduced());
-  const auto comm_start = std::chrono::steady_clock::now();
   double expert_norm_sq = 0;
-  Status st = reduce_dense_gradients(&expert_norm_sq);
-  const double allreduce_s = seconds_since(comm_start);
-  XD_RETURN_IF_ERROR(st);
+  XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq));
   double dense_norm_sq = 0;
   const std::vector<float>& g = model_->grads();
   for (auto [b, e] : dense_ranges_)
     for (size_t i = b; i < e; ++i) dense_norm_sq += (double)g[i] * g[i];
   const double lr = tc.learning_rate_at(step_);
-  const double grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), lr,
-                                            dense_norm_sq + expert_norm_sq);
+  double grad_norm = 0;
+  {
+    ScopedSpan span(&timeline_, "optimizer");
+    grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), lr, dense_norm_sq + expert_norm_sq);
+  }
   if (!std::isfinite(grad_norm)) return Status::internal("gradient norm is not finite");
   ++step_;
   // The next step's replicas start moving now; after the last step there is
@@ -244,14 +279,46 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.gather_wait_s = gather_wait_;
   double gather_wait = 0;
   for (double w : gather_wait_) gather_wait += w;
-  const double blocked = exchange_->take_blocked_seconds() + gather_wait + allreduce_s +
-                         comm_->take_reduce_wait_seconds();
-  m.exposed_comm_s = blocked;
-  m.compute_s = std::max(0.0, m.step_s - blocked);
-  record_link_figures(&m);
+  const std::array<double, 2> blocked = exchange_->take_blocked_seconds();
+  m.fwd_exposed_s = std::min(forward_s, blocked[0] + gather_wait);
+  m.bwd_exposed_s = blocked[1] + comm_->take_reduce_wait_seconds() + buckets_->take_wait_seconds();
+  m.exposed_comm_s = m.fwd_exposed_s + m.bwd_exposed_s;
+  m.compute_s = std::max(0.0, m.step_s - m.exposed_comm_s);
+  record_link_figures(mid, &m);
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
+  if (traced) write_trace(step_);
   return m;
+}
+
+void DistributedTrainer::write_trace(int64_t step) {
+  timeline_.set_enabled(false);
+  const std::vector<Span> spans = timeline_.take();
+  double t0 = 1e300;
+  for (const Span& s : spans) t0 = std::min(t0, s.start_s);
+  nlohmann::json events = nlohmann::json::array();
+  const int pid = opts_.rank;
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+                    {"args", {{"name", "worker " + std::to_string(pid)}}}});
+  for (Lane lane : {Lane::kCompute, Lane::kToExperts, Lane::kToSources, Lane::kExperts, Lane::kDense})
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", (int)lane},
+                      {"args", {{"name", lane_name(lane)}}}});
+  for (const Span& s : spans) {
+    nlohmann::json e = {{"name", s.name}, {"cat", s.wait ? "wait" : s.lane == Lane::kCompute ? "compute" : "comm"},
+                        {"ph", "X"}, {"pid", pid}, {"tid", (int)s.lane},
+                        {"ts", (s.start_s - t0) * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6}};
+    if (s.layer >= 0) e["args"] = {{"layer", s.layer}};
+    events.push_back(std::move(e));
+  }
+  nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
+                          {"otherData", {{"step", step}, {"rank", pid}}}};
+  std::error_code ec;
+  std::filesystem::create_directories(job_.train.trace_dir, ec);
+  const std::string path = job_.train.trace_dir + "/trace-step" + std::to_string(step) + "-rank" +
+                           std::to_string(pid) + ".json";
+  const std::string text = trace.dump();
+  Status st = write_file_atomic(path, text.data(), text.size());
+  if (!st.is_ok()) XD_LOG_WARN("trainer", "cannot write the trace: %s", st.message().c_str());
 }
 
 }  // namespace xd

@@ -8,6 +8,13 @@
 // tokens, gradients are summed and divided by G. (Router load-balancing
 // statistics are per worker batch, as in Megatron, so the aux loss is the one
 // of the local batch.) Runs on the worker's compute thread; not thread-safe.
+//
+// Overlap (docs/overlap.md): the exchange runs Dispatch/Combine on its comm
+// threads while the model computes (job.train.farskip.overlapped), each
+// layer's replica gradients leave as soon as its expert backward is done, and
+// the dense gradients are all-reduced in per-layer buckets as backward
+// finishes them. Each step reports, per direction, the time the links were
+// busy, the time compute waited for them, and the step's bound.
 #pragma once
 
 #include <chrono>
@@ -22,9 +29,14 @@
 #include "model/adamw.h"
 #include "model/batch_sampler.h"
 #include "model/moe_transformer.h"
+#include "common/timeline.h"
 #include "transport/communicator.h"
 
 namespace xd {
+
+namespace detail {
+class GradientBuckets;
+}
 
 struct DistributedOptions {
   int rank = 0;
@@ -56,14 +68,21 @@ class DistributedTrainer {
 
  private:
   DistributedTrainer() = default;
+  // Waits for the replica gradients, all-reduces the dense ones (the last
+  // bucket, with the owned experts' squared norm, starts here) and scales
+  // everything by 1/G.
   Status reduce_dense_gradients(double* expert_norm_sq);
   // Bytes per link class and operation, and total communication time, of
-  // the step just taken (one transport snapshot).
-  void record_link_figures(StepMetrics* m);
+  // the step just taken (one transport snapshot; `mid` is the one taken when
+  // backward began).
+  void record_link_figures(const TransportStats& mid, StepMetrics* m);
+  // Writes the traced step's spans as a Chrome trace (trace_dir).
+  void write_trace(int64_t step);
 
   JobConfig job_;
   DistributedOptions opts_;
   Transport* transport_ = nullptr;
+  Timeline timeline_;  // before every thread that records into it
   int world_ = 1;
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<MoeTransformer<float>> model_;
@@ -76,8 +95,7 @@ class DistributedTrainer {
   std::vector<std::pair<size_t, size_t>> dense_ranges_;  // [begin, end) of replicated params
   size_t dense_count_ = 0;
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
-  std::vector<float> dense_buffer_;
-  bool dense_inner_bf16_ = false, dense_outer_bf16_ = false;  // dense_grad codecs (bf16 or fp32)
+  std::unique_ptr<detail::GradientBuckets> buckets_;  // after inner_/outer_: it uses them
   int64_t step_ = 0;
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;

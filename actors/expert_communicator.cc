@@ -4,19 +4,11 @@
 #include <cstring>
 
 #include "actors/detail/expert_wire_codec.h"
+#include "actors/detail/work_thread.h"
 
 namespace xd {
 
 namespace {
-class CommActor : public Actor {
- public:
-  CommActor() : Actor("expert-comm") {}
-  ~CommActor() override {
-    stop();
-    join();
-  }
-};
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -61,8 +53,7 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
   figures_.assign(levels, ExpertCodecFigures{});
   XD_CHECK(set_codecs(ExpertCodecOptions{std::vector<ExpertCodecSpec>(levels), std::vector<ExpertCodecSpec>(levels)})
                .is_ok());
-  actor_ = std::make_unique<CommActor>();
-  actor_->start();
+  actor_ = std::make_unique<detail::WorkThread>("expert-comm");
 }
 
 ExpertCommunicator::~ExpertCommunicator() { actor_.reset(); }
@@ -220,21 +211,28 @@ void ExpertCommunicator::start_gather(uint32_t step) {
     actor_->post([this, step, sums] {
       // A failed sync leaves this worker's base unlike its peers': every
       // later gather refuses to run against it (gather_layer).
+      ScopedSpan span(timeline_, "SR base all-reduce", -1, Lane::kExperts);
       if (base_status_.is_ok()) base_status_ = sync_base(step, *sums).with_context("SR base all-reduce");
     });
   };
   // Before the first step the gathers need a base; later ones use the last.
   if (base_due && step == 0) post_sync();
   for (int layer = 0; layer < layers_; ++layer)
-    actor_->post([this, step, layer] { finish(layer, true, gather_layer(step, layer)); });
+    actor_->post([this, step, layer] {
+      ScopedSpan span(timeline_, "expert all-gather", layer, Lane::kExperts);
+      finish(layer, true, gather_layer(step, layer));
+    });
   if (base_due && step != 0) post_sync();
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {
   const auto start = std::chrono::steady_clock::now();
+  const double t0 = steady_seconds();
   std::unique_lock<std::mutex> lock(mu_);
+  if (state_[layer].gathered) return;
   cv_.wait(lock, [&] { return state_[layer].gathered; });
   gather_wait_[layer] += seconds_since(start);
+  if (timeline_) timeline_->add(Span{"wait expert all-gather", layer, Lane::kCompute, true, t0, steady_seconds()});
 }
 
 void ExpertCommunicator::start_reduce(uint32_t step, int layer) {
@@ -243,7 +241,10 @@ void ExpertCommunicator::start_reduce(uint32_t step, int layer) {
     std::lock_guard<std::mutex> lock(mu_);
     state_[layer].reduced = false;
   }
-  actor_->post([this, step, layer] { finish(layer, false, reduce_layer(step, layer)); });
+  actor_->post([this, step, layer] {
+    ScopedSpan span(timeline_, "replica gradients", layer, Lane::kExperts);
+    finish(layer, false, reduce_layer(step, layer));
+  });
 }
 
 Status ExpertCommunicator::wait_reduced() {

@@ -26,6 +26,7 @@
 
 #include "actors/actor.h"
 #include "cluster/topology.h"
+#include "common/timeline.h"
 #include "compression/expert_codec.h"
 #include "model/moe_transformer.h"
 #include "transport/communicator.h"
@@ -75,6 +76,8 @@ class ExpertCommunicator {
   bool holds_replicas() const { return replicas_per_layer_ > 0; }
   size_t replica_bytes() const;  // weights of all replicas, all layers
 
+  // Transfers and waits go here (may be null); set before the first start_gather.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
   void start_gather(uint32_t step);  // every layer, in order
   void wait_gathered(int layer);     // blocks; its time is counted as AG wait
   void start_reduce(uint32_t step, int layer);
@@ -128,6 +131,7 @@ class ExpertCommunicator {
   std::vector<double> gather_wait_;
   double reduce_wait_ = 0;
   Status status_;
+  Timeline* timeline_ = nullptr;
   std::unique_ptr<Actor> actor_;  // the comm thread
 };
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "actors/detail/work_thread.h"
 #include "common/clock.h"
 #include "common/log.h"
 
@@ -13,9 +14,6 @@ namespace {
 // The most a peer's compressed rows may decode to: the transport's default
 // cap on one message (TransportOptions::max_message_bytes).
 constexpr uint64_t kMaxDecodedBytes = uint64_t(2) << 30;
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // A frame over `count` elements of `buf` from `first`; it keeps the whole
 // buffer alive until ZeroMQ has sent it, so the slices of one staged buffer go
@@ -52,6 +50,22 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   std::sort(computed_.begin(), computed_.end());
   for (size_t i = 0; i < computed_.size(); ++i) computed_index_[computed_[i]] = static_cast<int>(i);
   raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
+  set_overlapped(true);
+}
+
+HybridExpertExchange::~HybridExpertExchange() {
+  to_experts_thread_.reset();
+  to_sources_thread_.reset();
+}
+
+void HybridExpertExchange::set_overlapped(bool overlapped) {
+  if (overlapped && !to_experts_thread_) {
+    to_experts_thread_ = std::make_unique<detail::WorkThread>("to-experts");
+    to_sources_thread_ = std::make_unique<detail::WorkThread>("to-sources");
+  } else if (!overlapped) {
+    to_experts_thread_.reset();
+    to_sources_thread_.reset();
+  }
 }
 
 void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std::vector<CodecPipeline> to_sources) {
@@ -61,35 +75,46 @@ void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std
 }
 
 double HybridExpertExchange::take_codec_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
   const double s = codec_s_;
   codec_s_ = 0;
   return s;
 }
 
 std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::array<double, 2>> out = raw_bytes_;
   for (auto& b : raw_bytes_) b = {0.0, 0.0};
   return out;
 }
 
-void HybridExpertExchange::set_hooks(LayerHook before, LayerHook after) {
-  before_dispatch_ = std::move(before);
-  after_dispatch_backward_ = std::move(after);
-}
-
-double HybridExpertExchange::take_blocked_seconds() {
-  double s = blocked_s_;
-  blocked_s_ = 0;
+std::array<double, 2> HybridExpertExchange::take_blocked_seconds() {
+  const std::array<double, 2> s = blocked_s_;
+  blocked_s_ = {0.0, 0.0};
   return s;
 }
 
+Status HybridExpertExchange::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
 void HybridExpertExchange::fail(const Status& st) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (status_.is_ok()) status_ = st;
 }
 
-Tag HybridExpertExchange::wire_tag(const ExchangeTag& t, bool forward_path, int level) const {
-  return Tag{forward_path ? MessageKind::kMoeDispatch : MessageKind::kMoeCombine, step_,
-             static_cast<uint16_t>(t.layer), static_cast<uint16_t>(t.phase), static_cast<uint32_t>(level)};
+// The wire chunk field holds the pipeline chunk and the level: a chunk's
+// hops never match another chunk's or level's messages.
+Tag HybridExpertExchange::wire_tag(const ExchangeTag& t, bool forward_path, int level, uint32_t step) const {
+  return Tag{forward_path ? MessageKind::kMoeDispatch : MessageKind::kMoeCombine, step,
+             static_cast<uint16_t>(t.layer), static_cast<uint16_t>(t.phase),
+             static_cast<uint32_t>(t.chunk) * 16 + static_cast<uint32_t>(level)};
+}
+
+HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return routes_[{tag.layer, tag.chunk}];
 }
 
 Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forward, bool discover,
@@ -138,7 +163,10 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
   for (int i = 0; i < members; ++i) {
     if (!slots[i]) continue;
     const size_t rows = out_counts[i];
-    raw_bytes_[group[i]][toward_experts ? 0 : 1] += double(rows) * width * sizeof(float);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      raw_bytes_[group[i]][toward_experts ? 0 : 1] += double(rows) * width * sizeof(float);
+    }
     std::vector<OutFrame> frames;
     if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
     const CodecPipeline* codec = codecs.empty() ? nullptr : &codecs[group[i]];
@@ -146,7 +174,7 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       auto encoded = std::make_shared<EncodedTensor>();
       const double t0 = steady_seconds();
       Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());
-      codec_s_ += steady_seconds() - t0;
+      add_codec_seconds(steady_seconds() - t0);
       if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
       frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
                                 std::shared_ptr<const void>(encoded, encoded->payload.data())});
@@ -185,7 +213,7 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       const double t0 = steady_seconds();
       Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
                                 decoded[i].data(), decoded[i].size());
-      codec_s_ += steady_seconds() - t0;
+      add_codec_seconds(steady_seconds() - t0);
       XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
     } else {
       if (m->tensor_size(frame) % (sizeof(float) * width) != 0)
@@ -233,16 +261,15 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
   return Status::ok();
 }
 
-Status HybridExpertExchange::dispatch(int layer, const float* rows, const std::vector<int>& counts,
-                                      int width, std::vector<float>* data) {
-  Route& r = routes_[layer];
+Status HybridExpertExchange::dispatch(Route* route, const ExchangeTag& tag, const std::vector<int>& counts,
+                                      int width, uint32_t step, std::vector<float>* data) {
+  Route& r = *route;
   r = Route{};
   r.counts_in = counts;
   r.rows_in = std::accumulate(counts.begin(), counts.end(), 0);
-  data->assign(rows, rows + (size_t)r.rows_in * width);
+  if (data->size() != (size_t)r.rows_in * width) return Status::internal("MoE exchange: rows do not match counts");
   std::vector<int> ids;
   for (int e = 0; e < (int)counts.size(); ++e) ids.insert(ids.end(), counts[e], e);
-  const ExchangeTag tag{layer, (int)ExchangePhase::kDispatch};
   for (int l = 0; l < topology_.num_levels(); ++l) {
     const int members = topology_.level_sizes()[l];
     const int S = topology_.domain_sizes()[l];
@@ -259,7 +286,7 @@ Status HybridExpertExchange::dispatch(int layer, const float* rows, const std::v
                      [&](int a, int b) { return dest[a] < dest[b]; });
     hop.send_counts.assign(members, 0);
     for (int d : dest) hop.send_counts[d]++;
-    XD_RETURN_IF_ERROR(move(wire_tag(tag, true, l), l, &hop, true, true, width, data, &ids));
+    XD_RETURN_IF_ERROR(move(wire_tag(tag, true, l, step), l, &hop, true, true, width, data, &ids));
     r.hops.push_back(std::move(hop));
   }
   r.final_order.resize(ids.size());
@@ -273,65 +300,134 @@ Status HybridExpertExchange::dispatch(int layer, const float* rows, const std::v
   return Status::ok();
 }
 
-void HybridExpertExchange::to_experts(const ExchangeTag& tag, const float* rows,
-                                      const std::vector<int>& counts, int width,
-                                      std::vector<float>* out, std::vector<int>* out_counts) {
-  if (tag.phase == (int)ExchangePhase::kDispatch && before_dispatch_) before_dispatch_(tag.layer);
-  const auto start = std::chrono::steady_clock::now();
-  if ((int)routes_.size() <= tag.layer) routes_.resize(tag.layer + 1);
-  Route& r = routes_[tag.layer];
-  std::vector<float> data;
-  Status st = status_;
+void HybridExpertExchange::add_codec_seconds(double s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  codec_s_ += s;
+}
+
+void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {
+  if (!result.status.is_ok()) fail(result.status);
+  std::lock_guard<std::mutex> lock(mu_);
+  results_[tag] = std::move(result);
+  done_.notify_all();
+}
+
+void HybridExpertExchange::run_to_experts(const ExchangeTag& tag, std::vector<float> rows,
+                                          const std::vector<int>& counts, int width, uint32_t step) {
+  ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kDispatch ? "dispatch" : "combine backward", tag.layer,
+                  Lane::kToExperts);
+  Route& r = route(tag);
+  Result result;
+  std::vector<float>& data = result.rows;
+  data = std::move(rows);
+  Status st = status();  // after a failure, only shapes are kept (below)
   if (st.is_ok()) {
     if (tag.phase == (int)ExchangePhase::kDispatch) {
-      st = dispatch(tag.layer, rows, counts, width, &data);
+      st = dispatch(&r, tag, counts, width, step, &data);
+    } else if (r.hops.size() != (size_t)topology_.num_levels()) {
+      st = Status::internal("MoE exchange: a backward exchange without its Dispatch");
+    } else if (counts != r.counts_in) {
+      st = Status::internal("MoE exchange: backward with other counts than the Dispatch");
     } else {
-      XD_CHECK_MSG(counts == r.counts_in, "backward exchange with other counts than the Dispatch");
-      data.assign(rows, rows + (size_t)r.rows_in * width);
       for (int l = 0; l < topology_.num_levels() && st.is_ok(); ++l)
-        st = move(wire_tag(tag, true, l), l, &r.hops[l], true, false, width, &data, nullptr);
+        st = move(wire_tag(tag, true, l, step), l, &r.hops[l], true, false, width, &data, nullptr);
     }
   }
   if (!st.is_ok()) {
     // Keep shapes consistent so the math can finish; the trainer checks
     // status() and abandons the step.
-    fail(st);
     if (tag.phase == (int)ExchangePhase::kDispatch) {
       r.final_order.clear();
       r.out_counts.assign(computed_.size(), 0);
     }
-    out->assign(r.final_order.size() * (size_t)width, 0.0f);
-    *out_counts = r.out_counts;
-    blocked_s_ += seconds_since(start);
-    return;
+    result.status = st;
+    result.rows.assign(r.final_order.size() * (size_t)width, 0.0f);
+  } else {
+    std::vector<float> ordered(r.final_order.size() * (size_t)width);
+    for (size_t k = 0; k < r.final_order.size(); ++k)
+      std::memcpy(&ordered[k * width], &data[(size_t)r.final_order[k] * width], sizeof(float) * width);
+    result.rows = std::move(ordered);
   }
-  out->resize(r.final_order.size() * (size_t)width);
-  for (size_t k = 0; k < r.final_order.size(); ++k)
-    std::memcpy(&(*out)[k * width], &data[(size_t)r.final_order[k] * width], sizeof(float) * width);
-  *out_counts = r.out_counts;
-  blocked_s_ += seconds_since(start);
+  result.counts = r.out_counts;
+  publish(tag, std::move(result));
 }
 
-void HybridExpertExchange::to_sources(const ExchangeTag& tag, const float* rows, int width,
-                                      std::vector<float>* out) {
-  const auto start = std::chrono::steady_clock::now();
-  XD_CHECK(tag.layer < (int)routes_.size());
-  Route& r = routes_[tag.layer];
+void HybridExpertExchange::run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step) {
+  ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kCombine ? "combine" : "dispatch backward", tag.layer,
+                  Lane::kToSources);
+  Route& r = route(tag);
+  Result result;
+  Status st = status();
   std::vector<float> data(r.final_order.size() * (size_t)width);
-  for (size_t k = 0; k < r.final_order.size(); ++k)
-    std::memcpy(&data[(size_t)r.final_order[k] * width], &rows[k * width], sizeof(float) * width);
-  Status st = status_;
+  if (st.is_ok() && r.hops.size() != (size_t)topology_.num_levels())
+    st = Status::internal("MoE exchange: rows sent back without a Dispatch");
+  if (st.is_ok() && rows.size() != data.size()) st = Status::internal("MoE exchange: rows do not match the route");
+  if (st.is_ok())
+    for (size_t k = 0; k < r.final_order.size(); ++k)
+      std::memcpy(&data[(size_t)r.final_order[k] * width], &rows[k * width], sizeof(float) * width);
   for (int l = topology_.num_levels() - 1; l >= 0 && st.is_ok(); --l)
-    st = move(wire_tag(tag, false, l), l, &r.hops[l], false, false, width, &data, nullptr);
-  if (!st.is_ok() || (int)data.size() != r.rows_in * width) {
-    fail(st.is_ok() ? Status::internal("MoE exchange lost rows") : st);
-    out->assign((size_t)r.rows_in * width, 0.0f);
+    st = move(wire_tag(tag, false, l, step), l, &r.hops[l], false, false, width, &data, nullptr);
+  if (st.is_ok() && (int)data.size() != r.rows_in * width) st = Status::internal("MoE exchange lost rows");
+  if (!st.is_ok()) {
+    result.status = st;
+    result.rows.assign((size_t)r.rows_in * width, 0.0f);
   } else {
-    *out = std::move(data);
+    result.rows = std::move(data);
   }
-  blocked_s_ += seconds_since(start);
-  if (tag.phase == (int)ExchangePhase::kDispatchBackward && after_dispatch_backward_)
-    after_dispatch_backward_(tag.layer);
+  publish(tag, std::move(result));
+}
+
+HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag& tag) {
+  const bool backward = tag.phase == (int)ExchangePhase::kCombineBackward ||
+                        tag.phase == (int)ExchangePhase::kDispatchBackward;
+  const double start = steady_seconds();
+  Result result;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return results_.count(tag) > 0; });
+    auto it = results_.find(tag);
+    result = std::move(it->second);
+    results_.erase(it);
+  }
+  const double end = steady_seconds();
+  blocked_s_[backward ? 1 : 0] += end - start;
+  if (timeline_ && timeline_->enabled()) {
+    static const char* const kNames[] = {"wait dispatch", "wait combine", "wait combine backward",
+                                         "wait dispatch backward"};
+    timeline_->add(Span{kNames[tag.phase & 3], tag.layer, Lane::kCompute, true, start, end});
+  }
+  return result;
+}
+
+void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<float> rows,
+                                            const std::vector<int>& counts, int width) {
+  const uint32_t step = step_;
+  if (!to_experts_thread_) return run_to_experts(tag, std::move(rows), counts, width, step);
+  auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
+  to_experts_thread_->post([this, tag, shared_rows, counts, width, step] {
+    run_to_experts(tag, std::move(*shared_rows), counts, width, step);
+  });
+}
+
+void HybridExpertExchange::finish_to_experts(const ExchangeTag& tag, std::vector<float>* out,
+                                             std::vector<int>* out_counts) {
+  if (tag.phase == (int)ExchangePhase::kDispatch && before_experts_) before_experts_(tag.layer);
+  Result r = wait_result(tag);
+  *out = std::move(r.rows);
+  *out_counts = std::move(r.counts);
+}
+
+void HybridExpertExchange::start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) {
+  const uint32_t step = step_;
+  if (!to_sources_thread_) return run_to_sources(tag, std::move(rows), width, step);
+  auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
+  to_sources_thread_->post([this, tag, shared_rows, width, step] {
+    run_to_sources(tag, std::move(*shared_rows), width, step);
+  });
+}
+
+void HybridExpertExchange::finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) {
+  *out = std::move(wait_result(tag).rows);
 }
 
 }  // namespace xd

@@ -11,33 +11,53 @@
 // Rows to a peer can travel compressed: set_codecs() gives a codec per peer
 // for each direction (toward the experts, back to the sources); a lossy codec
 // changes the rows the other side computes with, raw (the default) nothing.
-// Used by one compute thread; the Transport underneath is thread-safe.
+// Asynchronous: with set_overlapped(true) (the default) start_* queues the
+// exchange on one of two comm threads -- rows toward the experts, rows back
+// to their sources -- and returns; finish_* blocks until it is done. With
+// set_overlapped(false) start_* does the whole exchange on the caller's
+// thread (FarSkip's "simple" implementation: the same messages, no overlap).
+// The public calls come from one compute thread; the comm threads share
+// the routes, byte counters and status under a mutex, and the Transport
+// underneath is thread-safe.
 #pragma once
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cluster/topology.h"
+#include "common/timeline.h"
 #include "compression/codec.h"
 #include "model/expert_exchange.h"
 #include "transport/transport.h"
 
 namespace xd {
 
+namespace detail {
+class WorkThread;
+}
+
 class HybridExpertExchange final : public ExpertExchange<float> {
  public:
-  // Called before a layer's Dispatch (wait for its gathered experts) and after
-  // its DispatchBackward (its replica gradients are final).
+  // Called on the compute thread before a layer's experts compute on its
+  // Dispatched rows: HybridEP waits there for the layer's gathered experts.
   using LayerHook = std::function<void(int layer)>;
 
   HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  ~HybridExpertExchange() override;
 
   void set_step(uint32_t step) { step_ = step; }
-  void set_hooks(LayerHook before_dispatch, LayerHook after_dispatch_backward);
+  void set_before_experts(LayerHook hook) { before_experts_ = std::move(hook); }
+  // true (the default): exchanges run on the comm threads.
+  void set_overlapped(bool overlapped);
+  // Transfers (comm threads) and waits (compute thread) go here (may be null).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
   // Per peer rank: the codec of rows toward the experts (Dispatch and the
   // backward of Combine) and back to their sources (Combine and the backward
   // of Dispatch). Both vectors hold one pipeline per rank of the world.
@@ -48,18 +68,20 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // Seconds spent encoding and decoding token rows since the last call.
   double take_codec_seconds();
 
-  void to_experts(const ExchangeTag& tag, const float* rows, const std::vector<int>& counts,
-                  int width, std::vector<float>* out, std::vector<int>* out_counts) override;
-  void to_sources(const ExchangeTag& tag, const float* rows, int width,
-                  std::vector<float>* out) override;
+  void start_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts,
+                        int width) override;
+  void finish_to_experts(const ExchangeTag& tag, std::vector<float>* out, std::vector<int>* out_counts) override;
+  void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override;
+  void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override;
   const std::vector<int>& computed_experts() const override { return computed_; }
 
   // The worker holding expert e's weights as owner.
   int owner_of(int expert) const { return expert / experts_per_worker_; }
-  // Seconds spent blocked in exchanges since the last call.
-  double take_blocked_seconds();
+  // Seconds the compute thread spent blocked in finish_* since the last call:
+  // [0] forward exchanges (Dispatch, Combine), [1] backward ones.
+  std::array<double, 2> take_blocked_seconds();
   // The first failure of an exchange (a dead or silent peer), or ok.
-  const Status& status() const { return status_; }
+  Status status() const;
 
  private:
   struct Hop {
@@ -82,26 +104,47 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // their order before the hop.
   Status move(const Tag& tag, int level, Hop* hop, bool forward, bool discover, int width,
               std::vector<float>* data, std::vector<int>* expert_ids);
-  Status dispatch(int layer, const float* rows, const std::vector<int>& counts, int width,
+  Status dispatch(Route* route, const ExchangeTag& tag, const std::vector<int>& counts, int width, uint32_t step,
                   std::vector<float>* data);
-  Tag wire_tag(const ExchangeTag& t, bool forward_path, int level) const;
+  // The exchanges themselves; on a comm thread, or the caller's when not
+  // overlapped. They publish into results_.
+  void run_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width,
+                      uint32_t step);
+  void run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step);
+  struct Result {
+    Status status;
+    std::vector<float> rows;
+    std::vector<int> counts;  // to experts: per computed expert
+  };
+  Result wait_result(const ExchangeTag& tag);
+  void publish(const ExchangeTag& tag, Result result);
+  void add_codec_seconds(double s);
+  Route& route(const ExchangeTag& tag);  // the Dispatch's route of the tag's layer and chunk
+  Tag wire_tag(const ExchangeTag& t, bool forward_path, int level, uint32_t step) const;
   void fail(const Status& st);
 
   Transport* transport_;
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
-  std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank
-  double codec_s_ = 0;
+  std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank; under mu_
+  double codec_s_ = 0;                                              // under mu_
   Topology topology_;
   int rank_;
   int num_experts_, experts_per_worker_;
   std::vector<int> computed_;       // global expert ids computed here, ascending
   std::vector<int> computed_index_;  // expert -> index in computed_, or -1
-  std::vector<Route> routes_;       // by layer
   std::chrono::milliseconds timeout_;
-  uint32_t step_ = 0;
-  LayerHook before_dispatch_, after_dispatch_backward_;
-  double blocked_s_ = 0;
+  uint32_t step_ = 0;             // compute thread
+  LayerHook before_experts_;
+  std::array<double, 2> blocked_s_{};  // compute thread
+  Timeline* timeline_ = nullptr;
+
+  mutable std::mutex mu_;          // guards what follows
+  std::condition_variable done_;
+  std::map<std::pair<int, int>, Route> routes_;  // by (layer, chunk); map nodes stay put
+  std::map<ExchangeTag, Result> results_;       // finished, not yet taken
   Status status_;
+  // Last: destroyed first, so no queued exchange outlives the state above.
+  std::unique_ptr<detail::WorkThread> to_experts_thread_, to_sources_thread_;
 };
 
 }  // namespace xd

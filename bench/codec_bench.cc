@@ -39,16 +39,20 @@ using namespace xd;
 class RecordingExchange final : public ExpertExchange<float> {
  public:
   explicit RecordingExchange(int experts) : inner_(experts) {}
-  void to_experts(const ExchangeTag& tag, const float* rows, const std::vector<int>& counts, int width,
-                  std::vector<float>* out, std::vector<int>* out_counts) override {
-    size_t n = 0;
-    for (int c : counts) n += c;
+  void start_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts,
+                        int width) override {
     std::vector<float>& keep = tag.phase == (int)ExchangePhase::kDispatch ? activations : output_grads;
-    keep.insert(keep.end(), rows, rows + n * width);
-    inner_.to_experts(tag, rows, counts, width, out, out_counts);
+    keep.insert(keep.end(), rows.begin(), rows.end());
+    inner_.start_to_experts(tag, std::move(rows), counts, width);
   }
-  void to_sources(const ExchangeTag& tag, const float* rows, int width, std::vector<float>* out) override {
-    inner_.to_sources(tag, rows, width, out);
+  void finish_to_experts(const ExchangeTag& tag, std::vector<float>* out, std::vector<int>* out_counts) override {
+    inner_.finish_to_experts(tag, out, out_counts);
+  }
+  void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override {
+    inner_.start_to_sources(tag, std::move(rows), width);
+  }
+  void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override {
+    inner_.finish_to_sources(tag, out);
   }
   const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
   std::vector<float> activations, output_grads;

@@ -148,6 +148,8 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
       if (s != 1) return Issue{"cluster.expert_parallel.domain_sizes", "mode ep means all 1s"};
   if (!(ep.memory_cap_bytes >= 0)) return Issue{"cluster.expert_parallel.memory_cap", "must be >= 0"};
   if (ep.base_sync_every < 0) return Issue{"cluster.expert_parallel.base_sync_every", "must be >= 0"};
+  if (ep.pipeline_degree < 0 || ep.pipeline_degree > 64)
+    return Issue{"cluster.expert_parallel.pipeline_degree", "must be auto or 1..64"};
   if (!c.hosts.empty()) {
     const int g0 = c.levels[0].size;
     std::vector<long long> per_dc(g0, 0);
@@ -253,7 +255,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
       read_hosts(r, v, &c.hosts);
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
-      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every"}, {},
+      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "pipeline_degree"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -275,6 +277,11 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           }
         } else if (ek == "base_sync_every") {
           r.get(ev, efull, &ep.base_sync_every);
+        } else if (ek == "pipeline_degree") {
+          if (ev.IsScalar() && ev.Scalar() == "auto") ep.pipeline_degree = 0;
+          else r.get(ev, efull, &ep.pipeline_degree);
+          if (r.ok() && ev.Scalar() != "auto" && ep.pipeline_degree < 1)
+            r.fail(ev, efull, "must be auto or a chunk count of at least 1");
         } else {
           r.get_unit(ev, efull, &ep.memory_cap_bytes, parse_byte_size);
         }

@@ -75,6 +75,7 @@ json cluster_to_json(const ClusterSpec& c) {
           {"expert_parallel", {{"mode", ep_mode_name(ep.mode)},
                                {"domain_sizes", ep.domain_sizes},
                                {"base_sync_every", ep.base_sync_every},
+                               {"pipeline_degree", ep.pipeline_degree},
                                // JSON has no infinity: null means no cap.
                                {"memory_cap_bytes", std::isinf(ep.memory_cap_bytes)
                                                         ? json(nullptr) : json(ep.memory_cap_bytes)}}}};
@@ -130,6 +131,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   }
   e.get("domain_sizes", &c->expert_parallel.domain_sizes);
   e.get("base_sync_every", &c->expert_parallel.base_sync_every);
+  e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
   f.fail(e.finish());
 }
@@ -159,7 +161,13 @@ json job_config_to_json(const JobConfig& job) {
                      {"eval_every", t.eval_every},
                      {"eval_batches", t.eval_batches},
                      {"checkpoint_every", t.checkpoint_every},
-                     {"checkpoint_dir", t.checkpoint_dir}}},
+                     {"checkpoint_dir", t.checkpoint_dir},
+                     {"trace_steps", t.trace_steps},
+                     {"trace_dir", t.trace_dir}}},
+          {"farskip", {{"enabled", t.farskip.enabled},
+                       {"overlapped", t.farskip.overlapped},
+                       {"attention_only", t.farskip.attention_only},
+                       {"moe_only", t.farskip.moe_only}}},
           {"cluster", cluster_to_json(job.cluster)}};
 }
 
@@ -205,6 +213,14 @@ Expected<JobConfig> job_config_from_json(const json& j) {
     r.get("eval_batches", &t.eval_batches);
     r.get("checkpoint_every", &t.checkpoint_every);
     r.get("checkpoint_dir", &t.checkpoint_dir);
+    r.get("trace_steps", &t.trace_steps);
+    r.get("trace_dir", &t.trace_dir);
+  });
+  section("farskip", [&](JsonFields& r) {
+    r.get("enabled", &t.farskip.enabled);
+    r.get("overlapped", &t.farskip.overlapped);
+    r.get("attention_only", &t.farskip.attention_only);
+    r.get("moe_only", &t.farskip.moe_only);
   });
   section("cluster", [&](JsonFields& c) { cluster_from_json(c, &job.cluster); });
   XD_RETURN_IF_ERROR(f.finish());

@@ -144,6 +144,8 @@ json to_json(const StepMetrics& m) {
           {"step_s", m.step_s},       {"compute_s", m.compute_s},
           {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
           {"link_busy_s", m.link_busy_s},
+          {"fwd_comm_s", m.fwd_comm_s},   {"fwd_exposed_s", m.fwd_exposed_s},
+          {"bwd_comm_s", m.bwd_comm_s},   {"bwd_exposed_s", m.bwd_exposed_s},
           {"codec_s", m.codec_s},
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
@@ -165,6 +167,10 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("comm_s", &m.comm_s);
     f.get("exposed_comm_s", &m.exposed_comm_s);
     f.get("link_busy_s", &m.link_busy_s);
+    f.get("fwd_comm_s", &m.fwd_comm_s);
+    f.get("fwd_exposed_s", &m.fwd_exposed_s);
+    f.get("bwd_comm_s", &m.bwd_comm_s);
+    f.get("bwd_exposed_s", &m.bwd_exposed_s);
     f.get("codec_s", &m.codec_s);
     f.get("predicted_step_s", &m.predicted_step_s);
     f.get("peak_rss_bytes", &m.peak_rss_bytes);

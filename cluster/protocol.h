@@ -87,6 +87,11 @@ struct StepMetrics {
   double loss = 0, ce_loss = 0, aux_loss = 0;
   double tokens_per_s = 0;
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  // Per direction: the busiest link class's transmit time while that pass
+  // ran (at least the exposed time), and the time compute waited for
+  // communication; overlap = 1 - exposed / comm. Forward covers the forward
+  // pass; backward the rest of the step (backward, all-reduce, optimizer).
+  double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
   // The busiest shaped link class's transmit time this step (bytes /
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
   // max(compute_s, link_busy_s).

@@ -288,10 +288,11 @@ void Coordinator::Impl::log_progress() {
   const int64_t steps = job.train.steps;
   if (s->step % job.train.log_every != 0 && s->step != 1 && s->step != steps) return;
   last_logged_step = s->step;
-  std::printf("step %5lld/%lld | loss %.4f | %.0f tok/s | step %.1f ms (compute %.1f, exposed comm %.1f, overlap %.0f%%) | predicted %.1f ms\n",
+  std::printf("step %5lld/%lld | loss %.4f | %.0f tok/s | step %.1f ms (compute %.1f, exposed comm %.1f, "
+              "overlap fwd %.0f%% bwd %.0f%%) | step / bound %.2f | predicted %.1f ms\n",
               (long long)s->step, (long long)steps, s->loss, s->tokens_per_s, s->step_s * 1e3,
-              s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->overlap_percent(),
-              s->predicted_step_s * 1e3);
+              s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->fwd_overlap_percent(), s->bwd_overlap_percent(),
+              s->step_over_bound(), s->predicted_step_s * 1e3);
   std::fflush(stdout);
 }
 
@@ -413,6 +414,13 @@ void Coordinator::Impl::write_summary() {
     j["mean_comm_s"] = mean.comm_s;
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
+    j["mean_fwd_comm_s"] = mean.fwd_comm_s;
+    j["mean_fwd_exposed_s"] = mean.fwd_exposed_s;
+    j["fwd_overlap_percent"] = mean.fwd_overlap_percent();
+    j["mean_bwd_comm_s"] = mean.bwd_comm_s;
+    j["mean_bwd_exposed_s"] = mean.bwd_exposed_s;
+    j["bwd_overlap_percent"] = mean.bwd_overlap_percent();
+    j["step_over_bound"] = mean.step_over_bound();
     j["mean_link_busy_s"] = mean.link_busy_s;
     j["mean_codec_s"] = mean.codec_s;
     j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
@@ -431,6 +439,10 @@ void Coordinator::Impl::write_summary() {
                 mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(), mean.bound_s() * 1e3,
                 mean.bound_s() > 0 ? mean.step_s / mean.bound_s() : 0.0, mean.predicted_step_s * 1e3,
                 mean.peak_rss_bytes / 1e6);
+    std::printf("  forward:  comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.fwd_comm_s * 1e3,
+                mean.fwd_exposed_s * 1e3, mean.fwd_overlap_percent());
+    std::printf("  backward: comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.bwd_comm_s * 1e3,
+                mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent());
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
     if (!mean.gather_wait_s.empty()) {

@@ -21,6 +21,10 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.comm_s = std::max(s.comm_s, m.comm_s);
   s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
   s.link_busy_s = std::max(s.link_busy_s, m.link_busy_s);
+  s.fwd_comm_s = std::max(s.fwd_comm_s, m.fwd_comm_s);
+  s.fwd_exposed_s = std::max(s.fwd_exposed_s, m.fwd_exposed_s);
+  s.bwd_comm_s = std::max(s.bwd_comm_s, m.bwd_comm_s);
+  s.bwd_exposed_s = std::max(s.bwd_exposed_s, m.bwd_exposed_s);
   s.codec_s = std::max(s.codec_s, m.codec_s);
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
@@ -50,6 +54,10 @@ StepSummary JobMetrics::mean(int skip) const {
     out.comm_s += s.comm_s;
     out.exposed_comm_s += s.exposed_comm_s;
     out.link_busy_s += s.link_busy_s;
+    out.fwd_comm_s += s.fwd_comm_s;
+    out.fwd_exposed_s += s.fwd_exposed_s;
+    out.bwd_comm_s += s.bwd_comm_s;
+    out.bwd_exposed_s += s.bwd_exposed_s;
     out.codec_s += s.codec_s;
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
@@ -71,6 +79,10 @@ StepSummary JobMetrics::mean(int skip) const {
   out.comm_s /= n;
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
+  out.fwd_comm_s /= n;
+  out.fwd_exposed_s /= n;
+  out.bwd_comm_s /= n;
+  out.bwd_exposed_s /= n;
   out.codec_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
@@ -94,8 +106,15 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"exposed_comm_s", s.exposed_comm_s},
           {"overlap_percent", s.overlap_percent()},
           {"link_busy_s", s.link_busy_s},
+          {"fwd_comm_s", s.fwd_comm_s},
+          {"fwd_exposed_s", s.fwd_exposed_s},
+          {"fwd_overlap_percent", s.fwd_overlap_percent()},
+          {"bwd_comm_s", s.bwd_comm_s},
+          {"bwd_exposed_s", s.bwd_exposed_s},
+          {"bwd_overlap_percent", s.bwd_overlap_percent()},
           {"codec_s", s.codec_s},
           {"bound_s", s.bound_s()},
+          {"step_over_bound", s.step_over_bound()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
@@ -143,6 +162,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
         {"bound_seconds", "The step's bound: max(compute, busiest link's transmit time).", s->bound_s()},
+        {"step_over_bound", "Step time / bound; 1 is the physical limit.", s->step_over_bound()},
         {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
@@ -151,6 +171,16 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       gauge(f.name, f.help);
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
+    // Per direction: forward is the forward pass, backward the rest of the step.
+    gauge("direction_comm_seconds", "Busiest link class's transmit time while the pass ran (at least the exposed time).");
+    o << "xdmoe_direction_comm_seconds{" << label << ",direction=\"forward\"} " << s->fwd_comm_s << "\n";
+    o << "xdmoe_direction_comm_seconds{" << label << ",direction=\"backward\"} " << s->bwd_comm_s << "\n";
+    gauge("direction_exposed_comm_seconds", "Time compute waited for communication in the pass.");
+    o << "xdmoe_direction_exposed_comm_seconds{" << label << ",direction=\"forward\"} " << s->fwd_exposed_s << "\n";
+    o << "xdmoe_direction_exposed_comm_seconds{" << label << ",direction=\"backward\"} " << s->bwd_exposed_s << "\n";
+    gauge("direction_overlap_percent", "1 - exposed / total communication of the pass, in percent.");
+    o << "xdmoe_direction_overlap_percent{" << label << ",direction=\"forward\"} " << s->fwd_overlap_percent() << "\n";
+    o << "xdmoe_direction_overlap_percent{" << label << ",direction=\"backward\"} " << s->bwd_overlap_percent() << "\n";
     // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the token
     // rows' fp32 bytes before any codec): two metrics with the same labels.
     constexpr std::string_view kRaw = "_raw";

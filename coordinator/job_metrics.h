@@ -23,6 +23,8 @@ struct StepSummary {
   double tokens_per_s = 0;                     // sum over workers
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers
   double link_busy_s = 0;                      // max over workers
+  // Per direction (StepMetrics): link busy time and compute's wait, max over workers.
+  double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
   double codec_s = 0;                          // max over workers
   // max(compute, busiest link's transmit time): no schedule can beat it.
   double bound_s() const { return std::max(compute_s, link_busy_s); }
@@ -31,8 +33,13 @@ struct StepSummary {
   std::map<std::string, double> bytes;         // sum
   std::map<std::string, double> nmse;          // max over workers (mean() averages steps)
   std::vector<double> gather_wait_s;           // per layer, max over workers
-  double overlap_percent() const {
-    return comm_s > 0 ? 100.0 * (1.0 - exposed_comm_s / comm_s) : 0.0;
+  double overlap_percent() const { return overlap(exposed_comm_s, comm_s); }
+  double fwd_overlap_percent() const { return overlap(fwd_exposed_s, fwd_comm_s); }
+  double bwd_overlap_percent() const { return overlap(bwd_exposed_s, bwd_comm_s); }
+  // What users feel: 1.0 is the physical limit.
+  double step_over_bound() const { return bound_s() > 0 ? step_s / bound_s() : 0.0; }
+  static double overlap(double exposed, double total) {
+    return total > 0 ? std::max(0.0, 100.0 * (1.0 - exposed / total)) : 0.0;
   }
 };
 

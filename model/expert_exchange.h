@@ -3,19 +3,36 @@
 // expert, and to bring results back. LocalExpertExchange keeps everything in
 // process; the networked one, HybridExpertExchange in actors/ (EP, flat EP and
 // HybridEP alike), implements the same interface, so the model code never
-// changes. One instance per
-// worker compute thread; implementations need not be thread-safe.
+// changes.
+//
+// Every exchange is split in two: start_* hands the rows over and may return
+// before they have moved; finish_* of the same tag blocks until they have
+// arrived and hands the result back. Between the two the caller computes
+// whatever does not depend on the result: that is how the FarSkip schedule
+// hides communication (docs/overlap.md). An implementation that moves rows
+// synchronously simply does the work in start_*. Each started tag is finished
+// exactly once, and finish_* calls come in the order of their start_* calls
+// per direction. One instance per worker compute thread; the calls are not
+// thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
 namespace xd {
 
-// Identifies one exchange so concurrent ones never mix (layer, direction).
+// Identifies one exchange so concurrent ones never mix (layer, direction,
+// pipeline chunk).
 struct ExchangeTag {
   int layer = 0;
   int phase = 0;  // see ExchangePhase
+  int chunk = 0;  // 0..r-1 with pipeline degree r (FSMoE Sec. 4)
+  bool operator<(const ExchangeTag& o) const {
+    return std::tie(layer, phase, chunk) < std::tie(o.layer, o.phase, o.chunk);
+  }
 };
 
 enum class ExchangePhase : int {
@@ -30,16 +47,25 @@ class ExpertExchange {
  public:
   virtual ~ExpertExchange() = default;
   // `rows` (A, width) are grouped by global expert with `counts` (E) rows each.
-  // On return `out` holds the rows this worker computes, grouped by the experts
-  // it computes (in computed_experts() order), with `out_counts` per expert.
-  virtual void to_experts(const ExchangeTag& tag, const T* rows, const std::vector<int>& counts,
-                          int width, std::vector<T>* out, std::vector<int>* out_counts) = 0;
-  // Exact reverse of the to_experts call of the same layer: `rows` in the `out`
-  // layout go back to their sources, into plan order (A, width).
-  virtual void to_sources(const ExchangeTag& tag, const T* rows, int width,
-                          std::vector<T>* out) = 0;
+  // Dispatch learns the route; the backward of Combine (same layer and chunk,
+  // same counts) follows it.
+  virtual void start_to_experts(const ExchangeTag& tag, std::vector<T> rows, const std::vector<int>& counts,
+                                int width) = 0;
+  // `out` gets the rows this worker computes, grouped by the experts it
+  // computes (in computed_experts() order), with `out_counts` per expert.
+  virtual void finish_to_experts(const ExchangeTag& tag, std::vector<T>* out, std::vector<int>* out_counts) = 0;
+  // Exact reverse of the to_experts exchange of the same layer and chunk:
+  // `rows` in its `out` layout go back to their sources, into the order they
+  // had there (A, width).
+  virtual void start_to_sources(const ExchangeTag& tag, std::vector<T> rows, int width) = 0;
+  virtual void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) = 0;
   // Global ids of the experts whose rows this worker receives, in order.
   virtual const std::vector<int>& computed_experts() const = 0;
+
+  // start then finish.
+  void to_experts(const ExchangeTag& tag, const T* rows, const std::vector<int>& counts, int width,
+                  std::vector<T>* out, std::vector<int>* out_counts);
+  void to_sources(const ExchangeTag& tag, const T* rows, size_t num_rows, int width, std::vector<T>* out);
 };
 
 // Single process: every expert is computed here, rows stay where they are.
@@ -47,15 +73,20 @@ template <typename T>
 class LocalExpertExchange final : public ExpertExchange<T> {
  public:
   explicit LocalExpertExchange(int num_experts);
-  void to_experts(const ExchangeTag& tag, const T* rows, const std::vector<int>& counts,
-                  int width, std::vector<T>* out, std::vector<int>* out_counts) override;
-  void to_sources(const ExchangeTag& tag, const T* rows, int width,
-                  std::vector<T>* out) override;
+  void start_to_experts(const ExchangeTag& tag, std::vector<T> rows, const std::vector<int>& counts,
+                        int width) override;
+  void finish_to_experts(const ExchangeTag& tag, std::vector<T>* out, std::vector<int>* out_counts) override;
+  void start_to_sources(const ExchangeTag& tag, std::vector<T> rows, int width) override;
+  void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) override;
   const std::vector<int>& computed_experts() const override { return experts_; }
 
  private:
+  struct Pending {
+    std::vector<T> rows;
+    std::vector<int> counts;
+  };
   std::vector<int> experts_;
-  std::vector<int64_t> rows_by_layer_;  // rows of the last to_experts per layer
+  std::map<ExchangeTag, Pending> pending_;  // started, not finished
 };
 
 }  // namespace xd

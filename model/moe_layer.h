@@ -2,8 +2,15 @@
 // Expert -> Combine, plus shared experts that see every token. Dispatch and
 // Combine go through an ExpertExchange, so the same math runs in one process
 // or across workers. Routed and shared outputs are returned separately because
-// FarSkip connectivity treats them differently. Not thread-safe: one cache per
-// layer and micro-batch.
+// FarSkip connectivity treats them differently.
+//
+// The block comes in pieces so a schedule can compute while its exchanges
+// move (docs/overlap.md): the route starts Dispatch, the experts pass finishes
+// it chunk by chunk and starts Combine, the combine-finish pass waits for it.
+// With pipeline degree r the plan rows of every expert are split into r
+// chunks, each its own Dispatch/Combine, so experts compute on chunk i while
+// chunk i+1 is still moving (FSMoE Sec. 4). moe_forward / moe_backward run the
+// pieces back to back. Not thread-safe: one cache per layer and micro-batch.
 #pragma once
 
 #include <vector>
@@ -23,32 +30,78 @@ struct MoeWeights {
   std::vector<ExpertParams<T>> shared;    // one per shared expert
 };
 
+// One pipeline chunk of a layer's routed rows.
+template <typename T>
+struct MoeChunk {
+  std::vector<int> plan_rows;       // plan indices in send order (grouped by expert)
+  std::vector<int> counts;          // (E) rows per global expert
+  std::vector<T> expert_in;         // rows this worker computes, grouped by computed expert
+  std::vector<int> expert_counts;   // per computed expert
+  std::vector<ExpertCache<T>> expert_cache;  // per computed expert
+  std::vector<T> expert_dout;       // backward: output grads at the experts
+};
+
 template <typename T>
 struct MoeCache {
   std::vector<T> logits;            // (N, E)
   GateCache<T> gate;
   DispatchPlan<T> plan;
-  std::vector<int> counts;          // (E) plan rows per global expert
-  std::vector<T> expert_in;         // rows this worker computes, grouped by expert
-  std::vector<int> expert_counts;   // per computed expert
-  std::vector<ExpertCache<T>> expert_cache;
-  std::vector<T> routed_rows;       // (A, d) expert outputs back at the source
+  std::vector<MoeChunk<T>> chunks;  // r of them
+  std::vector<T> routed_rows;       // (A, d) expert outputs back at the source, plan order
+  std::vector<T> dweight;           // (A) backward: d loss / d combine weight
   std::vector<ExpertCache<T>> shared_cache;
   std::vector<T> shared_scratch;    // (N, d)
 };
 
 struct MoeDims {
   int num_tokens, hidden, expert_ff, shared_ff, layer;
+  int chunks = 1;  // pipeline degree r
 };
 
-// shared_out and routed_out (N, d) are overwritten.
+// --- Forward, in schedule order ---
+// Router and gate on xn (N, d); starts the Dispatch of every chunk.
+template <typename T>
+void moe_route_forward(MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
+                       const ModelConfig& cfg, const MoeDims& dims);
+// Per chunk: finishes its Dispatch, runs the experts, starts its Combine.
+template <typename T>
+void moe_experts_forward(MoeCache<T>* cache, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
+                         const MoeDims& dims);
+// shared_out (N, d) is overwritten.
+template <typename T>
+void moe_shared_forward(T* shared_out, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, const MoeDims& dims);
+// Finishes every chunk's Combine; routed_out (N, d) is overwritten.
+template <typename T>
+void moe_combine_finish(T* routed_out, MoeCache<T>* cache, ExpertExchange<T>* exchange, const MoeDims& dims);
+
+// --- Backward, in schedule order; dxn (N, d) accumulates ---
+// d(weight) locally; starts the backward of Combine (output grads to the experts).
+template <typename T>
+void moe_combine_backward_start(MoeCache<T>* cache, const T* drouted, ExpertExchange<T>* exchange,
+                                const MoeDims& dims);
+// Router and gate backward; needs moe_combine_backward_start first.
+// loss_scale multiplies the router aux/z loss gradients (1 for a plain step).
+template <typename T>
+void moe_router_backward(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
+                         const MoeDims& dims, double loss_scale);
+// Per chunk: finishes its Combine backward, computes the input gradients,
+// starts the backward of Dispatch, then the weight gradients (which overlap it).
+template <typename T>
+void moe_experts_backward(MoeCache<T>* cache, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
+                          const MoeDims& dims);
+template <typename T>
+void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w,
+                         const MoeDims& dims);
+// Finishes every chunk's Dispatch backward and adds the rows into dxn.
+template <typename T>
+void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* cache, ExpertExchange<T>* exchange, const MoeDims& dims);
+
+// The whole block, pieces back to back.
 template <typename T>
 void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* cache, const T* xn,
                  const MoeWeights<T>& w, ExpertExchange<T>* exchange, const ModelConfig& cfg,
                  const MoeDims& dims);
-
-// dxn (N, d) is accumulated; dshared/drouted are the gradients of the outputs.
-// loss_scale multiplies the router aux/z loss gradients (1 for a plain step).
+// dshared/drouted are the gradients of the outputs.
 template <typename T>
 void moe_backward(T* dxn, const T* dshared, const T* drouted, MoeCache<T>* cache, const T* xn,
                   const MoeWeights<T>& w, ExpertExchange<T>* exchange, const ModelConfig& cfg,

@@ -11,7 +11,7 @@ namespace xd {
 
 template <typename T>
 struct MoeTransformer<T>::LayerCache {
-  std::vector<T> attn_in;            // (N, d) o_{k-1} (- r_{k-1} under FarSkip attention)
+  std::vector<T> attn_in;            // (N, d) o_{k-1}, or p_{k-1} under FarSkip attention
   std::vector<T> norm1, rstd1;       // (N, d), (N)
   std::vector<T> q, k, v;            // post-RoPE, (N, H*hd), (N, KVH*hd) x2
   std::vector<T> probs;              // (B, H, T, T)
@@ -20,6 +20,7 @@ struct MoeTransformer<T>::LayerCache {
   std::vector<T> moe_in;             // (N, d)
   std::vector<T> norm2, rstd2;
   std::vector<T> shared_out, routed_out;  // s_k, r_k (N, d)
+  std::vector<T> partial;            // p_k = o_{k-1} + a_k + s_k: o_k before r_k arrives (N, d)
   MoeCache<T> moe;
 };
 
@@ -106,6 +107,12 @@ MoeWeights<T> MoeTransformer<T>::moe_weights(int l, const ExpertExchange<T>& ex)
 }
 
 template <typename T>
+void MoeTransformer<T>::set_pipeline_degree(int r) {
+  XD_CHECK(r >= 1);
+  chunks_ = r;
+}
+
+template <typename T>
 LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targets, int batch,
                                      int seq, ExpertExchange<T>* exchange) {
   const ModelConfig& cfg = config();
@@ -124,58 +131,95 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   layers_.resize(L);
   embedding_forward(residual_[0].data(), inputs, w_.embed_tokens, N, d);
   LossStats stats;
-  const std::vector<T> zeros(Nd, T(0));
-  const T* prev_routed = zeros.data();  // r_{k-1}; r_0 = 0
+  auto dims = [&](int l) {
+    return MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l, chunks_};
+  };
+  // Layer l's Combine lands: r_l, then o_l = p_l + r_l.
+  auto finish_combine = [&](int l) {
+    LayerCache& c = layers_[l];
+    c.routed_out.resize(Nd);
+    moe_combine_finish(c.routed_out.data(), &c.moe, exchange, dims(l));
+    T* o = residual_[l + 1].data();
+    for (size_t j = 0; j < Nd; ++j) o[j] = c.partial[j] + c.routed_out[j];
+  };
+  // The steps of docs/overlap.md: under FarSkip the attention needs only
+  // p_{k-1} and the MoE only o_{k-1}, so Combine(k-1) overlaps attention
+  // part (a) and Dispatch(k) part (b); Combine(k) overlaps the shared experts.
   for (int l = 0; l < L; ++l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
     const Connectivity conn = cfg.layer_connectivity(l);
+    const MoeDims dm = dims(l);
     const T* o_prev = residual_[l].data();
-
-    c.attn_in.assign(o_prev, o_prev + Nd);
-    if (farskip_attention(conn))
-      for (size_t j = 0; j < Nd; ++j) c.attn_in[j] -= prev_routed[j];
-    c.norm1.resize(Nd);
-    c.rstd1.resize(N);
-    rmsnorm_forward(c.norm1.data(), c.rstd1.data(), c.attn_in.data(), W.input_layernorm, N, d,
-                    cfg.rms_norm_eps);
-    c.q.resize((size_t)N * H * hd);
-    c.k.resize((size_t)N * KVH * hd);
-    c.v.resize((size_t)N * KVH * hd);
-    linear_forward(c.q.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
-    linear_forward(c.k.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
-    linear_forward(c.v.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
-    rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
-    rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
-    c.probs.resize((size_t)batch * H * seq * seq);
-    c.context.resize((size_t)N * H * hd);
-    attention_forward(c.context.data(), c.probs.data(), c.q.data(), c.k.data(), c.v.data(),
-                      AttentionDims{batch, seq, H, KVH, hd});
-    c.attn_out.resize(Nd);
-    linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
-
-    c.moe_in.assign(o_prev, o_prev + Nd);
-    if (!farskip_moe(conn))
-      for (size_t j = 0; j < Nd; ++j) c.moe_in[j] += c.attn_out[j];
-    c.norm2.resize(Nd);
-    c.rstd2.resize(N);
-    rmsnorm_forward(c.norm2.data(), c.rstd2.data(), c.moe_in.data(), W.post_attention_layernorm,
-                    N, d, cfg.rms_norm_eps);
-    c.shared_out.resize(Nd);
-    c.routed_out.resize(Nd);
-    moe_forward(c.shared_out.data(), c.routed_out.data(), &c.moe, c.norm2.data(),
-                moe_weights(l, *exchange), exchange, cfg,
-                MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l});
+    bool combined = l == 0;  // o_{l-1} is known (o_{-1} is the embedding, r_{-1} = 0)
+    if (farskip_attention(conn)) {
+      const T* partial_prev = l > 0 ? layers_[l - 1].partial.data() : o_prev;
+      c.attn_in.assign(partial_prev, partial_prev + Nd);
+    } else {
+      if (!combined) finish_combine(l - 1);
+      combined = true;
+      c.attn_in.assign(o_prev, o_prev + Nd);
+    }
+    {
+      ScopedSpan span(timeline_, "attention (a)", l);
+      c.norm1.resize(Nd);
+      c.rstd1.resize(N);
+      rmsnorm_forward(c.norm1.data(), c.rstd1.data(), c.attn_in.data(), W.input_layernorm, N, d, cfg.rms_norm_eps);
+      c.q.resize((size_t)N * H * hd);
+      c.k.resize((size_t)N * KVH * hd);
+      c.v.resize((size_t)N * KVH * hd);
+      linear_forward(c.q.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
+      linear_forward(c.k.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
+      linear_forward(c.v.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
+      rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
+      rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
+    }
+    if (!combined) finish_combine(l - 1);
+    const MoeWeights<T> mw = moe_weights(l, *exchange);
+    auto route = [&] {
+      ScopedSpan span(timeline_, "router", l);
+      c.norm2.resize(Nd);
+      c.rstd2.resize(N);
+      rmsnorm_forward(c.norm2.data(), c.rstd2.data(), c.moe_in.data(), W.post_attention_layernorm, N, d,
+                      cfg.rms_norm_eps);
+      moe_route_forward(&c.moe, c.norm2.data(), mw, exchange, cfg, dm);
+    };
+    if (farskip_moe(conn)) {
+      c.moe_in.assign(o_prev, o_prev + Nd);
+      route();
+    }
+    {
+      ScopedSpan span(timeline_, "attention (b)", l);
+      c.probs.resize((size_t)batch * H * seq * seq);
+      c.context.resize((size_t)N * H * hd);
+      attention_forward(c.context.data(), c.probs.data(), c.q.data(), c.k.data(), c.v.data(),
+                        AttentionDims{batch, seq, H, KVH, hd});
+      c.attn_out.resize(Nd);
+      linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
+    }
+    if (!farskip_moe(conn)) {
+      c.moe_in.resize(Nd);
+      for (size_t j = 0; j < Nd; ++j) c.moe_in[j] = o_prev[j] + c.attn_out[j];
+      route();
+    }
     stats.aux_loss += c.moe.gate.aux_loss;
     stats.z_loss += c.moe.gate.z_loss;
     stats.dropped += c.moe.plan.dropped;
-
-    T* o = residual_[l + 1].data();
-    for (size_t j = 0; j < Nd; ++j)
-      o[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j] + c.routed_out[j];
-    prev_routed = c.routed_out.data();
+    {
+      ScopedSpan span(timeline_, "routed experts", l);
+      moe_experts_forward(&c.moe, mw, exchange, dm);
+    }
+    {
+      ScopedSpan span(timeline_, "shared experts", l);
+      c.shared_out.resize(Nd);
+      moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
+      c.partial.resize(Nd);
+      for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];
+    }
   }
+  finish_combine(L - 1);
 
+  ScopedSpan head_span(timeline_, "head");
   final_normed_.resize(Nd);
   final_rstd_.resize(N);
   rmsnorm_forward(final_normed_.data(), final_rstd_.data(), residual_[L].data(), w_.final_norm, N,
@@ -198,62 +242,89 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   const int H = cfg.num_heads, KVH = cfg.num_kv_heads, hd = cfg.head_dim();
   const size_t Nd = (size_t)N * d;
 
-  std::vector<T> dlogits((size_t)N * V);
-  cross_entropy_forward_backward<T>(dlogits.data(), logits_.data(), targets_.data(), N, V, 1.0);
-  std::vector<T> dnormed(Nd, T(0));
-  linear_backward(dnormed.data(), g_.lm_head, dlogits.data(), final_normed_.data(), w_.lm_head, N,
-                  d, V);
-  std::vector<T> dres(Nd, T(0));  // d loss / d o_k, walking k down
-  rmsnorm_backward(dres.data(), g_.final_norm, dnormed.data(), residual_[L].data(), w_.final_norm,
-                   final_rstd_.data(), N, d);
+  std::vector<T> dout(Nd, T(0));  // d loss / d o_k, walking k down
+  {
+    ScopedSpan span(timeline_, "head backward");
+    std::vector<T> dlogits((size_t)N * V);
+    cross_entropy_forward_backward<T>(dlogits.data(), logits_.data(), targets_.data(), N, V, 1.0);
+    std::vector<T> dnormed(Nd, T(0));
+    linear_backward(dnormed.data(), g_.lm_head, dlogits.data(), final_normed_.data(), w_.lm_head, N, d, V);
+    rmsnorm_backward(dout.data(), g_.final_norm, dnormed.data(), residual_[L].data(), w_.final_norm,
+                     final_rstd_.data(), N, d);
+  }
+  if (hooks_.grads_ready) hooks_.grads_ready(L);
 
-  std::vector<T> drouted_extra(Nd, T(0));  // from layer k+1's partial attention input
-  std::vector<T> da(Nd), drouted(Nd), dnorm2(Nd), dmoe_in(Nd), dctx, dq, dk, dv, dnorm1(Nd),
+  // p_k feeds o_k and, under FarSkip attention, layer k+1's attention input:
+  // d p_k = d o_k + dp_extra, while d r_k = d o_k.
+  std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv, dnorm1(Nd),
       dattn_in(Nd);
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
     const LayerWeights<T>& G = g_.layers[l];
     const Connectivity conn = cfg.layer_connectivity(l);
+    const MoeDims dm{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l, chunks_};
+    const MoeWeights<T> mw = moe_weights(l, *exchange);
+    auto attention_backward_pass = [&](const T* dattn_out) {
+      ScopedSpan span(timeline_, "attention backward", l);
+      dctx.assign((size_t)N * H * hd, T(0));
+      linear_backward(dctx.data(), G.o_proj, dattn_out, c.context.data(), W.o_proj, N, H * hd, d);
+      dq.assign(c.q.size(), T(0));
+      dk.assign(c.k.size(), T(0));
+      dv.assign(c.v.size(), T(0));
+      attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), c.probs.data(), c.q.data(),
+                         c.k.data(), c.v.data(), AttentionDims{batch_, seq_, H, KVH, hd});
+      rope_backward(dq.data(), batch_, seq_, H, hd, cfg.rope_theta);
+      rope_backward(dk.data(), batch_, seq_, KVH, hd, cfg.rope_theta);
+      std::fill(dnorm1.begin(), dnorm1.end(), T(0));
+      linear_backward(dnorm1.data(), G.q_proj, dq.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
+      linear_backward(dnorm1.data(), G.k_proj, dk.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
+      linear_backward(dnorm1.data(), G.v_proj, dv.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
+      std::fill(dattn_in.begin(), dattn_in.end(), T(0));
+      rmsnorm_backward(dattn_in.data(), G.input_layernorm, dnorm1.data(), c.attn_in.data(),
+                       W.input_layernorm, c.rstd1.data(), N, d);
+    };
 
-    // o_k = o_{k-1} + a + s + r: every summand sees d o_k; r also feeds layer k+1.
-    for (size_t j = 0; j < Nd; ++j) drouted[j] = dres[j] + drouted_extra[j];
+    for (size_t j = 0; j < Nd; ++j) dp[j] = dout[j] + dp_extra[j];
+    // The backward of Combine needs only d r_k = d o_k: it starts first, and
+    // whatever does not need the experts' answer runs while it moves.
+    moe_combine_backward_start(&c.moe, dout.data(), exchange, dm);
     std::fill(dnorm2.begin(), dnorm2.end(), T(0));
-    moe_backward(dnorm2.data(), dres.data(), drouted.data(), &c.moe, c.norm2.data(),
-                 moe_weights(l, *exchange), exchange, cfg,
-                 MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l}, 1.0);
+    if (farskip_moe(conn)) attention_backward_pass(dp.data());  // d a_k = d p_k
+    {
+      ScopedSpan span(timeline_, "router backward", l);
+      moe_router_backward(dnorm2.data(), &c.moe, c.norm2.data(), mw, cfg, dm, 1.0);
+    }
+    {
+      ScopedSpan span(timeline_, "routed experts backward", l);
+      moe_experts_backward(&c.moe, mw, exchange, dm);
+    }
+    if (hooks_.experts_done) hooks_.experts_done(l);
+    {
+      ScopedSpan span(timeline_, "shared experts backward", l);
+      moe_shared_backward(dnorm2.data(), dp.data(), &c.moe, c.norm2.data(), mw, dm);  // d s_k = d p_k
+    }
+    moe_dispatch_backward_finish(dnorm2.data(), &c.moe, exchange, dm);
     std::fill(dmoe_in.begin(), dmoe_in.end(), T(0));
     rmsnorm_backward(dmoe_in.data(), G.post_attention_layernorm, dnorm2.data(), c.moe_in.data(),
                      W.post_attention_layernorm, c.rstd2.data(), N, d);
-    da = dres;
-    for (size_t j = 0; j < Nd; ++j) {
-      dres[j] += dmoe_in[j];  // moe_in contains o_{k-1} in both connectivities
-      if (!farskip_moe(conn)) da[j] += dmoe_in[j];
+    if (!farskip_moe(conn)) {  // moe_in = o_{k-1} + a_k
+      for (size_t j = 0; j < Nd; ++j) da[j] = dp[j] + dmoe_in[j];
+      attention_backward_pass(da.data());
     }
-
-    dctx.assign((size_t)N * H * hd, T(0));
-    linear_backward(dctx.data(), G.o_proj, da.data(), c.context.data(), W.o_proj, N, H * hd, d);
-    dq.assign(c.q.size(), T(0));
-    dk.assign(c.k.size(), T(0));
-    dv.assign(c.v.size(), T(0));
-    attention_backward(dq.data(), dk.data(), dv.data(), dctx.data(), c.probs.data(), c.q.data(),
-                       c.k.data(), c.v.data(), AttentionDims{batch_, seq_, H, KVH, hd});
-    rope_backward(dq.data(), batch_, seq_, H, hd, cfg.rope_theta);
-    rope_backward(dk.data(), batch_, seq_, KVH, hd, cfg.rope_theta);
-    std::fill(dnorm1.begin(), dnorm1.end(), T(0));
-    linear_backward(dnorm1.data(), G.q_proj, dq.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
-    linear_backward(dnorm1.data(), G.k_proj, dk.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
-    linear_backward(dnorm1.data(), G.v_proj, dv.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
-    std::fill(dattn_in.begin(), dattn_in.end(), T(0));
-    rmsnorm_backward(dattn_in.data(), G.input_layernorm, dnorm1.data(), c.attn_in.data(),
-                     W.input_layernorm, c.rstd1.data(), N, d);
+    if (hooks_.grads_ready) hooks_.grads_ready(l);
+    // o_{k-1} feeds p_k, the MoE input and (unless FarSkip) the attention
+    // input; p_{k-1} feeds the attention input under FarSkip.
     const bool partial = farskip_attention(conn);
     for (size_t j = 0; j < Nd; ++j) {
-      dres[j] += dattn_in[j];
-      drouted_extra[j] = partial ? -dattn_in[j] : T(0);
+      dout[j] = dp[j] + dmoe_in[j] + (partial ? T(0) : dattn_in[j]);
+      dp_extra[j] = partial ? dattn_in[j] : T(0);
     }
   }
-  embedding_backward(g_.embed_tokens, dres.data(), inputs_.data(), N, d);
+  // o_{-1} = p_{-1} is the embedding.
+  for (size_t j = 0; j < Nd; ++j) dout[j] += dp_extra[j];
+  embedding_backward(g_.embed_tokens, dout.data(), inputs_.data(), N, d);
+  if (hooks_.grads_ready) hooks_.grads_ready(-1);
 }
 
 template class MoeTransformer<float>;

@@ -4,6 +4,12 @@
 // forward() keeps the activations that backward() consumes; backward()
 // accumulates into the gradient block. Not thread-safe. T is float for
 // training and double for gradient checks.
+//
+// Both passes run in the overlapped order of docs/overlap.md: every exchange
+// is started as early as its inputs allow and finished as late as its
+// consumer allows, so an asynchronous ExpertExchange moves rows while this
+// thread computes. With a synchronous exchange the same order gives the same
+// numbers with no overlap.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/timeline.h"
 #include "model/expert_exchange.h"
 #include "model/model_config.h"
 #include "model/moe_layer.h"
@@ -32,6 +39,16 @@ class MoeTransformer {
   // Resolves the weights of an expert this worker computes but does not own
   // (a gathered HybridEP replica). The default handles only owned experts.
   using ExpertResolver = std::function<ExpertParams<T>(int layer, int expert)>;
+  // Called from backward() on this thread as gradients become final:
+  // `experts_done(layer)` once the layer's routed-expert gradients are (all
+  // chunks), `grads_ready(group)` once a group of dense gradients is: group
+  // num_layers is the LM head and final norm (first), then each layer from
+  // the last down (its attention, norms, router and shared experts), and -1
+  // the token embedding (last).
+  struct BackwardHooks {
+    std::function<void(int layer)> experts_done;
+    std::function<void(int group)> grads_ready;
+  };
 
   explicit MoeTransformer(const ParamLayout& layout);
   ~MoeTransformer();
@@ -57,6 +74,12 @@ class MoeTransformer {
   ModelWeights<T>& weights() { return w_; }
   ModelWeights<T>& grad_weights() { return g_; }
   void set_expert_resolver(ExpertResolver r) { resolver_ = std::move(r); }
+  void set_backward_hooks(BackwardHooks hooks) { hooks_ = std::move(hooks); }
+  // r: each layer's Dispatch and Combine go in r chunks (FSMoE Sec. 4).
+  void set_pipeline_degree(int r);
+  int pipeline_degree() const { return chunks_; }
+  // Compute spans go here when it records (may be null).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   struct LayerCache;
@@ -66,6 +89,9 @@ class MoeTransformer {
   std::vector<T> params_, grads_;
   ModelWeights<T> w_, g_;
   ExpertResolver resolver_;
+  BackwardHooks hooks_;
+  int chunks_ = 1;
+  Timeline* timeline_ = nullptr;
   std::unique_ptr<LocalExpertExchange<T>> local_exchange_;
 
   // Activations of the last forward.

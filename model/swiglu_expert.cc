@@ -180,26 +180,52 @@ void swiglu_expert_forward(T* out, ExpertCache<T>* c, const T* in, const ExpertP
 }
 
 template <typename T>
-void swiglu_expert_backward(T* din, const T* dout, const T* in, const ExpertCache<T>& c,
-                            const ExpertParams<T>& p, int n, int d, int ff) {
+void swiglu_expert_backward_input(T* din, const T* dout, const T* in, const ExpertCache<T>& c,
+                                  const ExpertParams<T>& p, int n, int d, int ff) {
   if (n == 0) return;
   const size_t m = (size_t)n * ff;
   c.scratch_a.resize(m);
   c.scratch_b.resize(m);
   T* dh1 = c.scratch_a.data();  // holds d(gated) first
   T* dh3 = c.scratch_b.data();
-  // d(gated) = dout W2 (overwrite); dW2 += dout^T gated.
+  // d(gated) = dout W2 (overwrite).
   gemm<T>(false, false, n, ff, d, T(1), dout, d, p.w2, ff, T(0), dh1, ff);
-  gemm<T>(true, false, d, ff, n, T(1), dout, d, c.gated.data(), ff, T(1), p.dw2, ff);
   gate_bwd(dh1, dh3, c.h1.data(), c.h3.data(), c.sigmoid.data(), m);
-  linear_backward(din, p.dw1, dh1, in, p.w1, n, d, ff);
-  linear_backward(din, p.dw3, dh3, in, p.w3, n, d, ff);
+  linear_backward<T>(din, nullptr, dh1, in, p.w1, n, d, ff);
+  linear_backward<T>(din, nullptr, dh3, in, p.w3, n, d, ff);
+}
+
+template <typename T>
+void swiglu_expert_backward_weights(const T* dout, const T* in, const ExpertCache<T>& c,
+                                    const ExpertParams<T>& p, int n, int d, int ff) {
+  if (n == 0) return;
+  // dW2 += dout^T gated; dW1 += dh1^T in; dW3 += dh3^T in.
+  gemm<T>(true, false, d, ff, n, T(1), dout, d, c.gated.data(), ff, T(1), p.dw2, ff);
+  linear_backward<T>(nullptr, p.dw1, c.scratch_a.data(), in, p.w1, n, d, ff);
+  linear_backward<T>(nullptr, p.dw3, c.scratch_b.data(), in, p.w3, n, d, ff);
+}
+
+template <typename T>
+void swiglu_expert_backward(T* din, const T* dout, const T* in, const ExpertCache<T>& c,
+                            const ExpertParams<T>& p, int n, int d, int ff) {
+  swiglu_expert_backward_input(din, dout, in, c, p, n, d, ff);
+  swiglu_expert_backward_weights(dout, in, c, p, n, d, ff);
 }
 
 template void swiglu_expert_forward<float>(float*, ExpertCache<float>*, const float*,
                                            const ExpertParams<float>&, int, int, int);
 template void swiglu_expert_forward<double>(double*, ExpertCache<double>*, const double*,
                                             const ExpertParams<double>&, int, int, int);
+template void swiglu_expert_backward_input<float>(float*, const float*, const float*,
+                                                  const ExpertCache<float>&, const ExpertParams<float>&,
+                                                  int, int, int);
+template void swiglu_expert_backward_input<double>(double*, const double*, const double*,
+                                                   const ExpertCache<double>&, const ExpertParams<double>&,
+                                                   int, int, int);
+template void swiglu_expert_backward_weights<float>(const float*, const float*, const ExpertCache<float>&,
+                                                    const ExpertParams<float>&, int, int, int);
+template void swiglu_expert_backward_weights<double>(const double*, const double*, const ExpertCache<double>&,
+                                                     const ExpertParams<double>&, int, int, int);
 template void swiglu_expert_backward<float>(float*, const float*, const float*,
                                             const ExpertCache<float>&, const ExpertParams<float>&,
                                             int, int, int);

@@ -33,6 +33,16 @@ struct ExpertCache {
 template <typename T>
 void swiglu_expert_forward(T* out, ExpertCache<T>* cache, const T* in, const ExpertParams<T>& p,
                            int n, int d, int ff);
+// The backward in two halves, so a caller can send din before it computes
+// the weight gradients: the input half fills the cache's scratch, which the
+// weights half reads (same cache, same dout, in that order).
+template <typename T>
+void swiglu_expert_backward_input(T* din, const T* dout, const T* in, const ExpertCache<T>& cache,
+                                  const ExpertParams<T>& p, int n, int d, int ff);
+template <typename T>
+void swiglu_expert_backward_weights(const T* dout, const T* in, const ExpertCache<T>& cache,
+                                    const ExpertParams<T>& p, int n, int d, int ff);
+// Both halves.
 template <typename T>
 void swiglu_expert_backward(T* din, const T* dout, const T* in, const ExpertCache<T>& cache,
                             const ExpertParams<T>& p, int n, int d, int ff);

@@ -49,6 +49,9 @@ Status TrainConfig::validate() const {
   if (eval_every < 0) return bad("train.eval_every", "must be >= 0");
   if (eval_batches <= 0) return bad("train.eval_batches", "must be positive");
   if (checkpoint_every < 0) return bad("train.checkpoint_every", "must be >= 0");
+  for (int64_t s : trace_steps)
+    if (s < 1 || s > steps) return bad("train.trace_steps", "each step must be in 1..train.steps");
+  if (!trace_steps.empty() && trace_dir.empty()) return bad("train.trace_dir", "must be set to trace steps");
   if (model.vocab_size < 256) return bad("model.vocab_size", "must be >= 256 for byte tokens");
   if (!(data.validation_fraction >= 0 && data.validation_fraction < 0.5))
     return bad("data.validation_fraction", "must be in [0, 0.5)");
@@ -117,6 +120,27 @@ void read_model(YamlReader& r, const YAML::Node& node, ModelConfig* m) {
 
 }  // namespace
 
+Status apply_farskip(TrainConfig* c) {
+  const FarSkipConfig& f = c->farskip;
+  if ((f.attention_only || f.moe_only) && !f.enabled)
+    return Status::invalid_argument(std::string("farskip.") + (f.attention_only ? "attention_only" : "moe_only") +
+                                    ": needs farskip.enabled: true");
+  if (f.attention_only && f.moe_only)
+    return Status::invalid_argument("farskip: attention_only and moe_only exclude each other "
+                                    "(both off is full FarSkip)");
+  if (!f.enabled) return Status::ok();
+  const Connectivity want = f.attention_only ? Connectivity::kFarSkipAttention
+                            : f.moe_only     ? Connectivity::kFarSkipMoe
+                                             : Connectivity::kFarSkip;
+  for (Connectivity given : c->model.connectivity)
+    if (given != want && given != Connectivity::kRegular)
+      return Status::invalid_argument(std::string("farskip.enabled asks for ") + connectivity_name(want) +
+                                      " on every layer, but model.connectivity says " + connectivity_name(given) +
+                                      "; set one of the two");
+  c->model.connectivity.assign(c->model.num_layers, want);
+  return Status::ok();
+}
+
 Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source,
                                          const std::vector<std::string>& other_sections) {
   auto document = load_yaml_document(text, source);
@@ -126,12 +150,20 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
   YamlReader r(source);
   if (root && !root.IsNull() && !root.IsMap())
     return Status::invalid_argument(source + ": the top level must be a mapping");
-  std::set<std::string> sections = {"model", "train", "data"};
+  std::set<std::string> sections = {"model", "train", "data", "farskip"};
   sections.insert(other_sections.begin(), other_sections.end());
   r.section(root, "config", sections,
             [&](const std::string& k, const YAML::Node& v, const std::string&) {
     if (k == "model") read_model(r, v, &c.model);
-    else if (k != "data" && k != "train") return;  // another reader's section
+    else if (k == "farskip") {
+      r.section(v, "farskip", {"enabled", "overlapped", "attention_only", "moe_only"},
+                [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
+        if (k2 == "enabled") r.get(v2, key, &c.farskip.enabled);
+        else if (k2 == "overlapped") r.get(v2, key, &c.farskip.overlapped);
+        else if (k2 == "attention_only") r.get(v2, key, &c.farskip.attention_only);
+        else r.get(v2, key, &c.farskip.moe_only);
+      });
+    } else if (k != "data" && k != "train") return;  // another reader's section
     else if (k == "data") {
       r.section(v, "data", {"source", "builtin_bytes", "builtin_seed", "validation_fraction"},
                 [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
@@ -144,7 +176,8 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
       static const std::set<std::string> keys = {
           "steps", "batch_size", "seq_len", "learning_rate", "min_learning_rate",
           "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed",
-          "log_every", "eval_every", "eval_batches", "checkpoint_every", "checkpoint_dir"};
+          "log_every", "eval_every", "eval_batches", "checkpoint_every", "checkpoint_dir", "trace_steps",
+          "trace_dir"};
       r.section(v, "train", keys, [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
         if (k2 == "steps") r.get(v2, key, &c.steps);
         else if (k2 == "batch_size") r.get(v2, key, &c.batch_size);
@@ -162,13 +195,23 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
         else if (k2 == "eval_every") r.get(v2, key, &c.eval_every);
         else if (k2 == "eval_batches") r.get(v2, key, &c.eval_batches);
         else if (k2 == "checkpoint_every") r.get(v2, key, &c.checkpoint_every);
-        else r.get(v2, key, &c.checkpoint_dir);
+        else if (k2 == "trace_dir") r.get(v2, key, &c.trace_dir);
+        else if (k2 == "trace_steps") {
+          if (!v2.IsSequence()) return r.fail(v2, key, "must be a list of steps, e.g. [5, 6]");
+          c.trace_steps.clear();
+          for (size_t i = 0; i < v2.size(); ++i) {
+            int64_t step = 0;
+            r.get(v2[i], key + "[" + std::to_string(i) + "]", &step);
+            c.trace_steps.push_back(step);
+          }
+        } else r.get(v2, key, &c.checkpoint_dir);
       });
     }
   });
   XD_RETURN_IF_ERROR(r.status());
   if (c.model.connectivity.size() == 1 && c.model.num_layers > 1)
     c.model.connectivity.assign(c.model.num_layers, c.model.connectivity[0]);
+  XD_RETURN_IF_ERROR(apply_farskip(&c).with_context(source));
   Status v = c.validate();
   if (!v.is_ok()) return v.with_context(source);
   return c;

@@ -20,8 +20,23 @@ struct DataConfig {
   double validation_fraction = 0.05;  // tail of the corpus held out for evaluation
 };
 
+// FarSkip-Collective's switches, named as in its reference implementation
+// (the top-level `farskip:` section). `enabled` sets FarSkip connectivity on
+// every layer (model.connectivity; `attention_only` / `moe_only` pick the
+// partial variants). `overlapped` is about execution, not math, and applies
+// to every distributed run: true hides communication behind compute
+// (docs/overlap.md); false is the "simple" implementation -- the same
+// messages and the same numbers with nothing overlapped.
+struct FarSkipConfig {
+  bool enabled = false;
+  bool overlapped = true;
+  bool attention_only = false;
+  bool moe_only = false;
+};
+
 struct TrainConfig {
   ModelConfig model;
+  FarSkipConfig farskip;
   DataConfig data;
   AdamWConfig optimizer;
   int64_t steps = 300;
@@ -35,6 +50,10 @@ struct TrainConfig {
   int eval_batches = 4;
   int64_t checkpoint_every = 0;  // 0: only at the end
   std::string checkpoint_dir;    // empty: no checkpoints
+  // Steps (1-based) whose timeline each worker writes to trace_dir as a
+  // Chrome trace (docs/overlap.md); empty: none.
+  std::vector<int64_t> trace_steps;
+  std::string trace_dir = "runs/trace";
 
   Status validate() const;
   double learning_rate_at(int64_t step) const;  // warm-up then cosine decay
@@ -45,6 +64,9 @@ struct TrainConfig {
 TrainConfig default_train_config();
 
 Expected<TrainConfig> load_train_config(const std::string& path);
+// Turns farskip.enabled (and its variants) into model.connectivity; refuses
+// contradictory settings, naming them. The parser calls it.
+Status apply_farskip(TrainConfig* config);
 // `other_sections` names top-level keys that belong to other readers (for
 // example "cluster") and are skipped here instead of rejected.
 Expected<TrainConfig> parse_train_config(const std::string& yaml_text,

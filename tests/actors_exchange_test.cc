@@ -79,14 +79,15 @@ void run_round_trip(const std::vector<int>& levels, const std::vector<int>& doma
       received_rows[r] = (int)row;
       // The experts "compute": double the row; Combine brings it home.
       for (float& v : at_experts) v = 2 * v + 1;
-      ex.to_sources({3, (int)ExchangePhase::kCombine}, at_experts.data(), width, &back);
+      ex.to_sources({3, (int)ExchangePhase::kCombine}, at_experts.data(), at_experts.size() / width, width, &back);
       if (!ex.status().is_ok()) { err = ex.status().to_string(); return; }
       if (back.size() != rows.size()) { err = "combine returned " + std::to_string(back.size()) + " values"; return; }
       for (size_t i = 0; i < rows.size(); ++i)
         if (back[i] != 2 * rows[i] + 1) { err = "combine lost the row order at " + std::to_string(i); return; }
       // Backward: the same route again, then back.
       ex.to_experts({3, (int)ExchangePhase::kCombineBackward}, rows.data(), counts[r], width, &at_experts, &out_counts);
-      ex.to_sources({3, (int)ExchangePhase::kDispatchBackward}, at_experts.data(), width, &back);
+      ex.to_sources({3, (int)ExchangePhase::kDispatchBackward}, at_experts.data(), at_experts.size() / width, width,
+                   &back);
       if (!ex.status().is_ok() || back != rows) err = "backward round trip changed the rows";
       for (const auto& b : ex.take_raw_bytes()) {
         raw_toward_experts[r] += b[0];
@@ -189,7 +190,7 @@ TEST(HybridExchange, ASilentPeerFailsTheExchangeWithAStatusNotAHang) {
   // Shapes stay consistent, so the model code can finish the step.
   EXPECT_EQ(out_counts.size(), ex.computed_experts().size());
   std::vector<float> back;
-  ex.to_sources({0, (int)ExchangePhase::kCombine}, out.data(), 3, &back);
+  ex.to_sources({0, (int)ExchangePhase::kCombine}, out.data(), out.size() / 3, 3, &back);
   EXPECT_EQ(back.size(), rows.size());
 }
 

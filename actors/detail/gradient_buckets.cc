@@ -1,0 +1,101 @@
+#include "actors/detail/gradient_buckets.h"
+
+#include <algorithm>
+
+#include "actors/detail/work_thread.h"
+#include "common/check.h"
+#include "common/clock.h"
+
+namespace xd::detail {
+
+GradientBuckets::GradientBuckets(Communicator* inner, Communicator* outer, DenseWirePrecision precision,
+                                 std::vector<Ranges> buckets, size_t extra, bool overlapped, Timeline* timeline)
+    : inner_(inner), outer_(outer), precision_(precision), extra_(extra), timeline_(timeline) {
+  XD_CHECK(!buckets.empty());
+  buckets_.resize(buckets.size());
+  step_of_.assign(buckets.size(), 0);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    size_t n = 0;
+    for (auto [begin, end] : buckets[b]) n += end - begin;
+    if (b + 1 == buckets.size()) n += extra;
+    buckets_[b].ranges = std::move(buckets[b]);
+    buckets_[b].buffer.resize(n);
+    buckets_[b].done = true;
+  }
+  if (overlapped) thread_ = std::make_unique<WorkThread>("dense-allreduce");
+}
+
+GradientBuckets::~GradientBuckets() { thread_.reset(); }
+
+Status GradientBuckets::reduce(uint32_t step, int b) {
+  ScopedSpan span(timeline_, "dense all-reduce", b, Lane::kDense);
+  std::vector<float>& buffer = buckets_[b].buffer;
+  if ((inner_->size() <= 1 && outer_->size() <= 1) || buffer.empty()) return Status::ok();
+  // The layer field of the tag tells the buckets of one step apart.
+  return dense_all_reduce(inner_, outer_, precision_, CollectiveTag(step, static_cast<uint16_t>(b), 1),
+                          buffer.data(), buffer.size());
+}
+
+void GradientBuckets::start(uint32_t step, int b, const float* grads, const float* extra) {
+  XD_CHECK(b >= 0 && b < num_buckets());
+  Bucket& bucket = buckets_[b];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    XD_CHECK_MSG(bucket.done, "a gradient bucket started twice in one step");
+    bucket.done = false;
+  }
+  size_t k = 0;
+  for (auto [begin, end] : bucket.ranges) {
+    std::copy(grads + begin, grads + end, bucket.buffer.begin() + k);
+    k += end - begin;
+  }
+  if (b + 1 == num_buckets() && extra_ > 0) {
+    XD_CHECK(extra);
+    std::copy(extra, extra + extra_, bucket.buffer.begin() + k);
+  }
+  step_of_[b] = step;
+  if (!thread_) return;  // finish() reduces
+  thread_->post([this, step, b] {
+    Status st = reduce(step, b);
+    std::lock_guard<std::mutex> lock(mu_);
+    buckets_[b].status = st;
+    buckets_[b].done = true;
+    cv_.notify_all();
+  });
+}
+
+Status GradientBuckets::finish(float* grads, float scale, float* extra) {
+  Status first;
+  const double t0 = steady_seconds();
+  for (int b = 0; b < num_buckets(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (!thread_) {
+      bucket.status = reduce(step_of_[b], b);
+      bucket.done = true;
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return bucket.done; });
+    }
+    if (!bucket.status.is_ok() && first.is_ok()) first = bucket.status;
+  }
+  wait_s_ += steady_seconds() - t0;
+  if (timeline_ && thread_) timeline_->add(Span{"wait dense all-reduce", -1, Lane::kCompute, true, t0, steady_seconds()});
+  XD_RETURN_IF_ERROR(first);
+  for (int b = 0; b < num_buckets(); ++b) {
+    Bucket& bucket = buckets_[b];
+    size_t k = 0;
+    for (auto [begin, end] : bucket.ranges)
+      for (size_t i = begin; i < end; ++i) grads[i] = bucket.buffer[k++] * scale;
+    if (b + 1 == num_buckets())
+      for (size_t i = 0; i < extra_; ++i) extra[i] = bucket.buffer[k++];
+  }
+  return Status::ok();
+}
+
+double GradientBuckets::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+}  // namespace xd::detail

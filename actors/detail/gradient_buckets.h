@@ -1,0 +1,70 @@
+// GradientBuckets: the dense-gradient all-reduce in buckets (FSMoE Sec. 5).
+// The replicated gradients are cut into buckets along the order backward
+// finishes them (LM head, last layer ... first layer, embedding); each bucket
+// is copied out and all-reduced as soon as start() is called for it, on the
+// bucket thread, while backward goes on. finish() waits for all of them and
+// writes the sums back. Not overlapped (set at construction), start() only
+// copies and finish() reduces the same buckets in the same order on the
+// caller's thread: the same messages and sums, nothing hidden.
+// start()/finish() come from one thread (the compute thread).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "actors/detail/dense_all_reduce.h"
+#include "common/status.h"
+#include "common/timeline.h"
+#include "transport/communicator.h"
+
+namespace xd::detail {
+
+class WorkThread;
+
+class GradientBuckets {
+ public:
+  using Ranges = std::vector<std::pair<size_t, size_t>>;  // [begin, end) in the gradient block
+
+  // `buckets[b]` lists bucket b's ranges; `extra` floats ride at the end of
+  // the last bucket (sums of per-worker scalars, e.g. a squared norm).
+  GradientBuckets(Communicator* inner, Communicator* outer, DenseWirePrecision precision,
+                  std::vector<Ranges> buckets, size_t extra, bool overlapped, Timeline* timeline);
+  ~GradientBuckets();
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Copies bucket b out of `grads` and starts its all-reduce. The last
+  // bucket also takes `extra` (extra floats).
+  void start(uint32_t step, int bucket, const float* grads, const float* extra = nullptr);
+  // Waits for every bucket of the step (each must have been started), then
+  // writes grads = sum * scale for every range and extra = the summed extras
+  // (unscaled). The first failure, or ok.
+  Status finish(float* grads, float scale, float* extra);
+  // Seconds finish() blocked since the last call.
+  double take_wait_seconds();
+
+ private:
+  struct Bucket {
+    Ranges ranges;
+    std::vector<float> buffer;
+    bool done = false;
+    Status status;
+  };
+  Status reduce(uint32_t step, int b);
+
+  Communicator* inner_;
+  Communicator* outer_;
+  DenseWirePrecision precision_;
+  size_t extra_;
+  Timeline* timeline_;
+  std::vector<uint32_t> step_of_;  // per bucket, the step it was started for
+  double wait_s_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<WorkThread> thread_;  // last: stopped first
+};
+
+}  // namespace xd::detail
