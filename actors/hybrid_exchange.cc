@@ -377,9 +377,23 @@ void HybridExpertExchange::run_to_sources(const ExchangeTag& tag, std::vector<fl
   publish(tag, std::move(result));
 }
 
+namespace {
+bool is_backward(const ExchangeTag& tag) {
+  return tag.phase == (int)ExchangePhase::kCombineBackward || tag.phase == (int)ExchangePhase::kDispatchBackward;
+}
+}  // namespace
+
+// Not overlapped, the whole exchange runs on the compute thread: all of it is
+// compute waiting for communication.
+template <typename F>
+void HybridExpertExchange::run_inline(const ExchangeTag& tag, F run) {
+  const double start = steady_seconds();
+  run();
+  blocked_s_[is_backward(tag) ? 1 : 0] += steady_seconds() - start;
+}
+
 HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag& tag) {
-  const bool backward = tag.phase == (int)ExchangePhase::kCombineBackward ||
-                        tag.phase == (int)ExchangePhase::kDispatchBackward;
+  const bool backward = is_backward(tag);
   const double start = steady_seconds();
   Result result;
   {
@@ -402,7 +416,7 @@ HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag
 void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<float> rows,
                                             const std::vector<int>& counts, int width) {
   const uint32_t step = step_;
-  if (!to_experts_thread_) return run_to_experts(tag, std::move(rows), counts, width, step);
+  if (!to_experts_thread_) return run_inline(tag, [&] { run_to_experts(tag, std::move(rows), counts, width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
   to_experts_thread_->post([this, tag, shared_rows, counts, width, step] {
     run_to_experts(tag, std::move(*shared_rows), counts, width, step);
@@ -419,7 +433,7 @@ void HybridExpertExchange::finish_to_experts(const ExchangeTag& tag, std::vector
 
 void HybridExpertExchange::start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) {
   const uint32_t step = step_;
-  if (!to_sources_thread_) return run_to_sources(tag, std::move(rows), width, step);
+  if (!to_sources_thread_) return run_inline(tag, [&] { run_to_sources(tag, std::move(rows), width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
   to_sources_thread_->post([this, tag, shared_rows, width, step] {
     run_to_sources(tag, std::move(*shared_rows), width, step);

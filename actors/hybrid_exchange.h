@@ -118,6 +118,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   };
   Result wait_result(const ExchangeTag& tag);
   void publish(const ExchangeTag& tag, Result result);
+  template <typename F>
+  void run_inline(const ExchangeTag& tag, F run);
   void add_codec_seconds(double s);
   Route& route(const ExchangeTag& tag);  // the Dispatch's route of the tag's layer and chunk
   Tag wire_tag(const ExchangeTag& t, bool forward_path, int level, uint32_t step) const;

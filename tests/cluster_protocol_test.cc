@@ -33,6 +33,10 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.cluster.levels[0].link.codecs = {"bf16", "int8_row+zstd:1", "sr:ef:topk:0.01+zstd:1", "bf16", "bf16"};
   job.cluster.expert_parallel.base_sync_every = 7;
   job.train.model.expert_init_spread = 0.25;
+  job.cluster.expert_parallel.pipeline_degree = 3;
+  job.train.farskip = {true, false, false, true};
+  job.train.trace_steps = {2, 5};
+  job.train.trace_dir = "runs/t";
   ASSERT_TRUE(job.validate().is_ok()) << job.validate().to_string();
   const json j = job_config_to_json(job);
   auto back = job_config_from_json(json::parse(j.dump()));  // through text, as on the wire
@@ -44,6 +48,11 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_EQ(back->cluster.levels[0].link.codecs.expert_gather, "sr:ef:topk:0.01+zstd:1");
   EXPECT_EQ(back->cluster.levels[0].link.codecs.dense_grad, "bf16");
   EXPECT_EQ(back->cluster.expert_parallel.base_sync_every, 7);
+  EXPECT_EQ(back->cluster.expert_parallel.pipeline_degree, 3);
+  EXPECT_TRUE(back->train.farskip.enabled);
+  EXPECT_FALSE(back->train.farskip.overlapped);
+  EXPECT_TRUE(back->train.farskip.moe_only);
+  EXPECT_EQ(back->train.trace_steps, (std::vector<int64_t>{2, 5}));
   EXPECT_EQ(back->train.model.expert_init_spread, 0.25);
   EXPECT_EQ(back->train.optimizer.grad_clip, 0.5);
   EXPECT_EQ(back->train.model.connectivity, job.train.model.connectivity);

@@ -2,6 +2,7 @@
 // double precision, for every connectivity and every gating function.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -104,6 +105,55 @@ TEST(WholeModelGradientWithMixedLayers, MatchesFiniteDifferencesWhenLayersDiffer
   ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, Connectivity::kRegular);
   cfg.connectivity = {Connectivity::kFarSkip, Connectivity::kRegular, Connectivity::kFarSkipAttention};
   EXPECT_LT(model_gradient_error(cfg), 1e-3);
+}
+
+// Pipeline degree r only splits each expert's rows into chunks that move and
+// compute one after another; the loss and every gradient stay those of r = 1.
+TEST(MoeTransformer, PipelineChunksGiveTheLossAndGradientsOfOneChunk) {
+  for (Connectivity conn : {Connectivity::kRegular, Connectivity::kFarSkip}) {
+    ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, conn);
+    ParamLayout layout(cfg);
+    const int B = 2, T = 6;
+    auto in = random_tokens(B * T, cfg.vocab_size, 1), tg = random_tokens(B * T, cfg.vocab_size, 2);
+    std::vector<double> losses, grads_r1;
+    for (int r : {1, 3, 8}) {  // 8: more chunks than some experts have rows
+      MoeTransformer<double> model(layout);
+      model.init(7);
+      model.set_pipeline_degree(r);
+      model.zero_grad();
+      losses.push_back(model.forward(in.data(), tg.data(), B, T).loss);
+      model.backward();
+      if (r == 1) {
+        grads_r1 = model.grads();
+        continue;
+      }
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < grads_r1.size(); ++i) {
+        diff += std::pow(model.grads()[i] - grads_r1[i], 2);
+        norm += std::pow(grads_r1[i], 2);
+      }
+      EXPECT_NEAR(losses.back(), losses[0], 1e-12 * std::abs(losses[0])) << "r = " << r;
+      EXPECT_LT(std::sqrt(diff / norm), 1e-12) << "r = " << r << ", " << connectivity_name(conn);
+    }
+  }
+}
+
+// The backward hooks fire in the order the gradients become final: the LM
+// head first, then each layer's experts before its dense group, last layer
+// first, the embedding last.
+TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
+  ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, Connectivity::kFarSkip);
+  ParamLayout layout(cfg);
+  MoeTransformer<double> model(layout);
+  model.init(7);
+  std::vector<std::string> order;
+  model.set_backward_hooks({[&](int l) { order.push_back("experts " + std::to_string(l)); },
+                            [&](int g) { order.push_back("dense " + std::to_string(g)); }});
+  auto in = random_tokens(12, cfg.vocab_size, 1), tg = random_tokens(12, cfg.vocab_size, 2);
+  model.forward(in.data(), tg.data(), 2, 6);
+  model.backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"dense 3", "experts 2", "dense 2", "experts 1", "dense 1", "experts 0",
+                                             "dense 0", "dense -1"}));
 }
 
 TEST(MoeBlock, WeightedSumOfSelectedExpertsMatchesADirectComputation) {

@@ -165,5 +165,35 @@ TEST(TrainConfig, ASingleConnectivityAppliesToEveryLayerAndAListPerLayer) {
   EXPECT_FALSE(wrong);
 }
 
+TEST(TrainConfig, TheFarSkipSectionSetsConnectivityAndRefusesContradictions) {
+  auto full = parse_train_config("model: {num_layers: 3}\nfarskip: {enabled: true}\n");
+  ASSERT_TRUE(full) << full.status().to_string();
+  EXPECT_EQ(full->model.connectivity, std::vector<Connectivity>(3, Connectivity::kFarSkip));
+  EXPECT_TRUE(full->farskip.overlapped) << "overlapped by default";
+  auto attention = parse_train_config("model: {num_layers: 2}\nfarskip: {enabled: true, attention_only: true}\n");
+  ASSERT_TRUE(attention) << attention.status().to_string();
+  EXPECT_EQ(attention->model.connectivity[1], Connectivity::kFarSkipAttention);
+  auto moe = parse_train_config("farskip: {enabled: true, moe_only: true, overlapped: false}\n");
+  ASSERT_TRUE(moe) << moe.status().to_string();
+  EXPECT_EQ(moe->model.connectivity[0], Connectivity::kFarSkipMoe);
+  EXPECT_FALSE(moe->farskip.overlapped);
+  auto off = parse_train_config("farskip: {enabled: false}\n");
+  ASSERT_TRUE(off);
+  EXPECT_EQ(off->model.layer_connectivity(0), Connectivity::kRegular);
+  const std::pair<const char*, const char*> bad[] = {
+      {"farskip: {attention_only: true}\n", "farskip.attention_only: needs farskip.enabled: true"},
+      {"farskip: {enabled: true, attention_only: true, moe_only: true}\n", "exclude each other"},
+      {"model: {connectivity: farskip_moe}\nfarskip: {enabled: true}\n",
+       "farskip.enabled asks for farskip on every layer, but model.connectivity says farskip_moe"},
+      {"farskip: {enabeld: true}\n", "farskip.enabeld"},
+      {"train: {steps: 5, trace_steps: [6]}\n", "train.trace_steps: each step must be in 1..train.steps"},
+  };
+  for (const auto& [yaml, want] : bad) {
+    auto r = parse_train_config(yaml, "job.yaml");
+    ASSERT_FALSE(r) << yaml;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace xd
