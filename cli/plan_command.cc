@@ -139,11 +139,16 @@ int run_plan(const PlanOptions& o) {
                                                             : nlohmann::json(ep.memory_cap_bytes);
     j["chosen"] = plan.chosen;
     j["chosen_domain_sizes"] = choice.domain_sizes;
+    j["chosen_pipeline_degree"] = choice.pipeline_degree;
+    j["overlapped"] = w.overlapped;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
                                  {"compute_s", c.compute_s},
                                  {"a2a_s", c.a2a_s},
+                                 {"exposed_a2a_s", c.exposed_a2a_s},
+                                 {"pipeline_degree", c.pipeline_degree},
+                                 {"exposed_allreduce_s", c.exposed_allreduce_s},
                                  {"ag_s", c.ag_s},
                                  {"rs_s", c.rs_s},
                                  {"allreduce_s", c.allreduce_s},
@@ -194,23 +199,29 @@ int run_plan(const PlanOptions& o) {
         std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
                     cc.dense_fraction);
     }
-    std::printf("\n  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "domains", "gathered",
-                "compute", "a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "iteration");
-    std::printf("  %-10s %10s %10s %10s %10s %10s %10s %10s %10s %11s\n", "", "", "ms", "ms", "ms",
-                "ms", "ms", "ms", "ms", "ms");
+    std::printf("schedule: %s (farskip.overlapped), pipeline degree %s, connectivity %s\n",
+                w.overlapped ? "overlapped" : "simple, nothing overlapped",
+                w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
+                connectivity_name(in.model.layer_connectivity(0)));
+    std::printf("\n  %-10s %10s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
+                "compute", "a2a", "exp.a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "exp.ar", "iteration");
+    std::printf("  %-10s %10s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "", "", "", "ms", "ms", "ms", "ms",
+                "ms", "ms", "ms", "ms", "ms", "ms");
     for (size_t i = 0; i < plan.candidates.size(); ++i) {
       const PlanCandidate& c = plan.candidates[i];
-      std::printf("%c %-10s %10s %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %11.3f%s\n",
+      std::printf("%c %-10s %10s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f%s\n",
                   int(i) == plan.chosen ? '*' : ' ', fmt_list(c.domain_sizes).c_str(),
-                  fmt_bytes(c.gathered_bytes).c_str(), c.compute_s * 1e3, c.a2a_s * 1e3,
-                  c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
-                  c.allreduce_s * 1e3, c.iteration_s * 1e3, c.feasible ? "" : "  (over the cap)");
+                  fmt_bytes(c.gathered_bytes).c_str(), c.pipeline_degree, c.compute_s * 1e3, c.a2a_s * 1e3,
+                  c.exposed_a2a_s * 1e3, c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
+                  c.allreduce_s * 1e3, c.exposed_allreduce_s * 1e3, c.iteration_s * 1e3,
+                  c.feasible ? "" : "  (over the cap)");
     }
     const char* why = plan.mode == EpMode::kAuto ? "the least predicted iteration time"
                       : plan.mode == EpMode::kEp ? "mode ep: every domain size 1"
                                                  : "mode hybrid: the configured domain sizes";
-    std::printf("\nchosen: domains %s (%s), predicted %s per iteration\n",
-                fmt_list(choice.domain_sizes).c_str(), why, fmt_seconds(choice.iteration_s).c_str());
+    std::printf("\nchosen: domains %s (%s), pipeline degree %d, predicted %s per iteration\n",
+                fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree,
+                fmt_seconds(choice.iteration_s).c_str());
   }
   if (!choice.feasible) {
     std::fprintf(stderr, "xdmoe plan: the configured hybrid domain sizes %s are infeasible: %s\n",

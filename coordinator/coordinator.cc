@@ -256,6 +256,9 @@ void Coordinator::Impl::assign_all() {
   a.predicted_step_s = plan.choice().iteration_s;
   a.hold = opts.hold;
   a.job = job;
+  // pipeline_degree auto: the planner's r for the chosen domains.
+  if (a.job.cluster.expert_parallel.pipeline_degree == 0)
+    a.job.cluster.expert_parallel.pipeline_degree = std::max(1, plan.choice().pipeline_degree);
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -325,6 +328,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
   nlohmann::json j = {{"job", opts.job_name}, {"job_id", job_id}, {"state", job_state_name(state)},
                       {"world", registry.world_size()}, {"steps", job.train.steps},
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
+                      {"pipeline_degree", plan.choice().pipeline_degree},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links},
                       // malformed or foreign control messages dropped on either socket
@@ -394,6 +398,11 @@ void Coordinator::Impl::write_summary() {
                       {"ok", outcome.is_ok() && state == JobState::kDone},
                       {"mode", ep_mode_name(plan.mode)},
                       {"domain_sizes", plan.choice().domain_sizes},
+                      {"pipeline_degree", job.cluster.expert_parallel.pipeline_degree > 0
+                                              ? job.cluster.expert_parallel.pipeline_degree
+                                              : std::max(1, plan.choice().pipeline_degree)},
+                      {"overlapped", job.train.farskip.overlapped},
+                      {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
                       {"steps_complete", metrics.complete_steps().size()},
                       {"predicted_step_s", plan.choice().iteration_s}};

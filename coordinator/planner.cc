@@ -42,8 +42,7 @@ Status PlannerInputs::validate() const {
     XD_RETURN_IF_ERROR(Topology::check(level_sizes, expert_parallel.domain_sizes)
                            .with_context("planner: hybrid domain sizes"));
   if (!(expert_parallel.memory_cap_bytes >= 0)) return bad("memory cap must be >= 0");
-  if (pipeline_degree != 1) return bad("pipeline_degree > 1 is not modelled yet");
-  if (farskip) return bad("FarSkip overlap is not modelled yet");
+  if (expert_parallel.pipeline_degree < 0) return bad("pipeline_degree must be >= 0 (0: chosen)");
   return Status::ok();
 }
 
@@ -64,6 +63,7 @@ PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> li
   in.links = std::move(links);
   in.compute = compute;
   in.expert_parallel = job.cluster.expert_parallel;
+  in.overlapped = job.train.farskip.overlapped;
   return in;
 }
 
@@ -78,10 +78,11 @@ Workload workload_of(const PlannerInputs& in) {
 
   // Forward flops of one layer before its routed experts (a GEMM of
   // (a, b) x (b, c) is 2abc flops); backward costs twice the forward.
-  double pre_flops = 2 * t * d * q_width * 2      // q_proj, o_proj
-                     + 2 * t * d * kv_width * 2   // k_proj, v_proj
-                     + 2 * t * d * m.num_experts  // router
-                     + double(m.num_shared_experts) * 3 * 2 * t * d * m.shared_intermediate_size;
+  const double qkv_flops = 2 * t * d * q_width + 2 * t * d * kv_width * 2;  // q_proj, k_proj, v_proj
+  const double shared_flops = double(m.num_shared_experts) * 3 * 2 * t * d * m.shared_intermediate_size;
+  double pre_flops = qkv_flops + 2 * t * d * q_width  // o_proj
+                     + 2 * t * d * m.num_experts      // router
+                     + shared_flops;
   double pre_gemms = 4 + 1 + 3.0 * m.num_shared_experts;
   if (in.seq_len > 0) {
     const double seqs = t / in.seq_len, s = in.seq_len;
@@ -103,6 +104,11 @@ Workload workload_of(const PlannerInputs& in) {
   const double f = in.compute.non_gemm_factor;
   w.pre_expert_fwd_s = f * (pre_flops / rate + pre_gemms * ovh);
   w.pre_expert_bwd_s = f * (2 * pre_flops / rate + 2 * pre_gemms * ovh);
+  w.attention_qkv_fwd_s = f * (qkv_flops / rate + 3 * ovh);
+  w.shared_fwd_s = f * (shared_flops / rate + 3.0 * m.num_shared_experts * ovh);
+  w.overlapped = in.overlapped;
+  w.pipeline_degree = in.expert_parallel.pipeline_degree;
+  w.connectivity = m.connectivity;
   w.expert_fwd_s = f * expert_flops / rate;
   w.expert_bwd_s = f * 2 * expert_flops / rate;
   w.post_s = f * (3 * head_flops / rate + 3 * ovh);
@@ -159,10 +165,11 @@ class BackgroundStream {
 
 }  // namespace
 
-PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
-                                 const std::vector<LinkModel>& links,
-                                 const std::vector<int>& domain_sizes, double memory_cap_bytes,
-                                 const std::vector<LinkCodecCost>& link_codecs) {
+namespace {
+
+PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& level_sizes,
+                                   const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
+                                   double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
   XD_CHECK(links.size() == level_sizes.size());
   const int num_levels = static_cast<int>(level_sizes.size());
@@ -171,13 +178,16 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
 
   PlanCandidate c;
   c.domain_sizes = domain_sizes;
+  c.pipeline_degree = r;
   c.level_bytes.assign(num_levels, 0.0);
 
   // One A2A toward the experts (Dispatch, backward of Combine) and one back
   // to the sources (Combine, backward of Dispatch) of one MoE layer, level by
   // level, each through its token codec; one layer's AG (outer level first,
   // forwarding what the outer levels gathered) and its RS.
-  double a2a_to_experts = 0, a2a_to_sources = 0, ag_layer = 0, rs_layer = 0, gathered_per_layer_experts = 1;
+  // alpha (paid by every chunk) and the byte time, of each direction.
+  double to_experts_alpha = 0, to_sources_alpha = 0, a2a_to_experts = 0, a2a_to_sources = 0;
+  double ag_layer = 0, rs_layer = 0, gathered_per_layer_experts = 1;
   bool base_sync = false;
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
@@ -186,10 +196,10 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
     if (a2a_msgs > 0) {
-      a2a_to_experts += link.alpha_s + a2a_bytes * (link.beta_s_per_byte * codec.dispatch_fraction +
-                                                    codec.dispatch_s_per_byte);
-      a2a_to_sources += link.alpha_s + a2a_bytes * (link.beta_s_per_byte * codec.combine_fraction +
-                                                    codec.combine_s_per_byte);
+      to_experts_alpha += link.alpha_s;
+      to_sources_alpha += link.alpha_s;
+      a2a_to_experts += a2a_bytes * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
+      a2a_to_sources += a2a_bytes * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
     }
     // The replicas' raw bytes, through the AG and RS codecs of this level
     // (their encode and decode time rides on the AG / RS stream).
@@ -234,49 +244,120 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     base_shard /= sf;
   }
 
-  // Held experts cost GEMM calls: 3 forward, 6 backward each.
-  const double expert_fwd = w.expert_fwd_s + 3 * held * w.gemm_overhead_s;
-  const double expert_bwd = w.expert_bwd_s + 6 * held * w.gemm_overhead_s;
+  // Held experts cost GEMM calls: 3 forward, 6 backward each, per chunk.
+  const double expert_fwd = w.expert_fwd_s / r + 3 * held * w.gemm_overhead_s;
+  const double expert_bwd = w.expert_bwd_s / r + 6 * held * w.gemm_overhead_s;
+  // One chunk of an A2A; every chunk pays the start-up of every level.
+  const double chunk_to_experts = to_experts_alpha + a2a_to_experts / r;
+  const double chunk_to_sources = to_sources_alpha + a2a_to_sources / r;
+  const double bwd_scale = w.pre_expert_fwd_s > 0 ? w.pre_expert_bwd_s / w.pre_expert_fwd_s : 2.0;
+  const double attention_fwd = std::max(0.0, w.pre_expert_fwd_s - w.shared_fwd_s);  // with the router
+  const double qkv_fwd = std::min(w.attention_qkv_fwd_s, attention_fwd);
 
   // The iteration as a timeline of the compute stream; the AG and RS streams
-  // progress while it computes.
+  // progress while it computes, the A2As on one FIFO link stream.
   BackgroundStream ag, rs;
   for (int k = 0; k < layers; ++k) ag.release(ag_layer);  // from the start
-  double t = 0;
+  double t = 0, link_free = 0;
   auto compute = [&](double dt, BackgroundStream* background) {
     if (background) background->run(dt);
     t += dt;
     c.compute_s += dt;
   };
-  auto a2a = [&](double dt) {
-    t += dt;
+  // Starts an A2A (chunk) now; returns when it lands. Not overlapped, compute
+  // waits for it at once.
+  auto start_a2a = [&](double dt) {
+    const double begin = std::max(t, link_free);
+    link_free = begin + dt;
     c.a2a_s += dt;
+    return link_free;
   };
+  auto wait_for = [&](double done) {
+    if (done <= t) return;
+    c.exposed_a2a_s += done - t;
+    t = done;
+  };
+  auto a2a = [&](double dt) {
+    const double done = start_a2a(dt);
+    if (!w.overlapped) wait_for(done);
+    return done;
+  };
+  auto connectivity = [&](int k) {
+    return w.connectivity.empty() ? Connectivity::kRegular : w.connectivity[std::min<size_t>(k, w.connectivity.size() - 1)];
+  };
+  auto farskip_attention = [](Connectivity x) { return x == Connectivity::kFarSkip || x == Connectivity::kFarSkipAttention; };
+  auto farskip_moe = [](Connectivity x) { return x == Connectivity::kFarSkip || x == Connectivity::kFarSkipMoe; };
+
+  double combined = 0;  // when the previous layer's Combine lands
   for (int k = 0; k < layers; ++k) {
-    compute(w.pre_expert_fwd_s, &ag);
+    const Connectivity conn = connectivity(k);
+    if (!farskip_attention(conn)) wait_for(combined);
+    compute(qkv_fwd, &ag);                   // attention (a)
+    wait_for(combined);
+    std::vector<double> dispatched(r);
+    auto route = [&] {
+      for (int i = 0; i < r; ++i) dispatched[i] = a2a(chunk_to_experts);
+    };
+    if (farskip_moe(conn)) route();
+    compute(attention_fwd - qkv_fwd, &ag);  // attention (b), router
+    if (!farskip_moe(conn)) route();
     // Layers 0..k must have their experts: finish those still in flight.
     const double wait = ag.drain(std::max(0, k + 1 - (layers - ag.pending())));
     t += wait;
     c.exposed_ag_s += wait;
-    a2a(a2a_to_experts);  // Dispatch
-    compute(expert_fwd, &ag);
-    a2a(a2a_to_sources);  // Combine
+    for (int i = 0; i < r; ++i) {
+      wait_for(dispatched[i]);
+      compute(expert_fwd, &ag);
+      combined = a2a(chunk_to_sources);
+    }
+    compute(w.shared_fwd_s, &ag);
   }
+  wait_for(combined);
   compute(w.post_s, nullptr);
   for (int k = layers - 1; k >= 0; --k) {
-    a2a(a2a_to_experts);  // backward of Combine
-    compute(expert_bwd, &rs);
+    const Connectivity conn = connectivity(k);
+    std::vector<double> to_experts(r);
+    for (int i = 0; i < r; ++i) to_experts[i] = a2a(chunk_to_experts);  // backward of Combine
+    if (farskip_moe(conn)) compute(attention_fwd * bwd_scale, &rs);
+    double returned = t;
+    for (int i = 0; i < r; ++i) {
+      wait_for(to_experts[i]);
+      compute(expert_bwd / 2, &rs);     // input gradients
+      returned = a2a(chunk_to_sources);  // backward of Dispatch
+      compute(expert_bwd / 2, &rs);     // weight gradients
+    }
     rs.release(rs_layer);  // this layer's replica gradients are ready
-    a2a(a2a_to_sources);  // backward of Dispatch
-    compute(w.pre_expert_bwd_s, &rs);
+    compute(w.shared_fwd_s * bwd_scale, &rs);
+    wait_for(returned);
+    if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale, &rs);
+    // Overlapped, its dense bucket follows on the same stream (the LM
+    // head's rides with the last layer's, the embedding's waits below).
+    if (w.overlapped) rs.release(c.allreduce_s / (layers + 2) * (k == layers - 1 ? 2 : 1));
   }
   c.exposed_rs_s = rs.drain();
   t += c.exposed_rs_s;
-  t += c.allreduce_s;
+  // The embedding's bucket carries the expert norm, so it starts after the RS.
+  c.exposed_allreduce_s = w.overlapped ? c.allreduce_s / (layers + 2) : c.allreduce_s;
+  t += c.exposed_allreduce_s;
   c.ag_s = ag_layer * layers;
   c.rs_s = rs_layer * layers;
   c.iteration_s = t;
   return c;
+}
+
+}  // namespace
+
+PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
+                                 const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
+                                 double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs) {
+  if (w.pipeline_degree > 0)
+    return evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, w.pipeline_degree);
+  PlanCandidate best;
+  for (int r : {1, 2, 4, 8}) {
+    PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
+    if (r == 1 || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
+  }
+  return best;
 }
 
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,

@@ -15,8 +15,14 @@
 // plus the hierarchical all-reduce of the dense gradients.
 // Overlap: the AG runs while the worker computes in the forward pass (it may
 // start when the iteration starts; a layer's experts wait for their AG); the RS
-// runs while it computes in the backward pass; an A2A overlaps nothing (r = 1,
-// no FarSkip) and nothing overlaps it, since it shares the egress token bucket.
+// runs while it computes in the backward pass. The A2As follow the schedule
+// of docs/overlap.md: not overlapped (farskip.overlapped false), each blocks
+// the compute stream for its whole duration. Overlapped, each is a message on
+// one FIFO link stream that starts when the schedule starts it and is waited
+// for where the schedule needs its result; the compute between the two is
+// what hides it (attention under FarSkip, the shared experts, the expert
+// weight gradients, and with r chunks the experts of earlier chunks); the
+// dense all-reduce then goes in per-layer buckets behind the backward pass.
 // Links: a worker's egress on one link class is one token bucket shared by all
 // its peers of that class, so a level's bytes cost beta * (total bytes). The
 // fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
@@ -75,9 +81,10 @@ struct PlannerInputs {
   ComputeModel compute;
   ExpertParallelSpec expert_parallel;
   std::vector<LinkCodecCost> link_codecs;  // one per level; empty: raw everywhere
-  // Not modelled yet; validate() rejects anything but the defaults.
-  int pipeline_degree = 1;  // r: A2A chunks overlapping expert compute
-  bool farskip = false;     // FarSkip frees A2A to overlap dense compute
+  // The schedule: farskip.overlapped of the job. The pipeline degree is
+  // expert_parallel.pipeline_degree (0: the planner picks it), the
+  // connectivity model.connectivity.
+  bool overlapped = false;
 
   Status validate() const;
 };
@@ -104,6 +111,14 @@ struct Workload {
   double post_s = 0;               // LM head forward + backward, once
   double gemm_overhead_s = 0;      // per GEMM call; held experts add 3 (fwd) + 6 (bwd) calls
   double base_syncs_per_step = 1;  // SR base all-reduces per step (1 / base_sync_every; 0: never)
+  // Parts of pre_expert_fwd_s (the rest is the attention core, o_proj and the
+  // router); backward parts scale alike (pre_expert_bwd_s / pre_expert_fwd_s).
+  double attention_qkv_fwd_s = 0;  // norm and q/k/v projections: FarSkip's part (a)
+  double shared_fwd_s = 0;         // shared experts
+  // The schedule (docs/overlap.md).
+  bool overlapped = false;
+  int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
+  std::vector<Connectivity> connectivity;  // per MoE layer; empty: all regular
 };
 Workload workload_of(const PlannerInputs& in);
 
@@ -113,10 +128,13 @@ struct PlanCandidate {
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
   double rs_s = 0;            // the replica-gradient reduce-scatter stream, total
-  double allreduce_s = 0;     // dense-gradient all-reduce (after backward)
+  double allreduce_s = 0;     // dense-gradient all-reduce (after backward, or in buckets behind it)
+  double exposed_allreduce_s = 0;
   double exposed_ag_s = 0;    // AG time the compute stream waited for
   double exposed_rs_s = 0;    // RS time left after the backward pass
-  double iteration_s = 0;     // compute + a2a + exposed AG + exposed RS + all-reduce
+  double exposed_a2a_s = 0;   // A2A time compute waited for (a2a_s when not overlapped)
+  int pipeline_degree = 1;    // r of this candidate
+  double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
   bool feasible = true;

@@ -239,10 +239,14 @@ TEST(Planner, StreamsAddUpToTheIterationForTheExampleJobs) {
     const Plan plan = plan_iteration(in);
     ASSERT_EQ(plan.candidates.size(), domain_candidates(job->cluster.level_sizes()).size());
     for (const PlanCandidate& c : plan.candidates) {
-      EXPECT_NEAR(c.iteration_s, c.compute_s + c.a2a_s + c.exposed_ag_s + c.exposed_rs_s + c.allreduce_s,
+      EXPECT_NEAR(c.iteration_s,
+                  c.compute_s + c.exposed_a2a_s + c.exposed_ag_s + c.exposed_rs_s + c.exposed_allreduce_s,
                   1e-9 * c.iteration_s);
+      EXPECT_LE(c.exposed_a2a_s, c.a2a_s + 1e-12);
       EXPECT_LE(c.exposed_ag_s, c.ag_s + 1e-12);
-      EXPECT_LE(c.exposed_rs_s, c.rs_s + 1e-12);
+      // Overlapped, the dense buckets share the RS stream behind backward.
+      EXPECT_LE(c.exposed_rs_s, c.rs_s + c.allreduce_s + 1e-12);
+      EXPECT_LE(c.exposed_allreduce_s, c.allreduce_s + 1e-12);
       EXPECT_GT(c.allreduce_s, 0);
       if (c.feasible) {
         EXPECT_GE(c.iteration_s, plan.choice().iteration_s);
@@ -254,21 +258,67 @@ TEST(Planner, StreamsAddUpToTheIterationForTheExampleJobs) {
   }
 }
 
-TEST(Planner, RejectsWhatItDoesNotModelYet) {
+TEST(Planner, RejectsWorkloadsItCannotSplit) {
   PlannerInputs in;
   in.model = default_train_config().model;
   in.level_sizes = {2, 2};
   in.links = {{0, 1e-8}, {0, 1e-9}};
   EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
-  in.pipeline_degree = 2;
-  EXPECT_NE(in.validate().message().find("not modelled yet"), std::string::npos);
-  in.pipeline_degree = 1;
-  in.farskip = true;
-  EXPECT_NE(in.validate().message().find("not modelled yet"), std::string::npos);
-  in.farskip = false;
+  in.expert_parallel.pipeline_degree = -1;
+  EXPECT_NE(in.validate().message().find("pipeline_degree"), std::string::npos);
+  in.expert_parallel.pipeline_degree = 0;
   in.level_sizes = {3, 2};  // 8 experts over 6 workers
   in.links.resize(2);
   EXPECT_NE(in.validate().message().find("multiple of the world size"), std::string::npos);
+}
+
+// EP over one slow level, FarSkip on: 1 s of attention (a third of it part
+// (a)), 2 s of experts, 1 s of shared experts per layer; each A2A 1 s.
+Workload farskip_layer(bool overlapped, int r) {
+  Workload w = one_layer(0, 2e6, 2.0);  // 2e6 bytes, half of it crosses: 1 s
+  w.attention_qkv_fwd_s = 1.0 / 3;
+  w.shared_fwd_s = 1.0;
+  w.expert_fwd_s = 2.0;
+  w.expert_bwd_s = 4.0;
+  w.overlapped = overlapped;
+  w.pipeline_degree = r;
+  w.connectivity = {Connectivity::kFarSkip};
+  return w;
+}
+
+TEST(Planner, NotOverlappedEveryA2ABlocksCompute) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  const PlanCandidate c = evaluate_candidate(farskip_layer(false, 1), {2}, links, {1}, 1e300);
+  EXPECT_DOUBLE_EQ(c.a2a_s, 4.0);
+  EXPECT_DOUBLE_EQ(c.exposed_a2a_s, 4.0);
+  EXPECT_DOUBLE_EQ(c.iteration_s, c.compute_s + 4.0);
+}
+
+TEST(Planner, OverlappedFarSkipHidesWhatTheScheduleLetsItHide) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  const PlanCandidate c = evaluate_candidate(farskip_layer(true, 1), {2}, links, {1}, 1e300);
+  // Forward: Dispatch (1 s) runs behind attention (b) (2/3 s); Combine (1 s)
+  // behind the shared experts (1 s). Backward: the backward of Combine behind
+  // the attention backward (2 s), the backward of Dispatch behind the
+  // experts' weight gradients (2 s).
+  EXPECT_NEAR(c.exposed_a2a_s, 1.0 / 3, 1e-9);
+  EXPECT_NEAR(c.iteration_s, c.compute_s + 1.0 / 3, 1e-9);
+  // Chunks let the experts hide Dispatch too.
+  const PlanCandidate r4 = evaluate_candidate(farskip_layer(true, 4), {2}, links, {1}, 1e300);
+  EXPECT_LT(r4.exposed_a2a_s, c.exposed_a2a_s);
+  const PlanCandidate chosen = evaluate_candidate(farskip_layer(true, 0), {2}, links, {1}, 1e300);
+  EXPECT_GT(chosen.pipeline_degree, 1);
+  EXPECT_LE(chosen.iteration_s, r4.iteration_s);
+}
+
+TEST(Planner, ChunksPayTheLatencyOfEveryChunk) {
+  // Latency only: more chunks are only more start-ups.
+  const std::vector<LinkModel> latency = {{0.1, 0.0}};
+  const PlanCandidate r1 = evaluate_candidate(farskip_layer(false, 1), {2}, latency, {1}, 1e300);
+  const PlanCandidate r4 = evaluate_candidate(farskip_layer(false, 4), {2}, latency, {1}, 1e300);
+  EXPECT_NEAR(r1.a2a_s, 0.4, 1e-12);
+  EXPECT_NEAR(r4.a2a_s, 1.6, 1e-12);
+  EXPECT_EQ(evaluate_candidate(farskip_layer(false, 0), {2}, latency, {1}, 1e300).pipeline_degree, 1);
 }
 
 TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {

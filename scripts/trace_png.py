@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Renders xdmoe step traces (Chrome trace JSON, one file per worker) as a PNG
+timeline with gnuplot: one row per worker thread, compute in blue, the compute
+thread's waits for communication in red, transfers on the comm threads in
+green. The same files open in Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+  scripts/trace_png.py runs/trace --step 20 --out runs/trace/step20.png
+
+Traces come from `train.trace_steps` / `train.trace_dir` in the job config,
+or `xdmoe launch --trace-steps 20` (docs/overlap.md)."""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+COLORS = {"compute": "0x4C72B0", "wait": "0xC44E52", "comm": "0x55A868"}
+LANES = ["compute", "to experts", "to sources", "expert gather / grads", "dense all-reduce"]
+
+
+def load(paths):
+    events, meta = [], {}
+    for path in paths:
+        with open(path) as f:
+            trace = json.load(f)
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "X":
+                events.append(e)
+            elif e.get("name") == "thread_name":
+                meta[(e["pid"], e["tid"])] = e["args"]["name"]
+    return events, meta
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", help="a trace directory, or one trace JSON file")
+    p.add_argument("--step", type=int, help="the traced step to draw (default: the lowest found)")
+    p.add_argument("--out", help="PNG to write (default: <dir>/trace-step<N>.png)")
+    p.add_argument("--title", default="", help="a line under the default title")
+    a = p.parse_args()
+    if os.path.isdir(a.trace):
+        files = sorted(glob.glob(os.path.join(a.trace, "trace-step*-rank*.json")))
+        steps = sorted({int(os.path.basename(f).split("-")[1][4:]) for f in files})
+        if not steps:
+            sys.exit(f"trace_png: no trace-step*-rank*.json in {a.trace}")
+        step = a.step if a.step is not None else steps[0]
+        files = [f for f in files if os.path.basename(f).startswith(f"trace-step{step}-")]
+        if not files:
+            sys.exit(f"trace_png: step {step} was not traced (traced: {steps})")
+        out = a.out or os.path.join(a.trace, f"trace-step{step}.png")
+    else:
+        files, step = [a.trace], None
+        out = a.out or os.path.splitext(a.trace)[0] + ".png"
+    events, meta = load(files)
+    if not events:
+        sys.exit("trace_png: the traces hold no spans")
+    # Every worker's clock starts at its own first span; rows: worker, lane.
+    ranks = sorted({e["pid"] for e in events})
+    rows = {}
+    for r in ranks:
+        for tid in range(len(LANES)):
+            if any(e["pid"] == r and e["tid"] == tid for e in events):
+                rows[(r, tid)] = len(rows)
+    end_ms = max((e["ts"] + e["dur"]) / 1e3 for e in events)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "spans.dat")
+        with open(data, "w") as f:
+            # Waits last: they sit inside the compute spans they interrupt.
+            for e in sorted(events, key=lambda e: e["cat"] == "wait"):
+                y = len(rows) - 1 - rows[(e["pid"], e["tid"])]
+                x0, x1 = e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3
+                h = 0.35 if e["cat"] != "wait" else 0.2
+                f.write(f"{(x0 + x1) / 2} {y} {x0} {x1} {y - h} {y + h} {COLORS.get(e['cat'], '0x888888')}\n")
+        labels = ", ".join(f'"w{r} {meta.get((r, t), LANES[t])}" {len(rows) - 1 - i}'
+                           for (r, t), i in rows.items())
+        title = f"step {step}" if step is not None else os.path.basename(a.trace)
+        if a.title:
+            title += "\\n" + a.title
+        script = f"""
+set terminal pngcairo size 1600,{160 + 34 * len(rows)} font ",10"
+set output "{out}"
+set title "{title}: compute (blue), compute waiting for communication (red), transfers (green)"
+set xlabel "ms since the worker's first span"
+set ytics ({labels})
+set yrange [-0.7:{len(rows) - 0.3}]
+set xrange [0:{end_ms * 1.01}]
+set grid xtics
+unset key
+plot "{data}" using 1:2:3:4:5:6:7 with boxxyerror fs solid 0.85 noborder lc rgb variable
+"""
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
