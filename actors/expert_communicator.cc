@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 
 #include "actors/detail/expert_wire_codec.h"
 #include "actors/detail/work_thread.h"
@@ -54,9 +55,14 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
   XD_CHECK(set_codecs(ExpertCodecOptions{std::vector<ExpertCodecSpec>(levels), std::vector<ExpertCodecSpec>(levels)})
                .is_ok());
   actor_ = std::make_unique<detail::WorkThread>("expert-comm");
+  sender_ = std::make_unique<detail::WorkThread>("expert-send");
 }
 
-ExpertCommunicator::~ExpertCommunicator() { actor_.reset(); }
+ExpertCommunicator::~ExpertCommunicator() {
+  // The receiving actor may wait for the sender: stop it first.
+  actor_.reset();
+  sender_.reset();
+}
 
 Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   const int levels = topology_.num_levels();
@@ -217,10 +223,33 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   };
   // Before the first step the gathers need a base; later ones use the last.
   if (base_due && step == 0) post_sync();
+  // Every layer's first-level messages leave at once (from the sender
+  // thread), so the link never idles between layers and their latencies
+  // overlap; the actor thread takes them in layer order. With sr: the sends
+  // stay on the actor thread, behind the base all-reduce they encode against.
+  auto sent = std::make_shared<std::vector<std::shared_ptr<LevelExchange>>>();
+  std::shared_future<void> all_sent;
+  if (!uses_base_) {
+    auto done = std::make_shared<std::promise<void>>();
+    all_sent = done->get_future().share();
+    sender_->post([this, step, sent, done] {
+      for (int layer = 0; layer < layers_; ++layer) {
+        auto x = std::make_shared<LevelExchange>();
+        for (int l = 0; l < topology_.num_levels(); ++l)
+          if (!topology_.ag_peers(rank_, l).empty()) {
+            x->status = send_gather_level(step, layer, l, x.get());
+            break;
+          }
+        sent->push_back(std::move(x));
+      }
+      done->set_value();
+    });
+  }
   for (int layer = 0; layer < layers_; ++layer)
-    actor_->post([this, step, layer] {
+    actor_->post([this, step, layer, sent, all_sent] {
       ScopedSpan span(timeline_, "expert all-gather", layer, Lane::kExperts);
-      finish(layer, true, gather_layer(step, layer));
+      if (all_sent.valid()) all_sent.wait();
+      finish(layer, true, gather_layer(step, layer, all_sent.valid() ? (*sent)[layer].get() : nullptr));
     });
   if (base_due && step != 0) post_sync();
 }
@@ -241,9 +270,23 @@ void ExpertCommunicator::start_reduce(uint32_t step, int layer) {
     std::lock_guard<std::mutex> lock(mu_);
     state_[layer].reduced = false;
   }
-  actor_->post([this, step, layer] {
+  // The first level's messages leave from the sender thread right away, not
+  // behind the previous layer's receives.
+  auto x = std::make_shared<LevelExchange>();
+  auto done = std::make_shared<std::promise<void>>();
+  std::shared_future<void> sent = done->get_future().share();
+  sender_->post([this, step, layer, x, done] {
+    for (int l = topology_.num_levels() - 1; l >= 0; --l)
+      if (!topology_.ag_peers(rank_, l).empty()) {
+        x->status = send_reduce_level(step, layer, l, x.get());
+        break;
+      }
+    done->set_value();
+  });
+  actor_->post([this, step, layer, x, sent] {
     ScopedSpan span(timeline_, "replica gradients", layer, Lane::kExperts);
-    finish(layer, false, reduce_layer(step, layer));
+    sent.wait();
+    finish(layer, false, reduce_layer(step, layer, x.get()));
   });
 }
 
@@ -278,102 +321,147 @@ Status ExpertCommunicator::status() const {
   return status_;
 }
 
-Status ExpertCommunicator::gather_layer(uint32_t step, int layer) {
-  XD_RETURN_IF_ERROR(base_status_);
-  for (int l = 0; l < topology_.num_levels(); ++l) {
-    const std::vector<int> peers = topology_.ag_peers(rank_, l);
-    if (peers.empty()) continue;
-    detail::ExpertWireCodec& codec = *gather_codecs_[l];
-    const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
-    std::vector<std::shared_ptr<RecvSlot>> slots;
-    for (int p : peers) slots.push_back(transport_->recv(p, tag));
-    // Everything held after the outer levels, in worker order.
-    auto tensors_of = [&](const std::vector<int>& workers) {
-      return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
-        return detail::ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)};
-      });
-    };
-    const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
-    std::vector<float> packed;
-    EncodedTensor encoded;
-    detail::ReconstructionError err;
-    auto t0 = std::chrono::steady_clock::now();
-    XD_RETURN_IF_ERROR(codec.encode(mine, &packed, &encoded, &err).with_context("expert all-gather"));
-    double codec_s = seconds_since(t0);
-    const double raw_bytes = double(packed.size() * sizeof(float)) * peers.size();
-    detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
-    std::vector<std::shared_ptr<Completion>> sends;
-    for (int p : peers) sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
-    std::vector<float> scratch;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      auto msg = slots[i]->wait(timeout_);
-      const std::string from = "expert all-gather from rank " + std::to_string(peers[i]);
-      if (!msg) return msg.status().with_context(from);
-      const std::vector<detail::ExpertTensorRef> theirs = tensors_of(held_after(peers[i], l));
-      t0 = std::chrono::steady_clock::now();
-      auto floats = detail::received_floats(*msg, theirs.size(), expert_floats_, &scratch);
-      if (!floats) return floats.status().with_context(from);
-      codec.apply(theirs, *floats);
-      codec_s += seconds_since(t0);
+// One level's gather messages of one layer: this worker's held experts (as
+// of the outer levels) to every AG peer of the level.
+Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x) {
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
+  for (int p : peers) x->slots.push_back(transport_->recv(p, tag));
+  const std::vector<detail::ExpertTensorRef> mine = gather_refs(layer, held_after(rank_, l));
+  std::vector<float> packed;
+  EncodedTensor encoded;
+  const auto t0 = std::chrono::steady_clock::now();
+  detail::ReconstructionError err;
+  {
+    std::lock_guard<std::mutex> lock(codec_mu_);
+    XD_RETURN_IF_ERROR(gather_codecs_[l]->encode(mine, &packed, &encoded, &err).with_context("expert all-gather"));
+  }
+  x->error += err.error;
+  x->signal += err.signal;
+  x->codec_s += seconds_since(t0);
+  x->raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
+  detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
+  for (int p : peers) x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
+  return Status::ok();
+}
+
+Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange* x) {
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  std::vector<float> scratch;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    auto msg = x->slots[i]->wait(timeout_);
+    const std::string from = "expert all-gather from rank " + std::to_string(peers[i]);
+    if (!msg) return msg.status().with_context(from);
+    const std::vector<detail::ExpertTensorRef> theirs = gather_refs(layer, held_after(peers[i], l));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto floats = detail::received_floats(*msg, theirs.size(), expert_floats_, &scratch);
+    if (!floats) return floats.status().with_context(from);
+    {
+      std::lock_guard<std::mutex> lock(codec_mu_);
+      gather_codecs_[l]->apply(theirs, *floats);
     }
-    for (auto& c : sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
-    std::lock_guard<std::mutex> lock(mu_);
-    figures_[l].gather_raw_bytes += raw_bytes;
-    figures_[l].gather_error += err.error;
-    figures_[l].gather_signal += err.signal;
-    if (!codec.is_raw()) codec_s_ += codec_s;
+    x->codec_s += seconds_since(t0);
+  }
+  for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
+  std::lock_guard<std::mutex> lock(mu_);
+  figures_[l].gather_raw_bytes += x->raw_bytes;
+  figures_[l].gather_error += x->error;
+  figures_[l].gather_signal += x->signal;
+  if (!gather_codecs_[l]->is_raw()) codec_s_ += x->codec_s;
+  return Status::ok();
+}
+
+Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent) {
+  XD_RETURN_IF_ERROR(base_status_);
+  bool first = true;
+  for (int l = 0; l < topology_.num_levels(); ++l) {
+    if (topology_.ag_peers(rank_, l).empty()) continue;
+    LevelExchange own;
+    LevelExchange* x = first && first_sent ? first_sent : &own;
+    if (x == &own) XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, x));
+    XD_RETURN_IF_ERROR(x->status);
+    XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x));
+    first = false;
   }
   return Status::ok();
 }
 
-Status ExpertCommunicator::reduce_layer(uint32_t step, int layer) {
-  for (int l = topology_.num_levels() - 1; l >= 0; --l) {
-    const std::vector<int> peers = topology_.ag_peers(rank_, l);
-    if (peers.empty()) continue;
-    detail::ExpertWireCodec& codec = *grad_codecs_[l];
-    const Tag tag{MessageKind::kExpertGrad, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
-    std::vector<std::shared_ptr<RecvSlot>> slots;
-    for (int p : peers) slots.push_back(transport_->recv(p, tag));
-    auto tensors_of = [&](const std::vector<int>& workers) {
-      return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
-        return detail::ExpertTensorRef{tensor_key(layer, e, which), grads_of(layer, e, which), nullptr};
-      });
-    };
-    std::vector<std::shared_ptr<Completion>> sends;
+// One level's reduce messages of one layer: the gradients of what each peer
+// contributed at this level go back to it.
+Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, LevelExchange* x) {
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  const Tag tag{MessageKind::kExpertGrad, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
+  for (int p : peers) x->slots.push_back(transport_->recv(p, tag));
+  for (int p : peers) {
+    std::vector<float> packed;
+    EncodedTensor encoded;
+    const auto t0 = std::chrono::steady_clock::now();
     detail::ReconstructionError err;
-    double codec_s = 0, raw_bytes = 0;
-    for (int p : peers) {
-      // The gradients of what p contributed at this level go back to p.
-      std::vector<float> packed;
-      EncodedTensor encoded;
-      const auto t0 = std::chrono::steady_clock::now();
-      XD_RETURN_IF_ERROR(codec.encode(tensors_of(held_after(p, l)), &packed, &encoded, &err)
+    {
+      std::lock_guard<std::mutex> lock(codec_mu_);
+      XD_RETURN_IF_ERROR(grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err)
                              .with_context("expert gradient reduce"));
-      codec_s += seconds_since(t0);
-      raw_bytes += double(packed.size() * sizeof(float));
-      detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
-      sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
     }
-    const std::vector<detail::ExpertTensorRef> mine = tensors_of(held_after(rank_, l));
-    std::vector<float> scratch;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      auto msg = slots[i]->wait(timeout_);
-      const std::string from = "expert gradient reduce from rank " + std::to_string(peers[i]);
-      if (!msg) return msg.status().with_context(from);
-      const auto t0 = std::chrono::steady_clock::now();
-      auto floats = detail::received_floats(*msg, mine.size(), expert_floats_, &scratch);
-      if (!floats) return floats.status().with_context(from);
-      codec.apply(mine, *floats);
-      codec_s += seconds_since(t0);
-    }
-    for (auto& c : sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
-    std::lock_guard<std::mutex> lock(mu_);
-    figures_[l].grad_raw_bytes += raw_bytes;
-    figures_[l].grad_error += err.error;
-    figures_[l].grad_signal += err.signal;
-    if (!codec.is_raw()) codec_s_ += codec_s;
+    x->error += err.error;
+    x->signal += err.signal;
+    x->codec_s += seconds_since(t0);
+    x->raw_bytes += double(packed.size() * sizeof(float));
+    detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
+    x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
   }
   return Status::ok();
+}
+
+Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x) {
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  const std::vector<detail::ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
+  std::vector<float> scratch;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    auto msg = x->slots[i]->wait(timeout_);
+    const std::string from = "expert gradient reduce from rank " + std::to_string(peers[i]);
+    if (!msg) return msg.status().with_context(from);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto floats = detail::received_floats(*msg, mine.size(), expert_floats_, &scratch);
+    if (!floats) return floats.status().with_context(from);
+    {
+      std::lock_guard<std::mutex> lock(codec_mu_);
+      grad_codecs_[l]->apply(mine, *floats);
+    }
+    x->codec_s += seconds_since(t0);
+  }
+  for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
+  std::lock_guard<std::mutex> lock(mu_);
+  figures_[l].grad_raw_bytes += x->raw_bytes;
+  figures_[l].grad_error += x->error;
+  figures_[l].grad_signal += x->signal;
+  if (!grad_codecs_[l]->is_raw()) codec_s_ += x->codec_s;
+  return Status::ok();
+}
+
+Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange* first_sent) {
+  bool first = true;
+  for (int l = topology_.num_levels() - 1; l >= 0; --l) {
+    if (topology_.ag_peers(rank_, l).empty()) continue;
+    LevelExchange own;
+    LevelExchange* x = first && first_sent ? first_sent : &own;
+    if (x == &own) XD_RETURN_IF_ERROR(send_reduce_level(step, layer, l, x));
+    XD_RETURN_IF_ERROR(x->status);
+    XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x));
+    first = false;
+  }
+  return Status::ok();
+}
+
+std::vector<detail::ExpertTensorRef> ExpertCommunicator::gather_refs(int layer, const std::vector<int>& workers) {
+  return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
+    return detail::ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)};
+  });
+}
+
+std::vector<detail::ExpertTensorRef> ExpertCommunicator::grad_refs(int layer, const std::vector<int>& workers) {
+  return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
+    return detail::ExpertTensorRef{tensor_key(layer, e, which), grads_of(layer, e, which), nullptr};
+  });
 }
 
 }  // namespace xd

@@ -36,6 +36,7 @@ namespace xd {
 
 namespace detail {
 class ExpertWireCodec;
+struct ExpertTensorRef;
 }
 
 struct ExpertCodecOptions {
@@ -92,8 +93,24 @@ class ExpertCommunicator {
   struct LayerState {
     bool gathered = true, reduced = true;
   };
-  Status gather_layer(uint32_t step, int layer);
-  Status reduce_layer(uint32_t step, int layer);
+  // One level's messages of one layer, sent and not yet received.
+  struct LevelExchange {
+    std::vector<std::shared_ptr<RecvSlot>> slots;
+    std::vector<std::shared_ptr<Completion>> sends;
+    double error = 0, signal = 0;  // what a lossy codec lost (ReconstructionError)
+    double codec_s = 0, raw_bytes = 0;
+    Status status;  // of the send
+  };
+  // Every level in order; the first level with peers may have been sent
+  // already (`first_sent`, or null).
+  Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent);
+  Status reduce_layer(uint32_t step, int layer, LevelExchange* first_sent);
+  Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x);
+  Status receive_gather_level(int layer, int level, LevelExchange* x);
+  Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
+  Status receive_reduce_level(int layer, int level, LevelExchange* x);
+  std::vector<detail::ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);
+  std::vector<detail::ExpertTensorRef> grad_refs(int layer, const std::vector<int>& workers);
   // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).
   std::vector<int> held_after(int m, int level) const;
   // Owned (in the model) or gathered (replica store); which: 0 w1, 1 w3, 2 w2.
@@ -116,7 +133,8 @@ class ExpertCommunicator {
   std::vector<int> replica_slot_;  // expert -> slot, or -1
   std::vector<float> replica_weights_, replica_grads_;  // (layers, slots, 3, ff*d)
 
-  // Codecs, per level; used on the actor thread only.
+  // Codecs, per level; used on the actor and sender threads under codec_mu_.
+  std::mutex codec_mu_;
   std::vector<std::unique_ptr<detail::ExpertWireCodec>> gather_codecs_, grad_codecs_;
   ExpertCodecOptions codec_options_;
   bool uses_base_ = false;
@@ -132,7 +150,8 @@ class ExpertCommunicator {
   double reduce_wait_ = 0;
   Status status_;
   Timeline* timeline_ = nullptr;
-  std::unique_ptr<Actor> actor_;  // the comm thread
+  std::unique_ptr<Actor> actor_;   // the comm thread: receives, deeper levels, the base
+  std::unique_ptr<Actor> sender_;  // first-level sends, so they never queue behind receives
 };
 
 }  // namespace xd

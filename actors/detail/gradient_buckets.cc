@@ -22,10 +22,12 @@ GradientBuckets::GradientBuckets(Communicator* inner, Communicator* outer, Dense
     buckets_[b].buffer.resize(n);
     buckets_[b].done = true;
   }
-  if (overlapped) thread_ = std::make_unique<WorkThread>("dense-allreduce");
+  if (overlapped)
+    for (int i = 0; i < std::min<int>(kThreads, num_buckets()); ++i)
+      threads_.push_back(std::make_unique<WorkThread>("dense-allreduce"));
 }
 
-GradientBuckets::~GradientBuckets() { thread_.reset(); }
+GradientBuckets::~GradientBuckets() { threads_.clear(); }
 
 Status GradientBuckets::reduce(uint32_t step, int b) {
   ScopedSpan span(timeline_, "dense all-reduce", b, Lane::kDense);
@@ -54,8 +56,8 @@ void GradientBuckets::start(uint32_t step, int b, const float* grads, const floa
     std::copy(extra, extra + extra_, bucket.buffer.begin() + k);
   }
   step_of_[b] = step;
-  if (!thread_) return;  // finish() reduces
-  thread_->post([this, step, b] {
+  if (threads_.empty()) return;  // finish() reduces
+  threads_[b % threads_.size()]->post([this, step, b] {
     Status st = reduce(step, b);
     std::lock_guard<std::mutex> lock(mu_);
     buckets_[b].status = st;
@@ -69,7 +71,7 @@ Status GradientBuckets::finish(float* grads, float scale, float* extra) {
   const double t0 = steady_seconds();
   for (int b = 0; b < num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
-    if (!thread_) {
+    if (threads_.empty()) {
       bucket.status = reduce(step_of_[b], b);
       bucket.done = true;
     } else {
@@ -79,7 +81,7 @@ Status GradientBuckets::finish(float* grads, float scale, float* extra) {
     if (!bucket.status.is_ok() && first.is_ok()) first = bucket.status;
   }
   wait_s_ += steady_seconds() - t0;
-  if (timeline_ && thread_) timeline_->add(Span{"wait dense all-reduce", -1, Lane::kCompute, true, t0, steady_seconds()});
+  if (timeline_ && !threads_.empty()) timeline_->add(Span{"wait dense all-reduce", -1, Lane::kCompute, true, t0, steady_seconds()});
   XD_RETURN_IF_ERROR(first);
   for (int b = 0; b < num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];

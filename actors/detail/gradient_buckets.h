@@ -1,8 +1,10 @@
 // GradientBuckets: the dense-gradient all-reduce in buckets (FSMoE Sec. 5).
 // The replicated gradients are cut into buckets along the order backward
 // finishes them (LM head, last layer ... first layer, embedding); each bucket
-// is copied out and all-reduced as soon as start() is called for it, on the
-// bucket thread, while backward goes on. finish() waits for all of them and
+// is copied out and all-reduced as soon as start() is called for it, on one
+// of a few bucket threads (bucket b on thread b mod kThreads, the same on
+// every worker, so collectives pair up), while backward goes on. Several
+// buckets in flight pay a slow link's latency once, not once per bucket. finish() waits for all of them and
 // writes the sums back. Not overlapped (set at construction), start() only
 // copies and finish() reduces the same buckets in the same order on the
 // caller's thread: the same messages and sums, nothing hidden.
@@ -64,7 +66,8 @@ class GradientBuckets {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Bucket> buckets_;
-  std::unique_ptr<WorkThread> thread_;  // last: stopped first
+  static constexpr int kThreads = 3;
+  std::vector<std::unique_ptr<WorkThread>> threads_;  // last: stopped first; empty when not overlapped
 };
 
 }  // namespace xd::detail
