@@ -19,6 +19,7 @@ struct CoordinatorFlags {
   int http_port = 7372;
   int64_t steps = 0;
   bool hold = false, flat_ep = false, no_probe = false;
+  ScheduleOverrides schedule;
 };
 
 int run_coordinator(const CoordinatorFlags& f) {
@@ -33,6 +34,10 @@ int run_coordinator(const CoordinatorFlags& f) {
   }
   if (f.steps > 0) job.train.steps = f.steps;
   if (Status st = override_expert_parallel(&job, f.mode, f.domains); !st.is_ok()) {
+    std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
+    return 2;
+  }
+  if (Status st = override_schedule(&job, f.schedule); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
   }
@@ -56,6 +61,17 @@ int run_coordinator(const CoordinatorFlags& f) {
 }
 }  // namespace
 
+void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
+  cmd->add_flag("--farskip", o->farskip, "FarSkip connectivity on every layer (farskip.enabled)");
+  cmd->add_flag("--no-overlap", o->no_overlap,
+                "The simple schedule: the same math with nothing overlapped (farskip.overlapped: false)");
+  cmd->add_option("--pipeline-degree", o->pipeline_degree,
+                  "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)");
+  cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
+      ->delimiter(',');
+  cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");
+}
+
 void add_coordinator_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<CoordinatorFlags>();
   CLI::App* cmd = app.add_subcommand("coordinator", "Run a job's coordinator: registration, plan, heartbeats, metrics");
@@ -64,6 +80,7 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--flat-ep", f->flat_ep, "With mode ep: one all-to-all hop to the owner instead of one per level");
   cmd->add_option("--domains", f->domains, "Override the domain sizes (one per level), e.g. --domains 2 1")->delimiter(',');
   cmd->add_option("--steps", f->steps, "Override train.steps");
+  add_schedule_options(cmd, &f->schedule);
   cmd->add_option("--bind", f->worker_endpoint, "Endpoint workers connect to")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_endpoint, "Endpoint for xdmoe status/top/metrics/stop/throttle")->capture_default_str();
   cmd->add_option("--http-port", f->http_port, "Prometheus /metrics port (0: any free port, -1: off)")->capture_default_str();

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cluster/job_config.h"
+
 namespace xd::cli {
 
 void add_train_command(CLI::App& app, int* exit_code);
@@ -18,6 +20,10 @@ void add_monitor_commands(CLI::App& app, int* exit_code);  // status, top, metri
 // The CLI endpoint of the coordinator to talk to: --coordinator, else
 // $XDMOE_COORDINATOR, else the default tcp://127.0.0.1:7370.
 std::string coordinator_cli_endpoint(const std::string& flag);
+
+// --farskip, --no-overlap, --pipeline-degree, --trace-steps, --trace-dir
+// (ScheduleOverrides), shared by the coordinator and `xdmoe plan`.
+void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o);
 
 // The --log-level given on the command line, or "" when none was (then the
 // level comes from $XDMOE_LOG_LEVEL, else info). `xdmoe launch` hands it on.

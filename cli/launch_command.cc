@@ -1,7 +1,8 @@
 // xdmoe launch: a whole job on this machine -- the coordinator and G workers
 // as real processes over loopback, links shaped as the config says. Without a
-// config it runs the built-in 2 DC x 2 worker demo twice, EP then HybridEP,
-// and ends with a side-by-side table.
+// config it runs the built-in 2 DC x 2 worker demo three times -- EP and
+// HybridEP with the simple schedule, then HybridEP with FarSkip overlapped --
+// and ends with a side-by-side table. A run is MODE[+farskip][+simple][+rN].
 #include <unistd.h>
 
 #include <chrono>
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 struct LaunchFlags {
   std::string config, run_dir = "runs/launch", cli_bind = "tcp://127.0.0.1:7370";
   std::vector<std::string> modes;
+  std::vector<int64_t> trace_steps;
   int64_t steps = 0;
   bool flat_ep = false;
 };
@@ -48,10 +50,36 @@ struct RunResult {
   std::string error;
 };
 
-RunResult run_one(const LaunchFlags& f, const std::string& mode, int world, int64_t steps) {
+// "auto+farskip+simple" -> the mode and the schedule flags of the coordinator.
+struct RunSpec {
+  std::string mode;
+  bool farskip = false, simple = false;
+  int pipeline_degree = -1;  // -1: the config's
+};
+Expected<RunSpec> parse_run(const std::string& run) {
+  RunSpec spec;
+  std::stringstream in(run);
+  std::string part;
+  std::getline(in, spec.mode, '+');
+  if (spec.mode != "ep" && spec.mode != "ep_flat" && spec.mode != "hybrid" && spec.mode != "auto")
+    return Status::invalid_argument("unknown mode '" + spec.mode + "' in run '" + run + "' (ep, ep_flat, hybrid, auto)");
+  while (std::getline(in, part, '+')) {
+    if (part == "farskip") spec.farskip = true;
+    else if (part == "simple") spec.simple = true;
+    else if (part.size() > 1 && part[0] == 'r' && part.find_first_not_of("0123456789", 1) == std::string::npos &&
+             part.size() < 4)
+      spec.pipeline_degree = std::stoi(part.substr(1));
+    else return Status::invalid_argument("unknown run option '" + part + "' in '" + run + "' (farskip, simple, rN)");
+  }
+  return spec;
+}
+
+RunResult run_one(const LaunchFlags& f, const std::string& run, int world, int64_t steps) {
   RunResult r;
-  r.mode = mode;
-  const fs::path dir = fs::path(f.run_dir) / mode;
+  r.mode = run;
+  const RunSpec spec = *parse_run(run);
+  const std::string& mode = spec.mode;
+  const fs::path dir = fs::path(f.run_dir) / run;
   fs::create_directories(dir);
   const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
   fs::remove(endpoints);
@@ -63,12 +91,20 @@ RunResult run_one(const LaunchFlags& f, const std::string& mode, int world, int6
   const std::string worker_level = log_level_flag().empty() ? "info" : log_level_flag();
   std::vector<std::string> args = {exe, "--log-level", coordinator_level, "coordinator", "--mode", mode == "ep_flat" ? "ep" : mode,
                                    "--bind", "tcp://127.0.0.1:*", "--cli-bind", f.cli_bind,
-                                   "--http-port", "0", "--name", mode, "--summary", summary.string(),
+                                   "--http-port", "0", "--name", run, "--summary", summary.string(),
                                    "--endpoints-file", endpoints.string()};
   if (mode == "ep_flat" || f.flat_ep) args.push_back("--flat-ep");
   if (!f.config.empty()) args.insert(args.end(), {"--config", f.config});
   if (steps > 0) args.insert(args.end(), {"--steps", std::to_string(steps)});
-  std::printf("\n=== %s: coordinator + %d workers (logs in %s) ===\n", mode.c_str(), world, dir.c_str());
+  if (spec.farskip) args.push_back("--farskip");
+  if (spec.simple) args.push_back("--no-overlap");
+  if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
+  if (!f.trace_steps.empty()) {
+    std::string list;
+    for (int64_t s : f.trace_steps) list += (list.empty() ? "" : ",") + std::to_string(s);
+    args.insert(args.end(), {"--trace-steps", list, "--trace-dir", (dir / "trace").string()});
+  }
+  std::printf("\n=== %s: coordinator + %d workers (logs in %s) ===\n", run.c_str(), world, dir.c_str());
   std::fflush(stdout);
   subprocess::Child coordinator = subprocess::spawn(args, "");
   std::string worker_ep;
@@ -144,6 +180,12 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   };
   row("status", [](const RunResult& r) { return std::string(r.ok ? "ok" : "FAILED"); });
   row("domain sizes", [](const RunResult& r) { return r.summary.contains("domain_sizes") ? r.summary["domain_sizes"].dump() : "-"; });
+  row("connectivity", [](const RunResult& r) { return r.summary.value("connectivity", std::string("-")); });
+  row("schedule (r)", [](const RunResult& r) {
+    if (!r.summary.contains("overlapped")) return std::string("-");
+    return std::string(r.summary["overlapped"].get<bool>() ? "overlapped" : "simple") + " (" +
+           std::to_string(r.summary.value("pipeline_degree", 1)) + ")";
+  });
   row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });
   row("final loss", [](const RunResult& r) { return cell(r.summary, "final_loss", "%.4f"); });
   row("tokens/s", [](const RunResult& r) { return cell(r.summary, "mean_tokens_per_s", "%.0f"); });
@@ -151,6 +193,9 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   row("  compute (ms)", [](const RunResult& r) { return cell(r.summary, "mean_compute_s", "%.1f", 1e3); });
   row("  exposed comm (ms)", [](const RunResult& r) { return cell(r.summary, "mean_exposed_comm_s", "%.1f", 1e3); });
   row("  overlap (%)", [](const RunResult& r) { return cell(r.summary, "overlap_percent", "%.0f"); });
+  row("  overlap fwd / bwd (%)", [](const RunResult& r) {
+    return cell(r.summary, "fwd_overlap_percent", "%.0f") + " / " + cell(r.summary, "bwd_overlap_percent", "%.0f");
+  });
   row("bound (ms)", [](const RunResult& r) { return cell(r.summary, "bound_s", "%.1f", 1e3); });
   row("step / bound", [](const RunResult& r) {
     if (!r.summary.contains("bound_s") || !(r.summary["bound_s"].get<double>() > 0)) return std::string("-");
@@ -181,10 +226,13 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
       return std::string(buf);
     });
   row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
-  if (runs.size() >= 2 && runs[0].summary.contains("mean_step_s") && runs.back().summary.contains("mean_step_s")) {
-    const double a = runs[0].summary["mean_step_s"].get<double>(), b = runs.back().summary["mean_step_s"].get<double>();
-    std::printf("\n%s vs %s: %.2fx step-time speedup\n", runs.back().mode.c_str(), runs[0].mode.c_str(), a / b);
-  }
+  // The last run against each earlier one.
+  std::printf("\n");
+  for (size_t i = 0; i + 1 < runs.size(); ++i)
+    if (runs[i].summary.contains("mean_step_s") && runs.back().summary.contains("mean_step_s")) {
+      const double a = runs[i].summary["mean_step_s"].get<double>(), b = runs.back().summary["mean_step_s"].get<double>();
+      std::printf("%s vs %s: %.2fx step-time speedup\n", runs.back().mode.c_str(), runs[i].mode.c_str(), a / b);
+    }
 }
 
 int run_launch(const LaunchFlags& f) {
@@ -200,13 +248,15 @@ int run_launch(const LaunchFlags& f) {
   std::vector<std::string> modes = f.modes;
   int64_t steps = f.steps;
   if (modes.empty()) {
-    if (f.config.empty()) modes = {"ep", "auto"};  // the built-in demo compares both
+    // The built-in demo: today's simple schedule, EP and HybridEP, then
+    // HybridEP with FarSkip connectivity, overlapped.
+    if (f.config.empty()) modes = {"ep+simple", "auto+simple", "auto+farskip"};
     else modes = {ep_mode_name(job.cluster.expert_parallel.mode)};
   }
   if (f.config.empty() && steps == 0) steps = 30;
   for (const std::string& m : modes)
-    if (m != "ep" && m != "ep_flat" && m != "hybrid" && m != "auto") {
-      std::fprintf(stderr, "xdmoe launch: unknown mode '%s' (ep, ep_flat, hybrid, auto)\n", m.c_str());
+    if (auto spec = parse_run(m); !spec) {
+      std::fprintf(stderr, "xdmoe launch: %s\n", spec.status().message().c_str());
       return 2;
     }
   const int world = job.cluster.world_size();
@@ -234,9 +284,17 @@ int run_launch(const LaunchFlags& f) {
 void add_launch_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<LaunchFlags>();
   CLI::App* cmd = app.add_subcommand("launch", "Run a whole job on this machine: coordinator + workers over loopback");
-  cmd->add_option("--config", f->config, "Job YAML (default: built-in 2 DC x 2 worker demo, EP vs HybridEP)")
+  cmd->add_option("--config", f->config,
+                  "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--mode", f->modes, "Run these modes one after another: ep, ep_flat, hybrid, auto (repeatable)");
+  cmd->add_option("--mode", f->modes,
+                  "Runs, one after another: MODE[+farskip][+simple][+rN] with MODE ep, ep_flat, hybrid or auto; "
+                  "+farskip turns FarSkip connectivity on, +simple runs nothing overlapped, +r4 splits each A2A "
+                  "into 4 chunks (r0: the planner's choice) (repeatable)");
+  cmd->add_option("--trace-steps", f->trace_steps,
+                  "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
+                  "scripts/trace_png.py draws them)")
+      ->delimiter(',');
   cmd->add_option("--steps", f->steps, "Override train.steps");
   cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();

@@ -102,6 +102,10 @@ void print_status(const nlohmann::json& s) {
     std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
+    std::printf("  bound %s ms (step / bound %s); overlap fwd %s%% of %s ms, bwd %s%% of %s ms\n",
+                num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
+                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "fwd_comm_s", "%.1f", 1e3).c_str(),
+                num(l, "bwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_comm_s", "%.1f", 1e3).c_str());
   }
 }
 
@@ -188,6 +192,12 @@ int run_metrics(const MonitorFlags& f) {
     std::printf("  compute %s ms, comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "comm_s", "%.1f", 1e3).c_str(), num(l, "exposed_comm_s", "%.1f", 1e3).c_str(),
                 num(l, "overlap_percent", "%.0f").c_str());
+    std::printf("  forward: comm %s ms, exposed %s ms, overlap %s%%; backward: comm %s ms, exposed %s ms, overlap %s%%\n",
+                num(l, "fwd_comm_s", "%.1f", 1e3).c_str(), num(l, "fwd_exposed_s", "%.1f", 1e3).c_str(),
+                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_comm_s", "%.1f", 1e3).c_str(),
+                num(l, "bwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str());
+    std::printf("  bound %s ms, step / bound %s\n", num(l, "bound_s", "%.1f", 1e3).c_str(),
+                num(l, "step_over_bound", "%.2f").c_str());
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());

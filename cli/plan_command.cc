@@ -22,6 +22,7 @@ struct PlanOptions {
   std::vector<int> domains;
   bool json = false;
   bool probe = true;  // as the coordinator
+  ScheduleOverrides schedule;
 };
 
 std::string fmt_bytes(double b) {
@@ -61,6 +62,10 @@ int run_plan(const PlanOptions& o) {
     source = o.config;
   }
   if (Status st = override_expert_parallel(&job, o.mode, o.domains); !st.is_ok()) {
+    std::fprintf(stderr, "xdmoe plan: %s\n", st.message().c_str());
+    return 2;
+  }
+  if (Status st = override_schedule(&job, o.schedule); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe plan: %s\n", st.message().c_str());
     return 2;
   }
@@ -248,6 +253,7 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--mode", opts->mode, "Override cluster.expert_parallel.mode: ep, hybrid, auto (as the coordinator's)");
   cmd->add_option("--domains", opts->domains, "Override the domain sizes (one per level), e.g. --domains 2,1")
       ->delimiter(',');
+  add_schedule_options(cmd, &opts->schedule);
   cmd->add_flag("--probe,!--no-probe", opts->probe,
                 "Fit each shaped link class's alpha/beta with a short loopback probe (~1.5 s each), "
                 "as the coordinator does (default); --no-probe plans with the config's figures")

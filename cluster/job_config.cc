@@ -240,6 +240,18 @@ Status override_expert_parallel(JobConfig* job, const std::string& mode, const s
   return job->validate();
 }
 
+Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
+  if (o.farskip) {
+    job->train.farskip.enabled = true;
+    XD_RETURN_IF_ERROR(apply_farskip(&job->train).with_context("--farskip"));
+  }
+  if (o.no_overlap) job->train.farskip.overlapped = false;
+  if (o.pipeline_degree >= 0) job->cluster.expert_parallel.pipeline_degree = o.pipeline_degree;
+  if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
+  if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
+  return job->validate();
+}
+
 TrainConfig one_process_equivalent(const JobConfig& job) {
   TrainConfig t = job.train;
   t.batch_size = job.train.batch_size * job.cluster.world_size();

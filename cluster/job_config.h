@@ -49,6 +49,19 @@ Expected<JobConfig> job_config_from_json(const nlohmann::json& j);
 // the whole job; errors name the flag or the key.
 Status override_expert_parallel(JobConfig* job, const std::string& mode, const std::vector<int>& domain_sizes);
 
+// The command line's schedule overrides (coordinator, `xdmoe plan`):
+// --farskip turns FarSkip connectivity on for every layer, --no-overlap runs
+// the simple schedule, --pipeline-degree sets r (0: the planner's), and
+// --trace-steps / --trace-dir ask workers for step traces.
+struct ScheduleOverrides {
+  bool farskip = false;
+  bool no_overlap = false;
+  int pipeline_degree = -1;  // -1: keep the config's
+  std::vector<int64_t> trace_steps;
+  std::string trace_dir;     // empty: keep the config's
+};
+Status override_schedule(JobConfig* job, const ScheduleOverrides& o);
+
 // The one-process run with the arithmetic of the distributed job: the same
 // model, data and seed, and the global batch (world size x train.batch_size
 // sequences) in every step. The only difference: the router's load-balancing
