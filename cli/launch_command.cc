@@ -204,6 +204,9 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     return std::string(buf);
   });
   row("predicted step (ms)", [](const RunResult& r) { return cell(r.summary, "predicted_step_s", "%.1f", 1e3); });
+  row("  with measured compute", [](const RunResult& r) {
+    return cell(r.summary, "predicted_with_measured_compute_s", "%.1f", 1e3);
+  });
   for (const LevelSpec& l : cluster.levels) {
     const std::string key = l.link.name + "/total";
     row(("MB/step on " + l.link.name).c_str(), [&](const RunResult& r) {

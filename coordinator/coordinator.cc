@@ -53,6 +53,7 @@ class Coordinator::Impl {
   WorkerRegistry registry;
   JobMetrics metrics;
   Plan plan;
+  PlannerInputs plan_inputs;
   uint32_t job_id = 0;
   JobState state = JobState::kWaiting;
   Status outcome;
@@ -130,6 +131,7 @@ Status Coordinator::Impl::run() {
               planned->compute.flops_per_s / 1e9, planned->compute.non_gemm_factor, planned->step_probe.tokens,
               planned->step_probe.seconds * 1e3);
   plan = planned->plan;
+  plan_inputs = planned->inputs;
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);
@@ -430,6 +432,17 @@ void Coordinator::Impl::write_summary() {
     j["mean_bwd_exposed_s"] = mean.bwd_exposed_s;
     j["bwd_overlap_percent"] = mean.bwd_overlap_percent();
     j["step_over_bound"] = mean.step_over_bound();
+    // The prediction again with the compute this run measured, so what is
+    // left of the error is the communication and overlap model's.
+    const PlanCandidate& choice = plan.choice();
+    if (choice.compute_s > 0 && mean.compute_s > 0) {
+      Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / choice.compute_s);
+      w.pipeline_degree = choice.pipeline_degree;
+      const std::vector<int> levels = job.cluster.level_sizes();
+      const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,
+                                                     plan_inputs.link_codecs);
+      j["predicted_with_measured_compute_s"] = again.iteration_s;
+    }
     j["mean_link_busy_s"] = mean.link_busy_s;
     j["mean_codec_s"] = mean.codec_s;
     j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
@@ -448,6 +461,9 @@ void Coordinator::Impl::write_summary() {
                 mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(), mean.bound_s() * 1e3,
                 mean.bound_s() > 0 ? mean.step_s / mean.bound_s() : 0.0, mean.predicted_step_s * 1e3,
                 mean.peak_rss_bytes / 1e6);
+    if (j.contains("predicted_with_measured_compute_s"))
+      std::printf("  predicted with the measured compute: %.1f ms (measured %.1f ms)\n",
+                  j["predicted_with_measured_compute_s"].get<double>() * 1e3, mean.step_s * 1e3);
     std::printf("  forward:  comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.fwd_comm_s * 1e3,
                 mean.fwd_exposed_s * 1e3, mean.fwd_overlap_percent());
     std::printf("  backward: comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.bwd_comm_s * 1e3,

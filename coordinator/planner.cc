@@ -118,6 +118,13 @@ Workload workload_of(const PlannerInputs& in) {
   return w;
 }
 
+Workload with_compute_scaled(Workload w, double factor) {
+  for (double* t : {&w.pre_expert_fwd_s, &w.pre_expert_bwd_s, &w.expert_fwd_s, &w.expert_bwd_s, &w.post_s,
+                    &w.gemm_overhead_s, &w.attention_qkv_fwd_s, &w.shared_fwd_s})
+    *t *= factor;
+  return w;
+}
+
 std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_sizes) {
   std::vector<std::vector<int>> out = {{}};
   for (int sf : level_sizes) {

@@ -121,6 +121,10 @@ struct Workload {
   std::vector<Connectivity> connectivity;  // per MoE layer; empty: all regular
 };
 Workload workload_of(const PlannerInputs& in);
+// The same workload with every compute term times `factor`: the prediction
+// again once a run has measured its compute (compute on a shared machine runs
+// slower than the start-up probe, which had a core to itself).
+Workload with_compute_scaled(Workload w, double factor);
 
 struct PlanCandidate {
   std::vector<int> domain_sizes;
