@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""FarSkip overlap, end to end (FarSkip-Collective Table 3, FSMoE Sec. 4-5), on
+this machine: regular connectivity with the simple schedule (nothing
+overlapped, what every step did before overlap existed), FarSkip simple (the
+same math, nothing overlapped), FarSkip overlapped with r = 1 and with the
+planner's r, and regular connectivity overlapped -- in EP and in HybridEP.
+
+Two settings, each on shaped links where communication is comparable to
+compute (the ratio, busiest link's transmit time / compute, is measured on
+the first run and printed):
+  ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
+  hybrid  2 DCs x 2 workers (the README demo's job), HybridEP domains [2, 1],
+          inter-DC 100 Mbit/s, 10 ms
+Every run is a real `xdmoe launch`: a coordinator and worker processes over
+loopback. Figures are means over the steps after two warm-up steps: step
+time, speedup over the first run, overlap % per direction, step / bound, and
+the planner's prediction (at start-up, and again with the measured compute).
+
+usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
+           [--settings ep,hybrid] [--trace-step 12] [--out bench/results]
+Writes <out>/farskip_overlap.csv and .txt, and a trace of one step of the
+planner's-r FarSkip run of each setting, <out>/farskip_trace_<setting>.png
+(scripts/trace_png.py; the Chrome trace JSONs stay in the run directory).
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+MODEL = """model:
+  expert_intermediate_size: 128
+  shared_intermediate_size: 128
+train:
+  steps: {steps}
+  batch_size: {batch}
+  log_every: 100
+  eval_every: 0
+"""
+
+SETTINGS = {
+    "ep": {
+        "yaml": MODEL + """cluster:
+  levels:
+    - name: dc
+      size: 2
+      link: {{bandwidth: 800mbit, latency: 1ms, shape: true}}
+  expert_parallel:
+    mode: ep
+""",
+        "batch": 32,
+        "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
+    },
+    "hybrid": {
+        "yaml": MODEL + """cluster:
+  expert_parallel:
+    mode: hybrid
+    domain_sizes: [2, 1]
+""",
+        "batch": 16,
+        "runs": ["hybrid+simple", "hybrid+farskip+simple", "hybrid+farskip+r1", "hybrid+farskip+r0", "hybrid+r0"],
+    },
+}
+
+LABELS = {
+    "simple": "regular, simple",
+    "farskip+simple": "FarSkip, simple",
+    "farskip+r1": "FarSkip, overlapped, r = 1",
+    "farskip+r0": "FarSkip, overlapped, planner's r",
+    "r0": "regular, overlapped, planner's r",
+}
+
+
+def launch(xdmoe, config, runs, steps, run_dir, trace_step):
+    cmd = [xdmoe, "launch", "--config", config, "--run-dir", run_dir, "--steps", str(steps)]
+    for r in runs:
+        cmd += ["--mode", r]
+    if trace_step:
+        cmd += ["--trace-steps", str(trace_step)]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    table = out.stdout[out.stdout.rfind("\n                  "):] if out.stdout else ""
+    print(table.strip()[-4000:], flush=True)
+    if out.returncode != 0:
+        sys.exit(f"launch failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    summaries = {}
+    for r in runs:
+        with open(os.path.join(run_dir, r, "summary.json")) as f:
+            summaries[r] = json.load(f)
+    return summaries
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--xdmoe", default="build/xdmoe")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--settings", default="ep,hybrid")
+    p.add_argument("--trace-step", type=int, default=12)
+    p.add_argument("--out", default="bench/results")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    for name in a.settings.split(","):
+        s = SETTINGS[name]
+        run_dir = os.path.join("runs", "bench_farskip", name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(run_dir)
+        config = os.path.join(run_dir, "job.yaml")
+        with open(config, "w") as f:
+            f.write(s["yaml"].format(steps=a.steps, batch=s["batch"]))
+        summaries = launch(a.xdmoe, config, s["runs"], a.steps, run_dir, a.trace_step)
+        base = summaries[s["runs"][0]]
+        ratio = base["mean_link_busy_s"] / base["mean_compute_s"]
+        for r in s["runs"]:
+            j = summaries[r]
+            rows.append({
+                "setting": name,
+                "run": r,
+                "schedule": LABELS[r.split("+", 1)[1]],
+                "pipeline_degree": j["pipeline_degree"],
+                "link_over_compute": round(ratio, 3),
+                "step_ms": round(j["mean_step_s"] * 1e3, 1),
+                "speedup": round(base["mean_step_s"] / j["mean_step_s"], 3),
+                "compute_ms": round(j["mean_compute_s"] * 1e3, 1),
+                "exposed_ms": round(j["mean_exposed_comm_s"] * 1e3, 1),
+                "fwd_overlap_pct": round(j["fwd_overlap_percent"], 1),
+                "bwd_overlap_pct": round(j["bwd_overlap_percent"], 1),
+                "bound_ms": round(j["bound_s"] * 1e3, 1),
+                "step_over_bound": round(j["step_over_bound"], 3),
+                "predicted_ms": round(j["predicted_step_s"] * 1e3, 1),
+                "predicted_measured_compute_ms": round(j.get("predicted_with_measured_compute_s", 0) * 1e3, 1),
+                "final_loss": round(j["final_loss"], 4),
+            })
+        traced = [r for r in s["runs"] if r.endswith("farskip+r0")][0]
+        trace_dir = os.path.join(run_dir, traced, "trace")
+        png = os.path.join(a.out, f"farskip_trace_{name}.png")
+        subprocess.run([sys.executable, "scripts/trace_png.py", trace_dir, "--step", str(a.trace_step), "--out", png,
+                        "--title", f"{name}: {LABELS['farskip+r0']}"], check=True)
+    keys = list(rows[0].keys())
+    with open(os.path.join(a.out, "farskip_overlap.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    lines = []
+    header = (f"{'setting':8} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
+              f"{'bwd ovl%':>8} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} {'pred*':>7} {'loss':>7}")
+    lines.append(header)
+    for r in rows:
+        lines.append(f"{r['setting']:8} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
+                     f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} {r['bound_ms']:>9} "
+                     f"{r['step_over_bound']:>8.2f} {r['predicted_ms']:>8} {r['predicted_measured_compute_ms']:>7} "
+                     f"{r['final_loss']:>7}")
+    for name in a.settings.split(","):
+        ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
+        lines.append(f"{name}: busiest link's transmit time / compute = {ratio:.2f} (first run)")
+    lines.append("pred*: the planner's prediction again with the compute the run measured")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "farskip_overlap.txt"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
