@@ -152,6 +152,8 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   };
   t->model_->set_backward_hooks(std::move(hooks));
   t->last_stats_ = transport->stats();
+  const auto& traced = tc.trace_steps;
+  if (std::count(traced.begin(), traced.end(), 1) > 0) t->timeline_.set_enabled(true);
   t->comm_->start_gather(0);
   return t;
 }
@@ -167,7 +169,7 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   float norm = static_cast<float>(local);
   buckets_->start(static_cast<uint32_t>(step_), buckets_->num_buckets() - 1, g.data(), &norm);
   const float inv = 1.0f / world_;
-  XD_RETURN_IF_ERROR(buckets_->finish(g.data(), inv, &norm));
+  XD_RETURN_IF_ERROR(buckets_->finish(static_cast<uint32_t>(step_), g.data(), inv, &norm));
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) g[i] *= inv;
   *expert_norm_sq = norm * (double)inv * inv;
@@ -264,6 +266,9 @@ Expected<StepMetrics> DistributedTrainer::step() {
   }
   if (!std::isfinite(grad_norm)) return Status::internal("gradient norm is not finite");
   ++step_;
+  if (traced) write_trace(step_);
+  // A traced step's trace begins with its replicas' all-gather, which starts here.
+  if (std::count(tc.trace_steps.begin(), tc.trace_steps.end(), step_ + 1) > 0) timeline_.set_enabled(true);
   // The next step's replicas start moving now; after the last step there is
   // nothing to gather for.
   if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
@@ -287,7 +292,6 @@ Expected<StepMetrics> DistributedTrainer::step() {
   record_link_figures(mid, &m);
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
-  if (traced) write_trace(step_);
   return m;
 }
 

@@ -227,29 +227,30 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   // thread), so the link never idles between layers and their latencies
   // overlap; the actor thread takes them in layer order. With sr: the sends
   // stay on the actor thread, behind the base all-reduce they encode against.
-  auto sent = std::make_shared<std::vector<std::shared_ptr<LevelExchange>>>();
-  std::shared_future<void> all_sent;
+  // One sender closure per layer, so layer k waits only for its own send.
+  std::vector<std::shared_ptr<LevelExchange>> sent(layers_);
+  std::vector<std::shared_future<void>> layer_sent(layers_);
   if (!uses_base_) {
-    auto done = std::make_shared<std::promise<void>>();
-    all_sent = done->get_future().share();
-    sender_->post([this, step, sent, done] {
-      for (int layer = 0; layer < layers_; ++layer) {
-        auto x = std::make_shared<LevelExchange>();
+    for (int layer = 0; layer < layers_; ++layer) {
+      auto x = std::make_shared<LevelExchange>();
+      auto done = std::make_shared<std::promise<void>>();
+      layer_sent[layer] = done->get_future().share();
+      sent[layer] = x;
+      sender_->post([this, step, layer, x, done] {
         for (int l = 0; l < topology_.num_levels(); ++l)
           if (!topology_.ag_peers(rank_, l).empty()) {
             x->status = send_gather_level(step, layer, l, x.get());
             break;
           }
-        sent->push_back(std::move(x));
-      }
-      done->set_value();
-    });
+        done->set_value();
+      });
+    }
   }
   for (int layer = 0; layer < layers_; ++layer)
-    actor_->post([this, step, layer, sent, all_sent] {
+    actor_->post([this, step, layer, x = sent[layer], ready = layer_sent[layer]] {
       ScopedSpan span(timeline_, "expert all-gather", layer, Lane::kExperts);
-      if (all_sent.valid()) all_sent.wait();
-      finish(layer, true, gather_layer(step, layer, all_sent.valid() ? (*sent)[layer].get() : nullptr));
+      if (ready.valid()) ready.wait();
+      finish(layer, true, gather_layer(step, layer, x.get()));
     });
   if (base_due && step != 0) post_sync();
 }

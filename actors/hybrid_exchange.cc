@@ -59,6 +59,10 @@ HybridExpertExchange::~HybridExpertExchange() {
 }
 
 void HybridExpertExchange::set_overlapped(bool overlapped) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    XD_CHECK_MSG(results_.empty(), "set_overlapped with exchanges in flight");
+  }
   if (overlapped && !to_experts_thread_) {
     to_experts_thread_ = std::make_unique<detail::WorkThread>("to-experts");
     to_sources_thread_ = std::make_unique<detail::WorkThread>("to-sources");
@@ -337,7 +341,10 @@ void HybridExpertExchange::run_to_experts(const ExchangeTag& tag, std::vector<fl
     // Keep shapes consistent so the math can finish; the trainer checks
     // status() and abandons the step.
     if (tag.phase == (int)ExchangePhase::kDispatch) {
-      r.final_order.clear();
+      // This call's route, so its Combine returns as many rows as were sent.
+      r = Route{};
+      r.counts_in = counts;
+      r.rows_in = std::accumulate(counts.begin(), counts.end(), 0);
       r.out_counts.assign(computed_.size(), 0);
     }
     result.status = st;

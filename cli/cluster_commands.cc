@@ -33,11 +33,11 @@ int run_coordinator(const CoordinatorFlags& f) {
     job = *parsed;
   }
   if (f.steps > 0) job.train.steps = f.steps;
-  if (Status st = override_expert_parallel(&job, f.mode, f.domains); !st.is_ok()) {
+  if (Status st = override_schedule(&job, f.schedule); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
   }
-  if (Status st = override_schedule(&job, f.schedule); !st.is_ok()) {
+  if (Status st = override_expert_parallel(&job, f.mode, f.domains); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
   }

@@ -61,11 +61,11 @@ int run_plan(const PlanOptions& o) {
     job = std::move(*loaded);
     source = o.config;
   }
-  if (Status st = override_expert_parallel(&job, o.mode, o.domains); !st.is_ok()) {
+  if (Status st = override_schedule(&job, o.schedule); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe plan: %s\n", st.message().c_str());
     return 2;
   }
-  if (Status st = override_schedule(&job, o.schedule); !st.is_ok()) {
+  if (Status st = override_expert_parallel(&job, o.mode, o.domains); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe plan: %s\n", st.message().c_str());
     return 2;
   }

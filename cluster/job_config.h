@@ -52,7 +52,9 @@ Status override_expert_parallel(JobConfig* job, const std::string& mode, const s
 // The command line's schedule overrides (coordinator, `xdmoe plan`):
 // --farskip turns FarSkip connectivity on for every layer, --no-overlap runs
 // the simple schedule, --pipeline-degree sets r (0: the planner's), and
-// --trace-steps / --trace-dir ask workers for step traces.
+// --trace-steps / --trace-dir ask workers for step traces. It does not
+// validate the job: callers apply it before override_expert_parallel, which
+// checks the whole job once every override is in.
 struct ScheduleOverrides {
   bool farskip = false;
   bool no_overlap = false;

@@ -49,6 +49,20 @@ Status TrainConfig::validate() const {
   if (eval_every < 0) return bad("train.eval_every", "must be >= 0");
   if (eval_batches <= 0) return bad("train.eval_batches", "must be positive");
   if (checkpoint_every < 0) return bad("train.checkpoint_every", "must be >= 0");
+  if ((farskip.attention_only || farskip.moe_only) && !farskip.enabled)
+    return bad(farskip.attention_only ? "farskip.attention_only" : "farskip.moe_only", "needs farskip.enabled: true");
+  if (farskip.attention_only && farskip.moe_only)
+    return bad("farskip", "attention_only and moe_only exclude each other (both off is full FarSkip)");
+  if (farskip.enabled) {
+    const Connectivity want = farskip.attention_only ? Connectivity::kFarSkipAttention
+                              : farskip.moe_only     ? Connectivity::kFarSkipMoe
+                                                     : Connectivity::kFarSkip;
+    for (int l = 0; l < model.num_layers; ++l)
+      if (model.layer_connectivity(l) != want)
+        return bad("farskip.enabled", std::string("asks for ") + connectivity_name(want) + " on every layer, but " +
+                                          "model.connectivity says " + connectivity_name(model.layer_connectivity(l)) +
+                                          " for layer " + std::to_string(l));
+  }
   for (int64_t s : trace_steps)
     if (s < 1 || s > steps) return bad("train.trace_steps", "each step must be in 1..train.steps");
   if (!trace_steps.empty() && trace_dir.empty()) return bad("train.trace_dir", "must be set to trace steps");

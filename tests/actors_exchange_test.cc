@@ -192,6 +192,17 @@ TEST(HybridExchange, ASilentPeerFailsTheExchangeWithAStatusNotAHang) {
   std::vector<float> back;
   ex.to_sources({0, (int)ExchangePhase::kCombine}, out.data(), out.size() / 3, 3, &back);
   EXPECT_EQ(back.size(), rows.size());
+  // The next layer, and a second chunk, after the failure: no message moves,
+  // but each Combine still returns as many rows as its Dispatch took.
+  for (int chunk : {0, 1}) {
+    std::vector<float> more(6 * 3, 2.0f);
+    std::vector<int> more_counts = {3, 0, 2, 1};
+    ex.to_experts({1, (int)ExchangePhase::kDispatch, chunk}, more.data(), more_counts, 3, &out, &out_counts);
+    EXPECT_EQ(out_counts.size(), ex.computed_experts().size());
+    ex.to_sources({1, (int)ExchangePhase::kCombine, chunk}, out.data(), out.size() / 3, 3, &back);
+    EXPECT_EQ(back.size(), more.size()) << "chunk " << chunk;
+  }
+  EXPECT_EQ(ex.status().code(), Status::Code::kTimeout) << "the first failure is the one reported";
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
       got[r] = gradients(r, n);
       const float extra = float(r + 1);
       for (int b = 0; b < gb.num_buckets(); ++b) gb.start(1, b, got[r].data(), &extra);
-      XD_CHECK(gb.finish(got[r].data(), 0.25f, &got_extra[r]).is_ok());
+      XD_CHECK(gb.finish(1, got[r].data(), 0.25f, &got_extra[r]).is_ok());
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {

@@ -7,7 +7,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "cluster/job_config.h"
 #include "job_runner.h"
@@ -158,6 +162,49 @@ TEST(FarSkipOverlap, AHeavilyDelayedLinkGivesIdenticalResults) {
   // coordinator sums in arrival order, so it may differ in the last bit.
   EXPECT_LT(loss, 1e-12);
   EXPECT_EQ(weights, 0.0);
+}
+
+// A traced step: every worker writes a Chrome trace of it with compute
+// spans, waits and transfers on the comm threads, and scripts/trace_png.py
+// draws them with gnuplot.
+TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
+  const std::string dir = temp_dir("trace");
+  std::string yaml = farskip_yaml(true, dir + "/ckpt") + cluster_yaml(2);
+  yaml.replace(yaml.find("  eval_every: 0\n"), 16, "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + dir + "/trace\n");
+  auto job = testing::run_job(dir, yaml, 4, {"--mode", "hybrid", "--domains", "1,2"});
+  ASSERT_TRUE(job.ok()) << job.logs();
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    std::set<std::string> names, categories;
+    std::set<int> lanes;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      names.insert(e["name"].get<std::string>());
+      categories.insert(e["cat"].get<std::string>());
+      lanes.insert(e["tid"].get<int>());
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+      EXPECT_EQ(e["pid"].get<int>(), rank);
+    }
+    for (const char* name : {"attention (a)", "routed experts", "dispatch", "combine", "dispatch backward",
+                             "combine backward", "dense all-reduce", "expert all-gather", "optimizer"})
+      EXPECT_TRUE(names.count(name)) << "rank " << rank << " has no '" << name << "' span";
+    EXPECT_TRUE(categories.count("compute") && categories.count("comm")) << "rank " << rank;
+    EXPECT_GE(lanes.size(), 4u) << "compute, both exchange threads, the dense all-reduce";
+  }
+  EXPECT_FALSE(fs::exists(dir + "/trace/trace-step3-rank0.json")) << "only the asked-for step";
+  if (testing::run("command -v gnuplot").first != 0) {
+    GTEST_SKIP() << "gnuplot is not installed (scripts/install-deps.sh installs it): the PNG is not drawn";
+  }
+  const std::string png = dir + "/step4.png";
+  auto [code, out] = testing::run("python3 " + std::string(XD_SOURCE_DIR) + "/scripts/trace_png.py " + dir +
+                                  "/trace --step 4 --out " + png);
+  ASSERT_EQ(code, 0) << out;
+  std::ifstream image(png, std::ios::binary);
+  char magic[8] = {};
+  image.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG") << "not a PNG: " << out;
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.train.model.expert_init_spread = 0.25;
   job.cluster.expert_parallel.pipeline_degree = 3;
   job.train.farskip = {true, false, false, true};
+  job.train.model.connectivity.assign(job.train.model.num_layers, Connectivity::kFarSkipMoe);
   job.train.trace_steps = {2, 5};
   job.train.trace_dir = "runs/t";
   ASSERT_TRUE(job.validate().is_ok()) << job.validate().to_string();
@@ -53,6 +54,12 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_FALSE(back->train.farskip.overlapped);
   EXPECT_TRUE(back->train.farskip.moe_only);
   EXPECT_EQ(back->train.trace_steps, (std::vector<int64_t>{2, 5}));
+  // The JSON path checks what the YAML path checks: FarSkip flags that
+  // contradict the connectivity are refused.
+  json contradiction = j;
+  contradiction["farskip"]["moe_only"] = false;
+  EXPECT_NE(job_config_from_json(contradiction).status().message().find("farskip.enabled"), std::string::npos)
+      << job_config_from_json(contradiction).status().message();
   EXPECT_EQ(back->train.model.expert_init_spread, 0.25);
   EXPECT_EQ(back->train.optimizer.grad_clip, 0.5);
   EXPECT_EQ(back->train.model.connectivity, job.train.model.connectivity);

@@ -46,5 +46,27 @@ TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) 
   EXPECT_NE(text.find("xdmoe_bound_seconds{job=\"j\"} 0.5\n"), std::string::npos) << text;
 }
 
+// Per direction: overlap = 1 - exposed / comm of the worst worker, never
+// below 0; step / bound beside them.
+TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
+  JobMetrics metrics(2);
+  StepMetrics a = report(1, 0.4, 0.5), b = report(1, 0.3, 0.2);
+  a.fwd_comm_s = 0.2, a.fwd_exposed_s = 0.05, a.bwd_comm_s = 0.3, a.bwd_exposed_s = 0.3;
+  b.fwd_comm_s = 0.1, b.fwd_exposed_s = 0.02, b.bwd_comm_s = 0.1, b.bwd_exposed_s = 0.1;
+  metrics.record(0, a);
+  metrics.record(1, b);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_DOUBLE_EQ(s.fwd_overlap_percent(), 75.0);
+  EXPECT_DOUBLE_EQ(s.bwd_overlap_percent(), 0.0);
+  EXPECT_DOUBLE_EQ(s.step_over_bound(), 2.0);  // 1 s over max(0.4, 0.5)
+  EXPECT_DOUBLE_EQ(StepSummary::overlap(0.3, 0.2), 0.0) << "more exposed than busy is no overlap, not negative";
+  const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_direction_overlap_percent{job=\"j\",direction=\"forward\"} 75\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("xdmoe_direction_exposed_comm_seconds{job=\"j\",direction=\"backward\"} 0.3\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_step_over_bound{job=\"j\"} 2\n"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace xd

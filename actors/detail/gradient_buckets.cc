@@ -13,7 +13,7 @@ GradientBuckets::GradientBuckets(Communicator* inner, Communicator* outer, Dense
     : inner_(inner), outer_(outer), precision_(precision), extra_(extra), timeline_(timeline) {
   XD_CHECK(!buckets.empty());
   buckets_.resize(buckets.size());
-  step_of_.assign(buckets.size(), 0);
+  step_of_.assign(buckets.size(), UINT32_MAX);  // no step yet
   for (size_t b = 0; b < buckets.size(); ++b) {
     size_t n = 0;
     for (auto [begin, end] : buckets[b]) n += end - begin;
@@ -66,11 +66,12 @@ void GradientBuckets::start(uint32_t step, int b, const float* grads, const floa
   });
 }
 
-Status GradientBuckets::finish(float* grads, float scale, float* extra) {
+Status GradientBuckets::finish(uint32_t step, float* grads, float scale, float* extra) {
   Status first;
   const double t0 = steady_seconds();
   for (int b = 0; b < num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
+    XD_CHECK_MSG(step_of_[b] == step, "a gradient bucket was not started this step");
     if (threads_.empty()) {
       bucket.status = reduce(step_of_[b], b);
       bucket.done = true;

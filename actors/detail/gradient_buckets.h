@@ -40,10 +40,10 @@ class GradientBuckets {
   // Copies bucket b out of `grads` and starts its all-reduce. The last
   // bucket also takes `extra` (extra floats).
   void start(uint32_t step, int bucket, const float* grads, const float* extra = nullptr);
-  // Waits for every bucket of the step (each must have been started), then
+  // Waits for every bucket of `step` (each must have been started for it), then
   // writes grads = sum * scale for every range and extra = the summed extras
   // (unscaled). The first failure, or ok.
-  Status finish(float* grads, float scale, float* extra);
+  Status finish(uint32_t step, float* grads, float scale, float* extra);
   // Seconds finish() blocked since the last call.
   double take_wait_seconds();
 
