@@ -136,23 +136,16 @@ void read_model(YamlReader& r, const YAML::Node& node, ModelConfig* m) {
 
 Status apply_farskip(TrainConfig* c) {
   const FarSkipConfig& f = c->farskip;
-  if ((f.attention_only || f.moe_only) && !f.enabled)
-    return Status::invalid_argument(std::string("farskip.") + (f.attention_only ? "attention_only" : "moe_only") +
-                                    ": needs farskip.enabled: true");
-  if (f.attention_only && f.moe_only)
-    return Status::invalid_argument("farskip: attention_only and moe_only exclude each other "
-                                    "(both off is full FarSkip)");
-  if (!f.enabled) return Status::ok();
+  if (!f.enabled || (f.attention_only && f.moe_only)) return c->validate();
   const Connectivity want = f.attention_only ? Connectivity::kFarSkipAttention
                             : f.moe_only     ? Connectivity::kFarSkipMoe
                                              : Connectivity::kFarSkip;
-  for (Connectivity given : c->model.connectivity)
-    if (given != want && given != Connectivity::kRegular)
-      return Status::invalid_argument(std::string("farskip.enabled asks for ") + connectivity_name(want) +
-                                      " on every layer, but model.connectivity says " + connectivity_name(given) +
-                                      "; set one of the two");
-  c->model.connectivity.assign(c->model.num_layers, want);
-  return Status::ok();
+  // Regular layers take the wanted connectivity; any other stays, for
+  // validate() to name the contradiction.
+  bool contradicts = false;
+  for (Connectivity given : c->model.connectivity) contradicts |= given != want && given != Connectivity::kRegular;
+  if (!contradicts) c->model.connectivity.assign(c->model.num_layers, want);
+  return c->validate();
 }
 
 Expected<TrainConfig> parse_train_config(const std::string& text, const std::string& source,
@@ -225,9 +218,7 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
   XD_RETURN_IF_ERROR(r.status());
   if (c.model.connectivity.size() == 1 && c.model.num_layers > 1)
     c.model.connectivity.assign(c.model.num_layers, c.model.connectivity[0]);
-  XD_RETURN_IF_ERROR(apply_farskip(&c).with_context(source));
-  Status v = c.validate();
-  if (!v.is_ok()) return v.with_context(source);
+  XD_RETURN_IF_ERROR(apply_farskip(&c).with_context(source));  // and validates
   return c;
 }
 

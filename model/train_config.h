@@ -64,8 +64,8 @@ struct TrainConfig {
 TrainConfig default_train_config();
 
 Expected<TrainConfig> load_train_config(const std::string& path);
-// Turns farskip.enabled (and its variants) into model.connectivity; refuses
-// contradictory settings, naming them. The parser calls it.
+// Turns farskip.enabled (and its variants) into model.connectivity, then
+// validates (validate() names contradictory settings). The parser calls it.
 Status apply_farskip(TrainConfig* config);
 // `other_sections` names top-level keys that belong to other readers (for
 // example "cluster") and are skipped here instead of rejected.

@@ -8,24 +8,14 @@
 
 #include "actors/hybrid_exchange.h"
 #include "common/rng.h"
+#include "local_transports.h"
 
 namespace xd {
 namespace {
 
 struct Cluster {
   std::vector<std::unique_ptr<Transport>> transports;
-  explicit Cluster(int world) {
-    for (int r = 0; r < world; ++r) {
-      TransportOptions o;
-      o.rank = r;
-      auto t = Transport::create(o);
-      XD_CHECK(t.has_value());
-      transports.push_back(std::move(*t));
-    }
-    std::vector<PeerInfo> peers;
-    for (int r = 0; r < world; ++r) peers.push_back({r, transports[r]->endpoint(), 0});
-    for (auto& t : transports) XD_CHECK(t->connect(peers).is_ok());
-  }
+  explicit Cluster(int world) : transports(testing::local_transports(world)) {}
 };
 
 // counts[rank][expert]: some experts empty everywhere, one rank sends nothing.

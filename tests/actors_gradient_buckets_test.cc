@@ -8,6 +8,7 @@
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/gradient_buckets.h"
 #include "common/rng.h"
+#include "local_transports.h"
 #include "transport/communicator.h"
 #include "transport/transport.h"
 
@@ -19,17 +20,7 @@ constexpr int kWorld = 4;  // 2 groups of 2: inner pairs, outer pairs
 struct Cluster {
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<Communicator>> inner, outer;
-  Cluster() {
-    for (int r = 0; r < kWorld; ++r) {
-      TransportOptions o;
-      o.rank = r;
-      auto t = Transport::create(o);
-      XD_CHECK(t.has_value());
-      transports.push_back(std::move(*t));
-    }
-    std::vector<PeerInfo> peers;
-    for (int r = 0; r < kWorld; ++r) peers.push_back({r, transports[r]->endpoint(), 0});
-    for (auto& t : transports) XD_CHECK(t->connect(peers).is_ok());
+  Cluster() : transports(testing::local_transports(kWorld)) {
     for (int r = 0; r < kWorld; ++r) {
       inner.push_back(std::make_unique<Communicator>(transports[r].get(), std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
       outer.push_back(std::make_unique<Communicator>(transports[r].get(), std::vector<int>{r % 2, r % 2 + 2}));

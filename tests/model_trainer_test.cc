@@ -184,7 +184,7 @@ TEST(TrainConfig, TheFarSkipSectionSetsConnectivityAndRefusesContradictions) {
       {"farskip: {attention_only: true}\n", "farskip.attention_only: needs farskip.enabled: true"},
       {"farskip: {enabled: true, attention_only: true, moe_only: true}\n", "exclude each other"},
       {"model: {connectivity: farskip_moe}\nfarskip: {enabled: true}\n",
-       "farskip.enabled asks for farskip on every layer, but model.connectivity says farskip_moe"},
+       "farskip.enabled: asks for farskip on every layer, but model.connectivity says farskip_moe"},
       {"farskip: {enabeld: true}\n", "farskip.enabeld"},
       {"train: {steps: 5, trace_steps: [6]}\n", "train.trace_steps: each step must be in 1..train.steps"},
   };
