@@ -4,10 +4,8 @@
 
 #include <cmath>
 
+#include <algorithm>
 #include <filesystem>
-
-#include <fstream>
-#include <set>
 
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/gradient_buckets.h"
@@ -68,7 +66,6 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
     if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.numel();
     else ranges.emplace_back(s.offset, s.offset + s.numel());
   }
-  for (auto [b, e] : t->dense_ranges_) t->dense_count_ += e - b;
   t->optimizer_ = std::make_unique<AdamW<float>>(t->layout_->size(), tc.optimizer, no_decay);
 
   // Flat EP: one level of G workers, every owner one hop away.

@@ -93,7 +93,6 @@ class DistributedTrainer {
   std::unique_ptr<HybridExpertExchange> exchange_;
   std::unique_ptr<ExpertCommunicator> comm_;
   std::vector<std::pair<size_t, size_t>> dense_ranges_;  // [begin, end) of replicated params
-  size_t dense_count_ = 0;
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
   std::unique_ptr<detail::GradientBuckets> buckets_;  // after inner_/outer_: it uses them
   int64_t step_ = 0;
