@@ -347,28 +347,38 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
 }
 
 Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange* x) {
+  return receive_level(l, x, /*gather=*/true, [&](int peer) { return gather_refs(layer, held_after(peer, l)); });
+}
+
+// Peer i's message goes through the level's codec into refs_of(peer i); then
+// the sends are waited for and the level's figures added.
+Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
+                                         const std::function<std::vector<detail::ExpertTensorRef>(int)>& refs_of) {
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  detail::ExpertWireCodec& codec = gather ? *gather_codecs_[l] : *grad_codecs_[l];
   std::vector<float> scratch;
   for (size_t i = 0; i < peers.size(); ++i) {
     auto msg = x->slots[i]->wait(timeout_);
-    const std::string from = "expert all-gather from rank " + std::to_string(peers[i]);
+    const std::string from =
+        std::string(gather ? "expert all-gather" : "expert gradient reduce") + " from rank " + std::to_string(peers[i]);
     if (!msg) return msg.status().with_context(from);
-    const std::vector<detail::ExpertTensorRef> theirs = gather_refs(layer, held_after(peers[i], l));
+    const std::vector<detail::ExpertTensorRef> refs = refs_of(peers[i]);
     const auto t0 = std::chrono::steady_clock::now();
-    auto floats = detail::received_floats(*msg, theirs.size(), expert_floats_, &scratch);
+    auto floats = detail::received_floats(*msg, refs.size(), expert_floats_, &scratch);
     if (!floats) return floats.status().with_context(from);
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
-      gather_codecs_[l]->apply(theirs, *floats);
+      codec.apply(refs, *floats);
     }
     x->codec_s += seconds_since(t0);
   }
   for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
   std::lock_guard<std::mutex> lock(mu_);
-  figures_[l].gather_raw_bytes += x->raw_bytes;
-  figures_[l].gather_error += x->error;
-  figures_[l].gather_signal += x->signal;
-  if (!gather_codecs_[l]->is_raw()) codec_s_ += x->codec_s;
+  ExpertCodecFigures& f = figures_[l];
+  (gather ? f.gather_raw_bytes : f.grad_raw_bytes) += x->raw_bytes;
+  (gather ? f.gather_error : f.grad_error) += x->error;
+  (gather ? f.gather_signal : f.grad_signal) += x->signal;
+  if (!codec.is_raw()) codec_s_ += x->codec_s;
   return Status::ok();
 }
 
@@ -414,29 +424,9 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
 }
 
 Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x) {
-  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  // Every peer sends the gradients of this worker's held experts.
   const std::vector<detail::ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
-  std::vector<float> scratch;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    auto msg = x->slots[i]->wait(timeout_);
-    const std::string from = "expert gradient reduce from rank " + std::to_string(peers[i]);
-    if (!msg) return msg.status().with_context(from);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto floats = detail::received_floats(*msg, mine.size(), expert_floats_, &scratch);
-    if (!floats) return floats.status().with_context(from);
-    {
-      std::lock_guard<std::mutex> lock(codec_mu_);
-      grad_codecs_[l]->apply(mine, *floats);
-    }
-    x->codec_s += seconds_since(t0);
-  }
-  for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
-  std::lock_guard<std::mutex> lock(mu_);
-  figures_[l].grad_raw_bytes += x->raw_bytes;
-  figures_[l].grad_error += x->error;
-  figures_[l].grad_signal += x->signal;
-  if (!grad_codecs_[l]->is_raw()) codec_s_ += x->codec_s;
-  return Status::ok();
+  return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
 }
 
 Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange* first_sent) {

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -109,6 +110,8 @@ class ExpertCommunicator {
   Status receive_gather_level(int layer, int level, LevelExchange* x);
   Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
   Status receive_reduce_level(int layer, int level, LevelExchange* x);
+  Status receive_level(int level, LevelExchange* x, bool gather,
+                       const std::function<std::vector<detail::ExpertTensorRef>(int peer)>& refs_of);
   std::vector<detail::ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);
   std::vector<detail::ExpertTensorRef> grad_refs(int layer, const std::vector<int>& workers);
   // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).
