@@ -191,9 +191,9 @@ int run_metrics(const MonitorFlags& f) {
     std::printf("  compute %s ms, comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "comm_s", "%.1f", 1e3).c_str(), num(l, "exposed_comm_s", "%.1f", 1e3).c_str(),
                 num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  forward: comm %s ms, exposed %s ms, overlap %s%%; backward: comm %s ms, exposed %s ms, overlap %s%%\n",
-                num(l, "fwd_comm_s", "%.1f", 1e3).c_str(), num(l, "fwd_exposed_s", "%.1f", 1e3).c_str(),
-                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_comm_s", "%.1f", 1e3).c_str(),
+    std::printf("  forward:  comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "fwd_comm_s", "%.1f", 1e3).c_str(),
+                num(l, "fwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "fwd_overlap_percent", "%.0f").c_str());
+    std::printf("  backward: comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "bwd_comm_s", "%.1f", 1e3).c_str(),
                 num(l, "bwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str());
     std::printf("  bound %s ms, step / bound %s\n", num(l, "bound_s", "%.1f", 1e3).c_str(),
                 num(l, "step_over_bound", "%.2f").c_str());
