@@ -149,8 +149,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   };
   t->model_->set_backward_hooks(std::move(hooks));
   t->last_stats_ = transport->stats();
-  const auto& traced = tc.trace_steps;
-  if (std::count(traced.begin(), traced.end(), 1) > 0) t->timeline_.set_enabled(true);
+  if (t->traces(1)) t->timeline_.set_enabled(true);
   t->comm_->start_gather(0);
   return t;
 }
@@ -234,7 +233,7 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
 Expected<StepMetrics> DistributedTrainer::step() {
   const TrainConfig& tc = job_.train;
   const auto start = std::chrono::steady_clock::now();
-  const bool traced = std::count(tc.trace_steps.begin(), tc.trace_steps.end(), step_ + 1) > 0;
+  const bool traced = traces(step_ + 1);
   timeline_.set_enabled(traced);
   exchange_->set_step(static_cast<uint32_t>(step_));
   sampler_->next(&inputs_, &targets_);
@@ -265,7 +264,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
   ++step_;
   if (traced) write_trace(step_);
   // A traced step's trace begins with its replicas' all-gather, which starts here.
-  if (std::count(tc.trace_steps.begin(), tc.trace_steps.end(), step_ + 1) > 0) timeline_.set_enabled(true);
+  if (traces(step_ + 1)) timeline_.set_enabled(true);
   // The next step's replicas start moving now; after the last step there is
   // nothing to gather for.
   if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
@@ -290,6 +289,11 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
   return m;
+}
+
+bool DistributedTrainer::traces(int64_t step) const {
+  const std::vector<int64_t>& steps = job_.train.trace_steps;
+  return std::find(steps.begin(), steps.end(), step) != steps.end();
 }
 
 void DistributedTrainer::write_trace(int64_t step) {

@@ -76,6 +76,8 @@ class DistributedTrainer {
   // the step just taken (one transport snapshot; `mid` is the one taken when
   // backward began).
   void record_link_figures(const TransportStats& mid, StepMetrics* m);
+  // Whether step (1-based) is one of train.trace_steps.
+  bool traces(int64_t step) const;
   // Writes the traced step's spans as a Chrome trace (trace_dir).
   void write_trace(int64_t step);
 

@@ -172,15 +172,19 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
     // Per direction: forward is the forward pass, backward the rest of the step.
-    gauge("direction_comm_seconds", "Busiest link class's transmit time while the pass ran (at least the exposed time).");
-    o << "xdmoe_direction_comm_seconds{" << label << ",direction=\"forward\"} " << s->fwd_comm_s << "\n";
-    o << "xdmoe_direction_comm_seconds{" << label << ",direction=\"backward\"} " << s->bwd_comm_s << "\n";
-    gauge("direction_exposed_comm_seconds", "Time compute waited for communication in the pass.");
-    o << "xdmoe_direction_exposed_comm_seconds{" << label << ",direction=\"forward\"} " << s->fwd_exposed_s << "\n";
-    o << "xdmoe_direction_exposed_comm_seconds{" << label << ",direction=\"backward\"} " << s->bwd_exposed_s << "\n";
-    gauge("direction_overlap_percent", "1 - exposed / total communication of the pass, in percent.");
-    o << "xdmoe_direction_overlap_percent{" << label << ",direction=\"forward\"} " << s->fwd_overlap_percent() << "\n";
-    o << "xdmoe_direction_overlap_percent{" << label << ",direction=\"backward\"} " << s->bwd_overlap_percent() << "\n";
+    struct Direction { const char* name; double comm, exposed, overlap; };
+    const Direction directions[] = {{"forward", s->fwd_comm_s, s->fwd_exposed_s, s->fwd_overlap_percent()},
+                                    {"backward", s->bwd_comm_s, s->bwd_exposed_s, s->bwd_overlap_percent()}};
+    const Field per_direction[] = {
+        {"direction_comm_seconds", "Busiest link class's transmit time while the pass ran (at least the exposed time).", 0},
+        {"direction_exposed_comm_seconds", "Time compute waited for communication in the pass.", 0},
+        {"direction_overlap_percent", "1 - exposed / total communication of the pass, in percent.", 0}};
+    for (int f = 0; f < 3; ++f) {
+      gauge(per_direction[f].name, per_direction[f].help);
+      for (const Direction& d : directions)
+        o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
+          << (f == 0 ? d.comm : f == 1 ? d.exposed : d.overlap) << "\n";
+    }
     // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the token
     // rows' fp32 bytes before any codec): two metrics with the same labels.
     constexpr std::string_view kRaw = "_raw";

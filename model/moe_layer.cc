@@ -120,24 +120,25 @@ void moe_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchan
 
 template <typename T>
 void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange<T>* exchange, const MoeDims& dm) {
-  const int d = dm.hidden, A = c->plan.size();
-  // d(weight) locally; the weighted output grads go to the experts.
-  c->dweight.resize(A);
-  std::vector<T> dy((size_t)A * d);
-  for (int a = 0; a < A; ++a) {
-    const T* g = drouted + (size_t)c->plan.token[a] * d;
-    const T* y = c->routed_rows.data() + (size_t)a * d;
-    double dot = 0;
-    for (int j = 0; j < d; ++j) {
-      dot += (double)g[j] * y[j];
-      dy[(size_t)a * d + j] = c->plan.weight[a] * g[j];
-    }
-    c->dweight[a] = static_cast<T>(dot);
-  }
+  const int d = dm.hidden;
+  // d(weight) locally; the weighted output grads go to the experts, written
+  // straight into each chunk's send rows.
+  c->dweight.resize(c->plan.size());
   for (int i = 0; i < dm.chunks; ++i) {
     const MoeChunk<T>& ch = c->chunks[i];
-    std::vector<T> send;
-    gather_rows(&send, dy.data(), ch.plan_rows, d);
+    std::vector<T> send(ch.plan_rows.size() * (size_t)d);
+    for (size_t k = 0; k < ch.plan_rows.size(); ++k) {
+      const int a = ch.plan_rows[k];
+      const T* g = drouted + (size_t)c->plan.token[a] * d;
+      const T* y = c->routed_rows.data() + (size_t)a * d;
+      T* dy = send.data() + k * d;
+      double dot = 0;
+      for (int j = 0; j < d; ++j) {
+        dot += (double)g[j] * y[j];
+        dy[j] = c->plan.weight[a] * g[j];
+      }
+      c->dweight[a] = static_cast<T>(dot);
+    }
     exchange->start_to_experts(tag_of(dm, ExchangePhase::kCombineBackward, i), std::move(send), ch.counts, d);
   }
 }
@@ -213,17 +214,6 @@ void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* c, const T* xn, cons
   moe_shared_forward(shared_out, c, xn, w, dm);
 }
 
-template <typename T>
-void moe_backward(T* dxn, const T* dshared, const T* drouted, MoeCache<T>* c, const T* xn,
-                  const MoeWeights<T>& w, ExpertExchange<T>* exchange, const ModelConfig& cfg,
-                  const MoeDims& dm, double loss_scale) {
-  moe_combine_backward_start(c, drouted, exchange, dm);
-  moe_experts_backward(c, w, exchange, dm);
-  moe_dispatch_backward_finish(dxn, c, exchange, dm);
-  moe_router_backward(dxn, c, xn, w, cfg, dm, loss_scale);
-  moe_shared_backward(dxn, dshared, c, xn, w, dm);
-}
-
 #define XD_INSTANTIATE_MOE(T)                                                                                 \
   template void moe_route_forward<T>(MoeCache<T>*, const T*, const MoeWeights<T>&, ExpertExchange<T>*,        \
                                      const ModelConfig&, const MoeDims&);                                     \
@@ -240,9 +230,7 @@ void moe_backward(T* dxn, const T* dshared, const T* drouted, MoeCache<T>* c, co
                                        const MoeDims&);                                                       \
   template void moe_dispatch_backward_finish<T>(T*, MoeCache<T>*, ExpertExchange<T>*, const MoeDims&);        \
   template void moe_forward<T>(T*, T*, MoeCache<T>*, const T*, const MoeWeights<T>&, ExpertExchange<T>*,      \
-                               const ModelConfig&, const MoeDims&);                                           \
-  template void moe_backward<T>(T*, const T*, const T*, MoeCache<T>*, const T*, const MoeWeights<T>&,         \
-                                ExpertExchange<T>*, const ModelConfig&, const MoeDims&, double);
+                               const ModelConfig&, const MoeDims&);
 XD_INSTANTIATE_MOE(float)
 XD_INSTANTIATE_MOE(double)
 

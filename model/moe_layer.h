@@ -9,8 +9,8 @@
 // it chunk by chunk and starts Combine, the combine-finish pass waits for it.
 // With pipeline degree r the plan rows of every expert are split into r
 // chunks, each its own Dispatch/Combine, so experts compute on chunk i while
-// chunk i+1 is still moving (FSMoE Sec. 4). moe_forward / moe_backward run the
-// pieces back to back. Not thread-safe: one cache per layer and micro-batch.
+// chunk i+1 is still moving (FSMoE Sec. 4). moe_forward runs the forward
+// pieces back to back; MoeTransformer runs the backward ones in its schedule. Not thread-safe: one cache per layer and micro-batch.
 #pragma once
 
 #include <vector>
@@ -96,15 +96,10 @@ void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* cache, const T* 
 template <typename T>
 void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* cache, ExpertExchange<T>* exchange, const MoeDims& dims);
 
-// The whole block, pieces back to back.
+// The whole forward, pieces back to back.
 template <typename T>
 void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* cache, const T* xn,
                  const MoeWeights<T>& w, ExpertExchange<T>* exchange, const ModelConfig& cfg,
                  const MoeDims& dims);
-// dshared/drouted are the gradients of the outputs.
-template <typename T>
-void moe_backward(T* dxn, const T* dshared, const T* drouted, MoeCache<T>* cache, const T* xn,
-                  const MoeWeights<T>& w, ExpertExchange<T>* exchange, const ModelConfig& cfg,
-                  const MoeDims& dims, double loss_scale);
 
 }  // namespace xd
