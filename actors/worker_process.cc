@@ -24,6 +24,12 @@ int rank_from_environment() {
   return -1;
 }
 
+std::pair<int, std::string> world_from_environment() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var)) return {std::atoi(v), std::string(var) + "=" + v};
+  return {-1, ""};
+}
+
 namespace {
 
 class ComputeActor;
@@ -77,11 +83,19 @@ class ControlActor : public Actor {
   }
   void handle(const ControlMessage& m);
   void on_assign(const nlohmann::json& body);
+  // The in-process shaping of a link class: latency only where the kernel
+  // shapes its bandwidth.
+  LinkShaping shaping(int level, double bandwidth_bytes_per_s, double latency_s) const {
+    for (const std::string& k : s_->options.kernel_shaped)
+      if (level < static_cast<int>(level_names_.size()) && level_names_[level] == k) return {0, latency_s};
+    return {bandwidth_bytes_per_s, latency_s};
+  }
 
   WorkerShared* s_;
   ComputeActor* compute_ = nullptr;
   std::unique_ptr<ControlClient> client_;
   std::string tag_ = "worker";
+  std::vector<std::string> level_names_;  // link class names by level, from the assignment
   double last_heard_ = 0, last_sent_ = 0;
   bool assigned_ = false, done_ = false;
 };
@@ -148,6 +162,11 @@ void ControlActor::on_start() {
   req.host = label;
   req.pid = ::getpid();
   req.data_endpoint = s_->transport->endpoint();
+  if (!s_->options.advertise_host.empty()) {
+    // "tcp://0.0.0.0:41234" -> "tcp://<advertised>:41234"
+    const size_t colon = req.data_endpoint.rfind(':');
+    req.data_endpoint = "tcp://" + s_->options.advertise_host + req.data_endpoint.substr(colon);
+  }
   send(MessageKind::kHello, to_json(req));
   last_heard_ = last_sent_ = steady_seconds();
   XD_LOG_INFO("worker", "registering with %s (data endpoint %s)", s_->options.coordinator.c_str(),
@@ -194,7 +213,7 @@ void ControlActor::handle(const ControlMessage& m) {
       XD_LOG_WARN(tag_.c_str(), "ignored a throttle order: %s", st.message().c_str());
       return;
     }
-    s_->transport->set_shaping(order.level, LinkShaping{order.bandwidth_bytes_per_s, order.latency_s});
+    s_->transport->set_shaping(order.level, shaping(order.level, order.bandwidth_bytes_per_s, order.latency_s));
     XD_LOG_INFO(tag_.c_str(), "link class %d now %.3g B/s, %.3g ms", order.level, order.bandwidth_bytes_per_s,
                 order.latency_s * 1e3);
   } else if (*opname == op::kError) {
@@ -214,14 +233,22 @@ void ControlActor::on_assign(const nlohmann::json& body) {
     return;
   }
   tag_ = "worker " + std::to_string(a.rank);
+  if (auto [launched, variable] = world_from_environment(); launched > 0 && launched != a.job.cluster.world_size()) {
+    report_error(Status::invalid_argument("the launcher started " + std::to_string(launched) + " workers (" +
+                                          variable + "), but the job has " +
+                                          std::to_string(a.job.cluster.world_size()) +
+                                          ": start one worker per rank (mpirun -np / srun -n)"));
+    return;
+  }
   // Every link class of the job, shaped as the spec says.
   std::vector<PeerInfo> peers;
   for (const PeerAssignment& p : a.peers) peers.push_back({p.rank, p.endpoint, p.link_class});
   const std::vector<LevelSpec>& levels = a.job.cluster.levels;
+  for (const LevelSpec& l : levels) level_names_.push_back(l.link.name);
   for (size_t c = 0; c < levels.size(); ++c)
     s_->transport->set_shaping(static_cast<int>(c),
-                               levels[c].link.shape ? LinkShaping{levels[c].link.bandwidth_bytes_per_s,
-                                                                  levels[c].link.latency_s}
+                               levels[c].link.shape ? shaping(static_cast<int>(c), levels[c].link.bandwidth_bytes_per_s,
+                                                              levels[c].link.latency_s)
                                                     : LinkShaping{});
   if (Status st = s_->transport->connect(peers, a.rank, a.job_id); !st.is_ok()) {
     report_error(st);

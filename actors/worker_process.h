@@ -8,6 +8,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace xd {
 
@@ -15,7 +17,11 @@ struct WorkerOptions {
   std::string coordinator = "tcp://127.0.0.1:7371";
   int rank = -1;                     // -1: from the launcher's environment, else any
   std::string bind_host = "127.0.0.1";
+  std::string advertise_host;        // the host peers connect to; default: the bound one
   std::string host_label;            // shown by `xdmoe status`; default: hostname
+  // Link classes whose bandwidth the kernel shapes (scripts/netns-cluster.sh's
+  // tbf): the process adds only their latency.
+  std::vector<std::string> kernel_shaped;
   double heartbeat_interval_s = 1.0;
   int liveness = 3;
 };
@@ -23,6 +29,10 @@ struct WorkerOptions {
 // The rank a launcher gave this process: OMPI_COMM_WORLD_RANK, PMI_RANK,
 // SLURM_PROCID, or -1.
 int rank_from_environment();
+
+// The number of processes the launcher started, with the variable that said
+// so: OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS; {-1, ""} when none did.
+std::pair<int, std::string> world_from_environment();
 
 int run_worker(const WorkerOptions& options);
 

@@ -7,13 +7,14 @@
 
 #include "actors/worker_process.h"
 #include "cli/commands.h"
+#include "cluster/hostfile.h"
 #include "coordinator/coordinator.h"
 
 namespace xd::cli {
 
 namespace {
 struct CoordinatorFlags {
-  std::string config, mode, worker_endpoint = "tcp://127.0.0.1:7371",
+  std::string config, hostfile, netns, mode, worker_endpoint = "tcp://127.0.0.1:7371",
                            cli_endpoint = "tcp://127.0.0.1:7370", summary, endpoints_file, name = "xdmoe";
   std::vector<int> domains;
   int http_port = 7372;
@@ -31,6 +32,18 @@ int run_coordinator(const CoordinatorFlags& f) {
       return 2;
     }
     job = *parsed;
+  }
+  if (!f.hostfile.empty()) {
+    auto hosts = load_hostfile(f.hostfile);
+    if (!hosts) {
+      std::fprintf(stderr, "xdmoe coordinator: %s\n", hosts.status().message().c_str());
+      return 2;
+    }
+    job.cluster.hosts = *hosts;
+    if (Status st = job.cluster.validate(); !st.is_ok()) {
+      std::fprintf(stderr, "xdmoe coordinator: hostfile %s: %s\n", f.hostfile.c_str(), st.message().c_str());
+      return 2;
+    }
   }
   if (f.steps > 0) job.train.steps = f.steps;
   if (Status st = override_schedule(&job, f.schedule); !st.is_ok()) {
@@ -51,6 +64,7 @@ int run_coordinator(const CoordinatorFlags& f) {
   o.endpoints_path = f.endpoints_file;
   o.flat_ep = f.flat_ep;
   o.probe_links = !f.no_probe;
+  o.netns_state = f.netns;
   Coordinator c(job, o);
   Status st = c.run();
   if (!st.is_ok()) {
@@ -76,6 +90,11 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<CoordinatorFlags>();
   CLI::App* cmd = app.add_subcommand("coordinator", "Run a job's coordinator: registration, plan, heartbeats, metrics");
   cmd->add_option("--config", f->config, "Job YAML (model, train, data, cluster); default: built-in")->check(CLI::ExistingFile);
+  cmd->add_option("--hostfile", f->hostfile, "The job's hosts ('HOST slots=N [dc=NAME]' lines); sets cluster.hosts")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--netns", f->netns,
+                  "The state file of a namespace cluster (scripts/netns-cluster.sh): `xdmoe throttle` of the "
+                  "outermost link class changes its kernel tbf");
   cmd->add_option("--mode", f->mode, "Override cluster.expert_parallel.mode: ep, hybrid, auto");
   cmd->add_flag("--flat-ep", f->flat_ep, "With mode ep: one all-to-all hop to the owner instead of one per level");
   cmd->add_option("--domains", f->domains, "Override the domain sizes (one per level), e.g. --domains 2 1")->delimiter(',');
@@ -97,8 +116,15 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("worker", "Run one worker of a job; it registers with the coordinator");
   cmd->add_option("--coordinator", o->coordinator, "The coordinator's worker endpoint")->capture_default_str();
   cmd->add_option("--rank", o->rank, "Rank to ask for (default: from OMPI/PMI/SLURM env, else any)");
-  cmd->add_option("--bind-host", o->bind_host, "Address to bind the data socket on")->capture_default_str();
+  cmd->add_option("--bind-host", o->bind_host, "Address to bind the data socket on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--advertise-host", o->advertise_host,
+                  "The address peers reach this worker at (default: the bound address; needed with 0.0.0.0)");
   cmd->add_option("--host-label", o->host_label, "Name shown by xdmoe status (default: hostname)");
+  cmd->add_option("--kernel-shaped", o->kernel_shaped,
+                  "Link classes whose bandwidth the kernel shapes (scripts/netns-cluster.sh): only their latency "
+                  "is added in the process")
+      ->delimiter(',');
   cmd->callback([o, exit_code] {
     WorkerOptions w = *o;
     if (w.rank < 0) w.rank = rank_from_environment();

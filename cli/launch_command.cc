@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "common/subprocess.h"
+#include "cli/launch_run.h"
+#include "cluster/hostfile.h"
 #include "cluster/job_config.h"
 
 namespace xd::cli {
@@ -33,134 +36,11 @@ struct LaunchFlags {
   std::vector<int64_t> trace_steps;
   int64_t steps = 0;
   bool flat_ep = false;
+  // Workers on other hosts (launch_run.h).
+  std::string hostfile, ssh = "ssh -o BatchMode=yes", remote_exe, coordinator_host, launcher;
+  bool netns = false;
+  std::string netns_state = "/run/xdmoe-netns/cluster.json";
 };
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "xdmoe";
-  buf[n] = 0;
-  return buf;
-}
-
-struct RunResult {
-  std::string mode;
-  bool ok = false;
-  nlohmann::json summary;
-  std::string error;
-};
-
-// "auto+farskip+simple" -> the mode and the schedule flags of the coordinator.
-struct RunSpec {
-  std::string mode;
-  bool farskip = false, simple = false;
-  int pipeline_degree = -1;  // -1: the config's
-};
-Expected<RunSpec> parse_run(const std::string& run) {
-  RunSpec spec;
-  std::stringstream in(run);
-  std::string part;
-  std::getline(in, spec.mode, '+');
-  if (spec.mode != "ep" && spec.mode != "ep_flat" && spec.mode != "hybrid" && spec.mode != "auto")
-    return Status::invalid_argument("unknown mode '" + spec.mode + "' in run '" + run + "' (ep, ep_flat, hybrid, auto)");
-  while (std::getline(in, part, '+')) {
-    if (part == "farskip") spec.farskip = true;
-    else if (part == "simple") spec.simple = true;
-    else if (part.size() > 1 && part[0] == 'r' && part.find_first_not_of("0123456789", 1) == std::string::npos &&
-             part.size() < 4)
-      spec.pipeline_degree = std::stoi(part.substr(1));
-    else return Status::invalid_argument("unknown run option '" + part + "' in '" + run + "' (farskip, simple, rN)");
-  }
-  return spec;
-}
-
-RunResult run_one(const LaunchFlags& f, const std::string& run, int world, int64_t steps) {
-  RunResult r;
-  r.mode = run;
-  const RunSpec spec = *parse_run(run);
-  const std::string& mode = spec.mode;
-  const fs::path dir = fs::path(f.run_dir) / run;
-  fs::create_directories(dir);
-  const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
-  fs::remove(endpoints);
-  fs::remove(summary);
-  const std::string exe = self_exe();
-  // The coordinator shares this terminal: only its progress lines and
-  // warnings, unless a level was asked for. Workers log to files, at info.
-  const std::string coordinator_level = log_level_flag().empty() ? "warn" : log_level_flag();
-  const std::string worker_level = log_level_flag().empty() ? "info" : log_level_flag();
-  std::vector<std::string> args = {exe, "--log-level", coordinator_level, "coordinator", "--mode", mode == "ep_flat" ? "ep" : mode,
-                                   "--bind", "tcp://127.0.0.1:*", "--cli-bind", f.cli_bind,
-                                   "--http-port", "0", "--name", run, "--summary", summary.string(),
-                                   "--endpoints-file", endpoints.string()};
-  if (mode == "ep_flat" || f.flat_ep) args.push_back("--flat-ep");
-  if (!f.config.empty()) args.insert(args.end(), {"--config", f.config});
-  if (steps > 0) args.insert(args.end(), {"--steps", std::to_string(steps)});
-  if (spec.farskip) args.push_back("--farskip");
-  if (spec.simple) args.push_back("--no-overlap");
-  if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
-  if (!f.trace_steps.empty()) {
-    std::string list;
-    for (int64_t s : f.trace_steps) list += (list.empty() ? "" : ",") + std::to_string(s);
-    args.insert(args.end(), {"--trace-steps", list, "--trace-dir", (dir / "trace").string()});
-  }
-  std::printf("\n=== %s: coordinator + %d workers (logs in %s) ===\n", run.c_str(), world, dir.c_str());
-  std::fflush(stdout);
-  subprocess::Child coordinator = subprocess::spawn(args, "");
-  std::string worker_ep;
-  for (int i = 0; i < 300 && worker_ep.empty(); ++i) {
-    if (subprocess::try_wait(coordinator) != -2000) {
-      r.error = "the coordinator exited during start-up";
-      return r;
-    }
-    std::ifstream in(endpoints);
-    if (in) {
-      try {
-        nlohmann::json j;
-        in >> j;
-        worker_ep = j.at("workers").get<std::string>();
-        std::printf("monitor with: xdmoe status --coordinator %s   (Prometheus: http://127.0.0.1:%d/metrics)\n",
-                    j.at("cli").get<std::string>().c_str(), j.at("http_port").get<int>());
-        std::fflush(stdout);
-      } catch (const std::exception&) {
-        worker_ep.clear();  // half-written; read again
-      }
-    }
-    if (worker_ep.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (worker_ep.empty()) {
-    subprocess::wait_for(coordinator, std::chrono::seconds(0));
-    r.error = "the coordinator did not start within 30 s";
-    return r;
-  }
-  std::vector<subprocess::Child> workers;
-  for (int rank = 0; rank < world; ++rank)
-    workers.push_back(subprocess::spawn({exe, "--log-level", worker_level, "worker", "--coordinator", worker_ep, "--rank", std::to_string(rank),
-                                         "--host-label", "local"},
-                                        (dir / ("worker" + std::to_string(rank) + ".log")).string(),
-                                        {"OPENBLAS_NUM_THREADS=1"}));
-  const int code = subprocess::wait_for(coordinator, std::chrono::hours(24 * 365));
-  int worker_failures = 0;
-  for (int rank = 0; rank < world; ++rank) {
-    const int wc = subprocess::wait_for(workers[rank], std::chrono::seconds(15));
-    if (wc != 0) {
-      ++worker_failures;
-      std::fprintf(stderr, "worker %d exited with %d; last lines of its log:\n", rank, wc);
-      std::string log = subprocess::read_text(workers[rank].log_path);
-      std::fprintf(stderr, "%s\n", log.substr(log.size() > 1500 ? log.size() - 1500 : 0).c_str());
-    }
-  }
-  std::ifstream in(summary);
-  if (in) {
-    try {
-      in >> r.summary;
-    } catch (const std::exception&) {
-    }
-  }
-  r.ok = code == 0 && worker_failures == 0 && r.summary.value("ok", false);
-  if (!r.ok) r.error = r.summary.value("error", "coordinator exit code " + std::to_string(code));
-  return r;
-}
 
 std::string cell(const nlohmann::json& s, const char* key, const char* fmt, double scale = 1.0) {
   if (!s.contains(key) || !s[key].is_number()) return "-";
@@ -238,6 +118,111 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     }
 }
 
+bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+// Workers in the namespaces of scripts/netns-cluster.sh, rank r in the r-th
+// (DC-major, like ranks), the coordinator on this machine's side of the router.
+Expected<WorkerPlacement> place_in_namespaces(const LaunchFlags& f, const JobConfig& job, WorkerPlacement p) {
+  std::ifstream in(f.netns_state);
+  if (!in)
+    return Status::not_found("no namespace cluster (" + f.netns_state + " is missing): start one with "
+                             "scripts/netns-cluster.sh up --dcs N --workers-per-dc M --inter-dc-rate R");
+  nlohmann::json state;
+  try {
+    in >> state;
+    const int dcs = state.at("dcs").get<int>(), per_dc = state.at("workers_per_dc").get<int>();
+    const int g0 = job.cluster.levels[0].size, g = job.cluster.world_size();
+    if (dcs != g0 || dcs * per_dc != g)
+      return Status::invalid_argument("the namespace cluster has " + std::to_string(dcs) + " DCs of " +
+                                      std::to_string(per_dc) + " workers, but the job needs " + std::to_string(g0) +
+                                      " of " + std::to_string(g / g0) + ": scripts/netns-cluster.sh up --dcs " +
+                                      std::to_string(g0) + " --workers-per-dc " + std::to_string(g / g0));
+    for (const auto& w : state.at("workers")) {
+      p.host.push_back(w.at("ns").get<std::string>());
+      p.address.push_back(w.at("address").get<std::string>());
+    }
+    p.coordinator_bind = p.coordinator_host = state.at("coordinator_address").get<std::string>();
+    const double tbf = state.at("inter_dc_rate_bits_per_s").get<double>() / 8;
+    const LinkClassSpec& link = job.cluster.levels[0].link;
+    std::printf("xdmoe launch: %d namespaces from %s; link class '%s' shaped by the kernel's tbf at %.4g Mbit/s, "
+                "its %.3g ms latency added in the process (no netem here)\n",
+                g, f.netns_state.c_str(), link.name.c_str(), tbf * 8 / 1e6, link.latency_s * 1e3);
+    if (std::abs(tbf - link.bandwidth_bytes_per_s) > 0.01 * link.bandwidth_bytes_per_s)
+      std::printf("xdmoe launch: note: the config says %.4g Mbit/s for '%s'; the planner plans with that figure\n",
+                  link.bandwidth_bytes_per_s * 8 / 1e6, link.name.c_str());
+    p.worker_args = {"--kernel-shaped", link.name};
+  } catch (const std::exception& e) {
+    return Status::corruption(f.netns_state + ": " + e.what());
+  }
+  if (static_cast<int>(p.host.size()) != p.world) return Status::corruption(f.netns_state + ": wrong worker count");
+  p.kind = WorkerPlacement::Kind::kNetns;
+  p.coordinator_args = {"--netns", f.netns_state};
+  return p;
+}
+
+// Where this launch starts its workers: here, or over ssh on a hostfile's hosts.
+Expected<WorkerPlacement> place_workers(const LaunchFlags& f, JobConfig* job) {
+  WorkerPlacement p;
+  p.world = job->cluster.world_size();
+  if (!f.launcher.empty()) {
+    if (!f.hostfile.empty())
+      return Status::invalid_argument("--launcher and --hostfile exclude each other: give the launcher its hosts "
+                                      "(--launcher 'mpirun --hostfile FILE')");
+    p.kind = WorkerPlacement::Kind::kLauncher;
+    p.launcher = split_words(f.launcher);
+    const std::string name = fs::path(p.launcher[0]).filename();
+    if (name != "srun" && name != "mpirun" && name != "mpiexec")
+      return Status::invalid_argument("--launcher must start with srun, mpirun or mpiexec, not '" + name + "'");
+    // Workers on other nodes must reach the coordinator: every interface.
+    p.coordinator_bind = "0.0.0.0";
+    if (!f.coordinator_host.empty()) {
+      p.coordinator_host = f.coordinator_host;
+    } else {
+      char host[256] = {0};
+      ::gethostname(host, sizeof host - 1);
+      p.coordinator_host = host;
+    }
+    return p;
+  }
+  if (f.netns) {
+    if (!f.hostfile.empty() || !f.launcher.empty())
+      return Status::invalid_argument("--netns runs every worker in its namespace: no --hostfile or --launcher");
+    return place_in_namespaces(f, *job, p);
+  }
+  if (f.hostfile.empty()) return p;
+  auto hosts = load_hostfile(f.hostfile);
+  if (!hosts) return hosts.status();
+  job->cluster.hosts = *hosts;
+  if (Status st = job->cluster.validate(); !st.is_ok()) return st.with_context("hostfile " + f.hostfile);
+  p.kind = WorkerPlacement::Kind::kSsh;
+  p.host = hosts_by_rank(job->cluster);
+  p.ssh = split_words(f.ssh);
+  if (p.ssh.empty()) return Status::invalid_argument("--ssh is empty");
+  p.remote_exe = f.remote_exe.empty() ? self_exe() : f.remote_exe;
+  bool all_loopback = true;
+  for (const std::string& h : p.host) all_loopback = all_loopback && is_loopback(h);
+  p.coordinator_bind = all_loopback ? "127.0.0.1" : "0.0.0.0";
+  if (!f.coordinator_host.empty()) {
+    p.coordinator_host = f.coordinator_host;
+  } else if (!all_loopback) {
+    char name[256] = {0};
+    ::gethostname(name, sizeof name - 1);
+    p.coordinator_host = name;
+  }
+  p.coordinator_args = {"--hostfile", f.hostfile};
+  std::printf("xdmoe launch: hosts from %s:", f.hostfile.c_str());
+  for (size_t r = 0; r < p.host.size(); ++r) std::printf(" %zu=%s", r, p.host[r].c_str());
+  std::printf("; the coordinator at %s\n", p.coordinator_host.c_str());
+  return p;
+}
+
 int run_launch(const LaunchFlags& f) {
   JobConfig job = default_job_config();
   if (!f.config.empty()) {
@@ -272,10 +257,26 @@ int run_launch(const LaunchFlags& f) {
   }
   std::printf("xdmoe launch: %s, %d workers: %s\n", f.config.empty() ? "built-in demo" : f.config.c_str(),
               world, levels.c_str());
+  auto placement = place_workers(f, &job);
+  if (!placement) {
+    std::fprintf(stderr, "xdmoe launch: %s\n", placement.status().message().c_str());
+    return 2;
+  }
   std::vector<RunResult> runs;
   for (const std::string& m : modes) {
-    runs.push_back(run_one(f, m, world, steps));
+    LaunchRun run;
+    run.config = f.config;
+    run.run_dir = f.run_dir;
+    run.cli_bind = f.cli_bind;
+    run.name = m;
+    run.spec = *parse_run(m);
+    run.steps = steps;
+    run.flat_ep = f.flat_ep;
+    run.trace_steps = f.trace_steps;
+    run.world = world;
+    runs.push_back(run_job(run, *placement));
     if (!runs.back().ok) std::fprintf(stderr, "xdmoe launch: %s run failed: %s\n", m.c_str(), runs.back().error.c_str());
+    if (runs.back().error == "interrupted") break;
   }
   print_table(runs, job.cluster);
   for (const auto& r : runs)
@@ -286,7 +287,9 @@ int run_launch(const LaunchFlags& f) {
 
 void add_launch_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<LaunchFlags>();
-  CLI::App* cmd = app.add_subcommand("launch", "Run a whole job on this machine: coordinator + workers over loopback");
+  CLI::App* cmd = app.add_subcommand(
+      "launch", "Run a whole job: the coordinator here, workers here (loopback), over ssh (--hostfile) or in "
+                "network namespaces (--netns)");
   cmd->add_option("--config", f->config,
                   "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
@@ -302,6 +305,24 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();
   cmd->add_flag("--flat-ep", f->flat_ep, "EP sends tokens to their owner in one hop");
+  cmd->add_option("--hostfile", f->hostfile,
+                  "Start the workers over ssh on these hosts: lines 'HOST slots=N [dc=NAME]' (docs/launch.md); "
+                  "the coordinator runs here")
+      ->check(CLI::ExistingFile);
+  if (const char* ssh = std::getenv("XDMOE_SSH")) f->ssh = ssh;
+  cmd->add_option("--ssh", f->ssh, "The ssh command for --hostfile (default: $XDMOE_SSH, else this)")
+      ->capture_default_str();
+  cmd->add_flag("--netns", f->netns,
+                "Run each worker in its own network namespace, the inter-DC link shaped by the kernel "
+                "(start them with scripts/netns-cluster.sh up; needs root)");
+  cmd->add_option("--netns-state", f->netns_state, "The namespace cluster's state file")->capture_default_str();
+  cmd->add_option("--launcher", f->launcher,
+                  "Start every worker with one launcher command instead: 'srun' (inside an allocation, e.g. from "
+                  "sbatch) or 'mpirun [flags]'; ranks come from its environment");
+  cmd->add_option("--remote-exe", f->remote_exe, "The xdmoe binary on the hosts (default: this binary's path)");
+  cmd->add_option("--coordinator-host", f->coordinator_host,
+                  "The address the hosts reach this machine at (default: its hostname; 127.0.0.1 when every host "
+                  "is local)");
   cmd->callback([f, exit_code] { *exit_code = run_launch(*f); });
 }
 

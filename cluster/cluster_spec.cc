@@ -158,17 +158,21 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
       const HostSpec& h = c.hosts[i];
       const std::string k = "cluster.hosts[" + std::to_string(i) + "]";
       if (h.host.empty()) return Issue{k + ".host", "must not be empty"};
-      if (h.dc < 0 || h.dc >= g0)
+      // dc -1 on every host: the hosts fill the ranks in order (hostfiles without dc=).
+      const bool by_order = c.hosts.front().dc == -1;
+      if (by_order != (h.dc == -1))
+        return Issue{k + ".dc", "give a dc to every host or to none"};
+      if (!by_order && (h.dc < 0 || h.dc >= g0))
         return Issue{k + ".dc", "must be in 0.." + std::to_string(g0 - 1) + " (level '" +
                                     c.levels[0].name + "' has size " + std::to_string(g0) + ")"};
       if (h.slots < 1) return Issue{k + ".slots", "must be at least 1"};
-      per_dc[h.dc] += h.slots;
+      if (!by_order) per_dc[h.dc] += h.slots;
       total += h.slots;
     }
     if (total != g)
       return Issue{"cluster.hosts", "the slots add up to " + std::to_string(total) +
                                         ", but the levels describe " + std::to_string(g) + " workers"};
-    for (int d = 0; d < g0; ++d)
+    for (int d = 0; d < g0 && c.hosts.front().dc != -1; ++d)
       if (per_dc[d] != g / g0)
         return Issue{"cluster.hosts", "coordinate " + std::to_string(d) + " of level '" +
                                           c.levels[0].name + "' has " + std::to_string(per_dc[d]) +

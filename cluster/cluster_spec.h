@@ -79,7 +79,8 @@ struct ExpertParallelSpec {
 
 struct HostSpec {
   std::string host;  // address or name
-  int dc = 0;        // coordinate 0 (the outermost level) of its workers
+  int dc = 0;        // coordinate 0 (the outermost level) of its workers; -1 on
+                     // every host: the hosts fill the ranks in order
   int slots = 1;     // workers on this host
 };
 

@@ -43,6 +43,45 @@ inline Child spawn(const std::vector<std::string>& argv, const std::string& log_
   return c;
 }
 
+// Like spawn(), but the child's stdout and stderr go to a pipe whose read end
+// is returned in *out_fd (close it when done), and the child leads a process
+// group of its own, so that a terminal's Ctrl-C reaches only the parent, which
+// then stops its children in order (signal_group()).
+inline Child spawn_piped(const std::vector<std::string>& argv, const std::vector<std::string>& env, int* out_fd) {
+  int fds[2];
+  Child c;
+  *out_fd = -1;
+  if (::pipe(fds) != 0) return c;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::setpgid(0, 0);
+    ::close(fds[0]);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[1]);
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::perror(("exec " + argv[0]).c_str());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  if (c.pid < 0) {
+    ::close(fds[0]);
+    return c;
+  }
+  ::setpgid(c.pid, c.pid);  // also here: no race with a signal sent right after
+  *out_fd = fds[0];
+  return c;
+}
+
+// Sends `sig` to the process group a spawn_piped() child leads.
+inline void signal_group(const Child& c, int sig) {
+  if (c.pid > 0) ::kill(-c.pid, sig);
+}
+
 // The exit code (or -signal) if the child has ended, else -2000.
 inline int try_wait(const Child& c) {
   int status = 0;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_planner.h"
+#include "coordinator/kernel_shaper.h"
 #include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
@@ -58,6 +60,7 @@ class Coordinator::Impl {
   JobState state = JobState::kWaiting;
   Status outcome;
   std::unique_ptr<ControlServer> workers, cli;
+  std::optional<KernelShaper> kernel;  // --netns: the outermost level's tbf
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0;
 
@@ -108,6 +111,11 @@ void Coordinator::Impl::start_http() {
 
 Status Coordinator::Impl::run() {
   XD_RETURN_IF_ERROR(job.cluster.validate());
+  if (!opts.netns_state.empty()) {
+    auto k = KernelShaper::load(opts.netns_state);
+    if (!k) return k.status();
+    kernel = std::move(*k);
+  }
   auto w = ControlServer::bind(opts.worker_endpoint);
   if (!w) return w.status();
   workers = std::move(*w);
@@ -371,6 +379,10 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
       if (job.cluster.levels[l].link.name == req.link || job.cluster.levels[l].name == req.link) level = (int)l;
     if (level < 0) return reply_error("no link class named '" + req.link + "'");
     LinkClassSpec& spec = job.cluster.levels[level].link;
+    // In a namespace cluster the kernel's tbf carries the outermost level's
+    // bandwidth; the workers add only its latency.
+    if (kernel && level == 0)
+      if (Status st = kernel->set_rate(req.bandwidth_bytes_per_s); !st.is_ok()) return reply_error(st.message());
     spec.bandwidth_bytes_per_s = req.bandwidth_bytes_per_s;
     if (req.latency_s >= 0) spec.latency_s = req.latency_s;
     spec.shape = true;
@@ -378,8 +390,8 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
     for (const auto& e : registry.workers())
       if (e && e->state == WorkerState::kRunning)
         workers->send(e->peer_id, MessageKind::kControl, to_json(order));
-    XD_LOG_INFO("coordinator", "throttled link class %s to %.3g B/s, %.3g ms", req.link.c_str(),
-                spec.bandwidth_bytes_per_s, spec.latency_s * 1e3);
+    XD_LOG_INFO("coordinator", "throttled link class %s to %.3g B/s%s, %.3g ms", req.link.c_str(),
+                spec.bandwidth_bytes_per_s, kernel && level == 0 ? " (kernel tbf)" : "", spec.latency_s * 1e3);
     cli->send(m.peer, MessageKind::kControl, {{"ok", true}});
   } else {
     reply_error("unknown op '" + *opname + "'");

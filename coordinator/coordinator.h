@@ -32,6 +32,10 @@ struct CoordinatorOptions {
   // Fit alpha/beta of every shaped link class at start-up (FSMoE Eq. 1) and
   // plan with the fits instead of the spec's figures (coordinator/job_planner.h).
   bool probe_links = true;
+  // A network-namespace cluster's state file (scripts/netns-cluster.sh): the
+  // outermost level's bandwidth is the kernel's tbf, which `xdmoe throttle`
+  // then changes. Empty: every link is shaped in the workers.
+  std::string netns_state;
 };
 
 class Coordinator {

@@ -12,9 +12,11 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   StepSummary& s = pending_[m.step];
   s.step = m.step;
   s.reporters++;
-  s.loss += m.loss / world_;
-  s.ce_loss += m.ce_loss / world_;
-  s.aux_loss += m.aux_loss / world_;
+  // Summed in rank order once every rank reported, so that the mean does not
+  // depend on the order the reports arrived in.
+  auto& losses = pending_losses_[m.step];
+  losses.resize(world_);
+  losses[rank] = {m.loss, m.ce_loss, m.aux_loss};
   s.tokens_per_s += m.tokens_per_s;
   s.step_s = std::max(s.step_s, m.step_s);
   s.compute_s = std::max(s.compute_s, m.compute_s);
@@ -33,8 +35,14 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
   for (size_t l = 0; l < m.gather_wait_s.size(); ++l) s.gather_wait_s[l] = std::max(s.gather_wait_s[l], m.gather_wait_s[l]);
   if (s.reporters == world_) {
+    for (const auto& [loss, ce, aux] : losses) {
+      s.loss += loss / world_;
+      s.ce_loss += ce / world_;
+      s.aux_loss += aux / world_;
+    }
     complete_.push_back(s);
     pending_.erase(m.step);
+    pending_losses_.erase(m.step);
   }
 }
 

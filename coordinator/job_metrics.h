@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -58,6 +59,7 @@ class JobMetrics {
  private:
   int world_;
   std::map<int64_t, StepSummary> pending_;
+  std::map<int64_t, std::vector<std::array<double, 3>>> pending_losses_;  // by rank: loss, ce, aux
   std::vector<StepSummary> complete_;
   std::map<int, StepMetrics> last_by_rank_;
 };

@@ -13,6 +13,9 @@ packages=(
   libgtest-dev python3 python3-torch
   # bench/: OpenMPI and mpi4py/numpy baselines, gnuplot plots
   openmpi-bin python3-mpi4py python3-numpy gnuplot-nox
+  # launchers the tests run for real: Slurm (scripts/slurm-local.sh) and the
+  # network namespaces of scripts/netns-cluster.sh (ip, tc)
+  slurm-wlm munge iproute2
 )
 
 missing=()

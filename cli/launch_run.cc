@@ -1,0 +1,306 @@
+#include "cli/launch_run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "common/subprocess.h"
+
+namespace xd::cli {
+
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+constexpr int kRunning = -2000;  // subprocess::try_wait() of a live child
+
+// "tcp://0.0.0.0:41234" with host "10.0.0.1" -> "tcp://10.0.0.1:41234".
+std::string with_host(const std::string& endpoint, const std::string& host) {
+  const size_t scheme = endpoint.find("://"), colon = endpoint.rfind(':');
+  if (scheme == std::string::npos || colon == std::string::npos || colon < scheme + 3) return endpoint;
+  return endpoint.substr(0, scheme + 3) + host + endpoint.substr(colon);
+}
+
+// Copies a worker's output to its log file and to the terminal, each line
+// prefixed with its rank ("[rank 3] "), until the worker closes it.
+void forward_output(int fd, std::string prefix, const std::string& log_path, std::mutex* terminal) {
+  FILE* in = ::fdopen(fd, "r");
+  FILE* log = std::fopen(log_path.c_str(), "w");
+  char line[8192];
+  while (in && std::fgets(line, sizeof line, in)) {
+    if (log) {
+      std::fputs(line, log);
+      std::fflush(log);
+    }
+    std::lock_guard<std::mutex> lock(*terminal);
+    const size_t n = std::strlen(line);
+    std::printf("%s%s%s", prefix.c_str(), line, n > 0 && line[n - 1] == '\n' ? "" : "\n");
+    std::fflush(stdout);
+  }
+  if (in) std::fclose(in);
+  if (log) std::fclose(log);
+}
+
+struct WorkerProcess {
+  std::string name;  // "worker 3", "srun"
+  subprocess::Child child;
+  bool piped = false;
+  int code = kRunning;
+  std::thread output;
+};
+
+std::vector<std::string> place_worker(const WorkerPlacement& p, int rank, const std::string& endpoint,
+                                      const std::string& level) {
+  const std::string r = std::to_string(rank);
+  switch (p.kind) {
+    case WorkerPlacement::Kind::kLocal:
+      return {self_exe(), "--log-level", level, "worker", "--coordinator", endpoint, "--rank", r,
+              "--host-label", "local"};
+    case WorkerPlacement::Kind::kNetns:
+      return {"ip", "netns", "exec", p.host[rank], self_exe(), "--log-level", level, "worker",
+              "--coordinator", endpoint, "--rank", r, "--bind-host", p.address[rank], "--host-label", p.host[rank]};
+    case WorkerPlacement::Kind::kLauncher: {
+      // Every rank at once; srun labels each line with its task, mpirun tags it.
+      std::vector<std::string> argv = p.launcher;
+      const bool srun = fs::path(argv[0]).filename() == "srun";
+      const std::string world = std::to_string(p.world);
+      if (srun) argv.insert(argv.end(), {"-n", world, "--label", "--kill-on-bad-exit=1"});
+      else argv.insert(argv.end(), {"-np", world, "--tag-output", "-x", "OPENBLAS_NUM_THREADS=1"});
+      argv.insert(argv.end(), {self_exe(), "--log-level", level, "worker", "--coordinator", endpoint});
+      return argv;
+    }
+    case WorkerPlacement::Kind::kSsh: {
+      // One string for the remote shell, as ssh hands it on.
+      const std::string& host = p.host[rank];
+      const std::string remote = "env OPENBLAS_NUM_THREADS=1 " + shell_quote(p.remote_exe) + " --log-level " + level +
+                                 " worker --coordinator " + shell_quote(endpoint) + " --rank " + r +
+                                 " --bind-host 0.0.0.0 --advertise-host " + shell_quote(host) + " --host-label " +
+                                 shell_quote(host);
+      std::vector<std::string> argv = p.ssh;
+      argv.push_back(host);
+      argv.push_back(remote);
+      return argv;
+    }
+  }
+  return {};
+}
+std::vector<std::string> worker_command(const WorkerPlacement& p, int rank, const std::string& endpoint,
+                                        const std::string& level) {
+  std::vector<std::string> argv = place_worker(p, rank, endpoint, level);
+  argv.insert(argv.end(), p.worker_args.begin(), p.worker_args.end());
+  return argv;
+}
+}  // namespace
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "xdmoe";
+  buf[n] = 0;
+  return buf;
+}
+
+std::string shell_quote(const std::string& text) {
+  std::string q = "'";
+  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Expected<RunSpec> parse_run(const std::string& run) {
+  RunSpec spec;
+  std::stringstream in(run);
+  std::string part;
+  std::getline(in, spec.mode, '+');
+  if (spec.mode != "ep" && spec.mode != "ep_flat" && spec.mode != "hybrid" && spec.mode != "auto")
+    return Status::invalid_argument("unknown mode '" + spec.mode + "' in run '" + run + "' (ep, ep_flat, hybrid, auto)");
+  while (std::getline(in, part, '+')) {
+    if (part == "farskip") spec.farskip = true;
+    else if (part == "simple") spec.simple = true;
+    else if (part.size() > 1 && part[0] == 'r' && part.find_first_not_of("0123456789", 1) == std::string::npos &&
+             part.size() < 4)
+      spec.pipeline_degree = std::stoi(part.substr(1));
+    else return Status::invalid_argument("unknown run option '" + part + "' in '" + run + "' (farskip, simple, rN)");
+  }
+  return spec;
+}
+
+RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
+  RunResult r;
+  r.mode = run.name;
+  const RunSpec& spec = run.spec;
+  const fs::path dir = fs::path(run.run_dir) / run.name;
+  fs::create_directories(dir);
+  const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
+  fs::remove(endpoints);
+  fs::remove(summary);
+  const std::string exe = self_exe();
+  // The coordinator shares this terminal: only its progress lines and
+  // warnings, unless a level was asked for. Workers log at info.
+  const std::string coordinator_level = log_level_flag().empty() ? "warn" : log_level_flag();
+  const std::string worker_level = log_level_flag().empty() ? "info" : log_level_flag();
+  std::vector<std::string> args = {exe, "--log-level", coordinator_level, "coordinator", "--mode",
+                                   spec.mode == "ep_flat" ? "ep" : spec.mode,
+                                   "--bind", "tcp://" + placement.coordinator_bind + ":*", "--cli-bind", run.cli_bind,
+                                   "--http-port", "0", "--name", run.name, "--summary", summary.string(),
+                                   "--endpoints-file", endpoints.string()};
+  if (spec.mode == "ep_flat" || run.flat_ep) args.push_back("--flat-ep");
+  if (!run.config.empty()) args.insert(args.end(), {"--config", run.config});
+  if (run.steps > 0) args.insert(args.end(), {"--steps", std::to_string(run.steps)});
+  if (spec.farskip) args.push_back("--farskip");
+  if (spec.simple) args.push_back("--no-overlap");
+  if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
+  if (!run.trace_steps.empty()) {
+    std::string list;
+    for (int64_t s : run.trace_steps) list += (list.empty() ? "" : ",") + std::to_string(s);
+    args.insert(args.end(), {"--trace-steps", list, "--trace-dir", (dir / "trace").string()});
+  }
+  args.insert(args.end(), placement.coordinator_args.begin(), placement.coordinator_args.end());
+  const std::string where = placement.kind == WorkerPlacement::Kind::kSsh        ? " over ssh"
+                           : placement.kind == WorkerPlacement::Kind::kNetns    ? " in network namespaces"
+                           : placement.kind == WorkerPlacement::Kind::kLauncher ? " by " + placement.launcher[0]
+                                                                                : "";
+  std::printf("\n=== %s: coordinator + %d workers%s (logs in %s) ===\n", run.name.c_str(), run.world, where.c_str(),
+              dir.c_str());
+  std::fflush(stdout);
+  g_interrupted = 0;
+  auto previous = std::signal(SIGINT, [](int) { g_interrupted = 1; });
+  struct RestoreSignal {
+    decltype(previous) handler;
+    ~RestoreSignal() { std::signal(SIGINT, handler); }
+  } restore{previous};
+
+  subprocess::Child coordinator = subprocess::spawn(args, "");
+  std::string worker_ep;
+  for (int i = 0; i < 300 && worker_ep.empty() && !g_interrupted; ++i) {
+    if (subprocess::try_wait(coordinator) != kRunning) {
+      r.error = "the coordinator exited during start-up";
+      return r;
+    }
+    std::ifstream in(endpoints);
+    if (in) {
+      try {
+        nlohmann::json j;
+        in >> j;
+        worker_ep = with_host(j.at("workers").get<std::string>(), placement.coordinator_host);
+        std::printf("monitor with: xdmoe status --coordinator %s   (Prometheus: http://127.0.0.1:%d/metrics)\n",
+                    j.at("cli").get<std::string>().c_str(), j.at("http_port").get<int>());
+        std::fflush(stdout);
+      } catch (const std::exception&) {
+        worker_ep.clear();  // half-written; read again
+      }
+    }
+    if (worker_ep.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (worker_ep.empty()) {
+    subprocess::wait_for(coordinator, std::chrono::seconds(0));
+    r.error = g_interrupted ? "interrupted" : "the coordinator did not start within 30 s";
+    return r;
+  }
+
+  std::mutex terminal;
+  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  const bool one_launcher = placement.kind == WorkerPlacement::Kind::kLauncher;
+  for (int rank = 0; rank < (one_launcher ? 1 : run.world); ++rank) {
+    auto w = std::make_unique<WorkerProcess>();
+    const std::vector<std::string> argv = worker_command(placement, rank, worker_ep, worker_level);
+    w->name = one_launcher ? fs::path(argv[0]).filename().string() : "worker " + std::to_string(rank);
+    const std::string log =
+        (dir / (one_launcher ? std::string("workers.log") : "worker" + std::to_string(rank) + ".log")).string();
+    if (placement.kind == WorkerPlacement::Kind::kLocal) {
+      w->child = subprocess::spawn(argv, log, {"OPENBLAS_NUM_THREADS=1"});
+    } else {
+      int fd = -1;
+      w->child = subprocess::spawn_piped(argv, {"OPENBLAS_NUM_THREADS=1"}, &fd);
+      w->piped = true;
+      const std::string prefix = one_launcher ? "[" + w->name + "] " : "[rank " + std::to_string(rank) + "] ";
+      if (fd >= 0) w->output = std::thread(forward_output, fd, prefix, log, &terminal);
+    }
+    workers.push_back(std::move(w));
+  }
+
+  // Wait for the coordinator; a failed worker or Ctrl-C stops everything.
+  int coordinator_code = kRunning;
+  std::string stop_reason;
+  Clock::time_point kill_at{};
+  auto stop_all = [&](int sig) {
+    if (coordinator_code == kRunning) ::kill(coordinator.pid, sig);
+    for (auto& w : workers)
+      if (w->code == kRunning) {
+        if (w->piped) subprocess::signal_group(w->child, sig);
+        else ::kill(w->child.pid, sig);
+      }
+  };
+  for (;;) {
+    if (coordinator_code == kRunning) coordinator_code = subprocess::try_wait(coordinator);
+    for (auto& wp : workers) {
+      WorkerProcess& w = *wp;
+      if (w.code != kRunning) continue;
+      w.code = subprocess::try_wait(w.child);
+      if (w.code != kRunning && w.code != 0 && stop_reason.empty() && coordinator_code == kRunning) {
+        stop_reason = w.name + " exited with code " + std::to_string(w.code);
+        std::lock_guard<std::mutex> lock(terminal);
+        std::fprintf(stderr, "xdmoe launch: %s; stopping the job\n", stop_reason.c_str());
+      }
+    }
+    if (g_interrupted && stop_reason.empty()) {
+      stop_reason = "interrupted";
+      std::fprintf(stderr, "\nxdmoe launch: interrupted; stopping the coordinator and every worker\n");
+    }
+    // The coordinator ended badly: the workers need not wait out their heartbeats.
+    if (coordinator_code != kRunning && coordinator_code != 0 && stop_reason.empty())
+      stop_reason = "the coordinator exited with code " + std::to_string(coordinator_code);
+    if (!stop_reason.empty() && kill_at == Clock::time_point{}) {
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    if (kill_at != Clock::time_point{} && Clock::now() > kill_at) {
+      stop_all(SIGKILL);
+      kill_at = Clock::now() + std::chrono::hours(1);
+    }
+    bool workers_done = true;
+    for (auto& w : workers) workers_done = workers_done && w->code != kRunning;
+    if (coordinator_code != kRunning && workers_done) break;
+    // After a clean end, workers leave once the coordinator closes the job.
+    if (coordinator_code == 0 && kill_at == Clock::time_point{}) kill_at = Clock::now() + std::chrono::seconds(15);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& w : workers)
+    if (w->output.joinable()) w->output.join();
+
+  int worker_failures = 0;
+  for (auto& w : workers) {
+    if (w->code == 0) continue;
+    ++worker_failures;
+    if (w->piped) continue;  // its lines are on the terminal already
+    std::fprintf(stderr, "%s exited with %d; last lines of its log:\n", w->name.c_str(), w->code);
+    std::string log = subprocess::read_text(w->child.log_path);
+    std::fprintf(stderr, "%s\n", log.substr(log.size() > 1500 ? log.size() - 1500 : 0).c_str());
+  }
+  std::ifstream in(summary);
+  if (in) {
+    try {
+      in >> r.summary;
+    } catch (const std::exception&) {
+    }
+  }
+  r.ok = coordinator_code == 0 && worker_failures == 0 && r.summary.value("ok", false) && stop_reason.empty();
+  if (!r.ok)
+    r.error = !stop_reason.empty() ? stop_reason
+                                   : r.summary.value("error", "coordinator exit code " + std::to_string(coordinator_code));
+  return r;
+}
+
+}  // namespace xd::cli

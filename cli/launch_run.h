@@ -1,0 +1,72 @@
+// One run of `xdmoe launch`: a coordinator process here and the job's workers,
+// started here, over ssh on the hosts of a hostfile, or inside the network
+// namespaces of scripts/netns-cluster.sh. Internal to the cli.
+//
+// The run ends when the coordinator exits. A worker that fails, or Ctrl-C,
+// stops the whole job: the coordinator and every worker's process group get
+// SIGTERM, then SIGKILL after a grace period; remote workers the signal cannot
+// reach see the coordinator go silent and leave after 3 missed heartbeats.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace xd::cli {
+
+// "auto+farskip+simple" -> the mode and the schedule flags of the coordinator.
+struct RunSpec {
+  std::string mode;
+  bool farskip = false, simple = false;
+  int pipeline_degree = -1;  // -1: the config's
+};
+Expected<RunSpec> parse_run(const std::string& run);
+
+// Where and how the workers start.
+struct WorkerPlacement {
+  // kLauncher: one `srun` or `mpirun` starts every worker; each worker takes
+  // its rank from the launcher's environment.
+  enum class Kind : int { kLocal = 0, kSsh = 1, kNetns = 2, kLauncher = 3 };
+  Kind kind = Kind::kLocal;
+  int world = 0;                        // workers to start
+  std::vector<std::string> ssh;         // kSsh: the ssh command, split into words
+  std::vector<std::string> launcher;    // kLauncher: e.g. {"srun"} or {"mpirun", "--oversubscribe"}
+  std::string remote_exe;               // kSsh: the xdmoe binary on the hosts
+  std::vector<std::string> host;        // by rank: ssh host (kSsh) or namespace (kNetns)
+  std::vector<std::string> address;     // by rank: the address the worker binds (kNetns)
+  std::string coordinator_bind = "127.0.0.1";  // the address the coordinator listens on
+  std::string coordinator_host = "127.0.0.1";  // the address workers reach it at
+  std::vector<std::string> coordinator_args;   // extra flags (--hostfile, --netns ...)
+  std::vector<std::string> worker_args;        // extra worker flags (--kernel-shaped ...)
+};
+
+struct LaunchRun {
+  std::string config, run_dir, cli_bind, name;
+  RunSpec spec;
+  int64_t steps = 0;
+  bool flat_ep = false;
+  std::vector<int64_t> trace_steps;
+  int world = 0;
+};
+
+struct RunResult {
+  std::string mode;
+  bool ok = false;
+  nlohmann::json summary;
+  std::string error;
+};
+
+// Runs one job to its end. Never throws; errors come back in RunResult.
+RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement);
+
+// The path of this executable (/proc/self/exe).
+std::string self_exe();
+
+// 'text' quoted for a POSIX shell.
+std::string shell_quote(const std::string& text);
+
+}  // namespace xd::cli

@@ -1,0 +1,56 @@
+#include "coordinator/kernel_shaper.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/subprocess.h"
+
+namespace xd {
+
+Expected<KernelShaper> KernelShaper::load(const std::string& state_path) {
+  std::ifstream in(state_path);
+  if (!in) return Status::not_found("no network-namespace cluster: cannot read " + state_path +
+                                    " (start one with scripts/netns-cluster.sh up)");
+  KernelShaper k;
+  k.state_path_ = state_path;
+  try {
+    nlohmann::json j;
+    in >> j;
+    k.router_ = j.at("router").get<std::string>();
+    k.bridges_ = j.at("bridges").get<std::vector<std::string>>();
+    k.rate_bytes_per_s_ = j.at("inter_dc_rate_bits_per_s").get<double>() / 8;
+  } catch (const std::exception& e) {
+    return Status::corruption(state_path + ": " + e.what());
+  }
+  if (k.bridges_.empty()) return Status::corruption(state_path + ": no bridges");
+  return k;
+}
+
+std::vector<std::string> KernelShaper::tbf_args(double bits_per_s) {
+  const double burst = std::max(65536.0, bits_per_s / 8 * 0.004);
+  return {"rate", std::to_string(static_cast<long long>(std::llround(bits_per_s))) + "bit", "burst",
+          std::to_string(static_cast<long long>(std::llround(burst))), "latency", "100ms"};
+}
+
+Status KernelShaper::set_rate(double bytes_per_s) {
+  if (!(bytes_per_s > 0) || !std::isfinite(bytes_per_s))
+    return Status::invalid_argument("a kernel-shaped link needs a finite rate > 0");
+  for (const std::string& bridge : bridges_) {
+    std::vector<std::string> argv = {"/usr/sbin/ip", "netns", "exec", router_, "tc", "qdisc", "change", "dev",
+                                     bridge,         "root",  "tbf"};
+    for (const std::string& a : tbf_args(bytes_per_s * 8)) argv.push_back(a);
+    const std::string log = state_path_ + ".tc.log";
+    subprocess::Child c = subprocess::spawn(argv, log);
+    const int code = subprocess::wait_for(c, std::chrono::seconds(10));
+    if (code != 0)
+      return Status::unavailable("tc qdisc change on " + bridge + " failed (" + std::to_string(code) +
+                                 "): " + subprocess::read_text(log));
+  }
+  rate_bytes_per_s_ = bytes_per_s;
+  return Status::ok();
+}
+
+}  // namespace xd
