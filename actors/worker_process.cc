@@ -87,7 +87,8 @@ class ControlActor : public Actor {
   // shapes its bandwidth.
   LinkShaping shaping(int level, double bandwidth_bytes_per_s, double latency_s) const {
     for (const std::string& k : s_->options.kernel_shaped)
-      if (level < static_cast<int>(level_names_.size()) && level_names_[level] == k) return {0, latency_s};
+      if (level < static_cast<int>(level_names_.size()) && level_names_[level] == k)
+        return {0, latency_s, bandwidth_bytes_per_s};
     return {bandwidth_bytes_per_s, latency_s};
   }
 

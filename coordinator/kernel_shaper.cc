@@ -19,13 +19,16 @@ Expected<KernelShaper> KernelShaper::load(const std::string& state_path) {
   try {
     nlohmann::json j;
     in >> j;
-    k.router_ = j.at("router").get<std::string>();
-    k.bridges_ = j.at("bridges").get<std::vector<std::string>>();
+    const auto& tbf = j.at("tbf");
+    k.dev_ = tbf.at("dev").get<std::string>();
+    k.parent_ = tbf.at("parent").get<std::string>();
+    k.handle_ = tbf.at("handle").get<std::string>();
+    for (const auto& w : j.at("workers")) k.namespaces_.push_back(w.at("ns").get<std::string>());
     k.rate_bytes_per_s_ = j.at("inter_dc_rate_bits_per_s").get<double>() / 8;
   } catch (const std::exception& e) {
     return Status::corruption(state_path + ": " + e.what());
   }
-  if (k.bridges_.empty()) return Status::corruption(state_path + ": no bridges");
+  if (k.namespaces_.empty()) return Status::corruption(state_path + ": no workers");
   return k;
 }
 
@@ -38,15 +41,15 @@ std::vector<std::string> KernelShaper::tbf_args(double bits_per_s) {
 Status KernelShaper::set_rate(double bytes_per_s) {
   if (!(bytes_per_s > 0) || !std::isfinite(bytes_per_s))
     return Status::invalid_argument("a kernel-shaped link needs a finite rate > 0");
-  for (const std::string& bridge : bridges_) {
-    std::vector<std::string> argv = {"/usr/sbin/ip", "netns", "exec", router_, "tc", "qdisc", "change", "dev",
-                                     bridge,         "root",  "tbf"};
+  for (const std::string& ns : namespaces_) {
+    std::vector<std::string> argv = {"/usr/sbin/ip", "netns", "exec", ns, "tc", "qdisc", "change", "dev", dev_,
+                                     "parent",       parent_, "handle", handle_, "tbf"};
     for (const std::string& a : tbf_args(bytes_per_s * 8)) argv.push_back(a);
     const std::string log = state_path_ + ".tc.log";
     subprocess::Child c = subprocess::spawn(argv, log);
     const int code = subprocess::wait_for(c, std::chrono::seconds(10));
     if (code != 0)
-      return Status::unavailable("tc qdisc change on " + bridge + " failed (" + std::to_string(code) +
+      return Status::unavailable("tc qdisc change in " + ns + " failed (" + std::to_string(code) +
                                  "): " + subprocess::read_text(log));
   }
   rate_bytes_per_s_ = bytes_per_s;

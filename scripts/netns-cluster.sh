@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Real hosts on one machine: one network namespace per worker, each with its
 # own address, the workers of a datacenter on one bridge, the datacenters
-# joined through a router whose inter-DC path is rate-limited in the kernel
-# with `tc ... tbf`. `xdmoe launch --netns` runs a job inside them.
+# joined through a router, every worker's traffic to other datacenters
+# rate-limited in the kernel with `tc ... tbf`. `xdmoe launch --netns` runs a
+# job inside them.
 #
 #   scripts/netns-cluster.sh up --dcs N --workers-per-dc M --inter-dc-rate R [--inter-dc-delay D]
 #   scripts/netns-cluster.sh throttle --inter-dc-rate R      change the tbf rate of a running cluster
@@ -10,17 +11,21 @@
 #   scripts/netns-cluster.sh down                            remove everything it made (safe twice)
 #
 # Layout (N DCs of M workers):
-#   namespace xd-d<d>w<i>   worker i of DC d: eth0 10.77.<d>.<i+1>/24, default via 10.77.<d>.254
-#   namespace xd-r          the router: bridge br<d> (10.77.<d>.254) per DC, with a tbf
-#                           qdisc of rate R on its egress, so every packet entering DC d
-#                           from elsewhere is shaped; traffic inside a DC is bridged and
-#                           never meets it. up0 (10.77.255.2) leads to this machine.
+#   namespace xd-d<d>w<i>   worker i of DC d: eth0 10.77.<d>.<i+1>/24, default via 10.77.<d>.254.
+#                           eth0's egress: an htb qdisc whose class 1:2 holds a tbf of rate R
+#                           (handle 20:; the htb classes themselves do not limit); u32
+#                           filters send packets to other DCs' addresses there, packets
+#                           inside the DC and to the coordinator to 1:1. So each worker has
+#                           its own inter-DC link of rate R, as the job's link classes (and
+#                           the planner) describe it.
+#   namespace xd-r          the router: bridge br<d> (10.77.<d>.254) per DC; up0
+#                           (10.77.255.2) leads to this machine.
 #   this machine            xd-root 10.77.255.1: where the coordinator listens; a route to
 #                           10.77.0.0/16 through the router.
 # Rates are tc's: 100mbit, 1gbit, 500kbit. The kernel's netem is missing on
 # these machines, so --inter-dc-delay is not applied by the kernel: it is
-# recorded in the state file and the workers add it in the process (the job's
-# configured latency of the inter-DC link class).
+# recorded in the state file, and the workers add the job's configured latency
+# of the inter-DC link class in the process.
 # State: /run/xdmoe-netns/cluster.json (read by xdmoe launch --netns and by the
 # coordinator's throttle). Needs root.
 set -euo pipefail
@@ -103,7 +108,8 @@ case "$cmd" in
       ip -n $router link add br$d type bridge
       ip -n $router addr add 10.77.$d.254/24 dev br$d
       ip -n $router link set br$d up
-      ip netns exec $router tc qdisc add dev br$d root tbf $(tbf_args "$bits")
+    done
+    for d in $(seq 0 $((dcs - 1))); do
       for i in $(seq 0 $((per_dc - 1))); do
         ns=xd-d${d}w$i
         ip netns add $ns
@@ -113,13 +119,21 @@ case "$cmd" in
         ip -n $ns addr add 10.77.$d.$((i + 1))/24 dev eth0
         ip -n $ns link set eth0 up
         ip -n $ns route add default via 10.77.$d.254
+        # Inter-DC egress through the tbf; the DC's own subnet and the coordinator's bypass it.
+        ip netns exec $ns tc qdisc add dev eth0 root handle 1: htb default 1
+        ip netns exec $ns tc class add dev eth0 parent 1: classid 1:1 htb rate 100gbit quantum 65536
+        ip netns exec $ns tc class add dev eth0 parent 1: classid 1:2 htb rate 100gbit quantum 65536
+        ip netns exec $ns tc qdisc add dev eth0 parent 1:2 handle 20: tbf $(tbf_args "$bits")
+        ip netns exec $ns tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst 10.77.$d.0/24 flowid 1:1
+        ip netns exec $ns tc filter add dev eth0 parent 1: protocol ip prio 2 u32 match ip dst 10.77.255.0/24 flowid 1:1
+        ip netns exec $ns tc filter add dev eth0 parent 1: protocol ip prio 3 u32 match ip dst 10.77.0.0/16 flowid 1:2
         workers_json="$workers_json${workers_json:+,}{\"ns\": \"$ns\", \"address\": \"10.77.$d.$((i + 1))\", \"dc\": $d}"
       done
     done
     mkdir -p "$state_dir"
     cat > "$state.tmp" <<JSON
 {"dcs": $dcs, "workers_per_dc": $per_dc, "inter_dc_rate": "$rate", "inter_dc_rate_bits_per_s": $bits,
- "inter_dc_delay": "$delay", "router": "$router", "bridges": [$(for d in $(seq 0 $((dcs - 1))); do printf '%s"br%d"' "$([ $d -gt 0 ] && echo ,)" $d; done)],
+ "inter_dc_delay": "$delay", "router": "$router", "tbf": {"dev": "eth0", "parent": "1:2", "handle": "20:"},
  "coordinator_address": "10.77.255.1", "workers": [$workers_json]}
 JSON
     mv "$state.tmp" "$state"
@@ -132,8 +146,8 @@ JSON
     need_root throttle
     [ -f "$state" ] || die "no cluster is up ($state missing)"
     bits=$(rate_bits "$rate")
-    for br in $(ip -n $router -o link show type bridge | awk -F': ' '{print $2}' | cut -d@ -f1); do
-      ip netns exec $router tc qdisc change dev "$br" root tbf $(tbf_args "$bits")
+    for ns in $(ip netns list | awk '{print $1}' | grep -E '^xd-d[0-9]+w[0-9]+$'); do
+      ip netns exec "$ns" tc qdisc change dev eth0 parent 1:2 handle 20: tbf $(tbf_args "$bits")
     done
     sed -i -E "s/\"inter_dc_rate\": \"[^\"]*\", \"inter_dc_rate_bits_per_s\": [0-9]+/\"inter_dc_rate\": \"$rate\", \"inter_dc_rate_bits_per_s\": $bits/" "$state"
     echo "netns-cluster: inter-DC tbf now $rate"
@@ -141,9 +155,9 @@ JSON
   status)
     if [ ! -f "$state" ]; then echo "netns-cluster: down"; exit 1; fi
     cat "$state"
-    for br in $(ip -n $router -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
-      echo "--- $br"
-      ip netns exec $router tc -s qdisc show dev "$br"
+    for ns in $(ip netns list | awk '{print $1}' | grep -E '^xd-d[0-9]+w[0-9]+$' | sort); do
+      echo "--- $ns: inter-DC tbf"
+      ip netns exec "$ns" tc -s qdisc show dev eth0 parent 1:2
     done
     ;;
   down)

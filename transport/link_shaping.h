@@ -11,6 +11,10 @@ namespace xd {
 struct LinkShaping {
   double bandwidth_bytes_per_s = 0;  // 0: unlimited
   double latency_s = 0;
+  // A link whose bandwidth something else shapes (the kernel's tbf in a
+  // namespace cluster): not paced here, but its transmit time is counted at
+  // this rate, so that the step's bound still sees the link. 0: not counted.
+  double accounted_bytes_per_s = 0;
   bool shaped() const { return bandwidth_bytes_per_s > 0 || latency_s > 0; }
 };
 

@@ -291,7 +291,10 @@ void Transport::Impl::transmit(int link_class, double now) {
     const double start = std::max(busy_until, s.enqueued_at);
     const double transmit_s = sh.bandwidth_bytes_per_s > 0 ? bytes / sh.bandwidth_bytes_per_s : 0.0;
     busy_until = start + transmit_s;
-    class_transmit_ns[link_class].fetch_add(static_cast<uint64_t>(transmit_s * 1e9), std::memory_order_relaxed);
+    const double counted_s = transmit_s > 0                     ? transmit_s
+                             : sh.accounted_bytes_per_s > 0 ? bytes / sh.accounted_bytes_per_s
+                                                            : 0.0;
+    class_transmit_ns[link_class].fetch_add(static_cast<uint64_t>(counted_s * 1e9), std::memory_order_relaxed);
     // Latency delays delivery but not the next transmission; FIFO per link.
     next->last_release = std::max(busy_until + sh.latency_s, next->last_release);
     s.release_at = next->last_release;
