@@ -68,23 +68,6 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   }
   t->optimizer_ = std::make_unique<AdamW<float>>(t->layout_->size(), tc.optimizer, no_decay);
 
-  // Flat EP: one level of G workers, every owner one hop away.
-  Topology exchange_topology = o.flat_ep ? Topology({t->world_}, {1}) : *topo;
-  t->exchange_ = std::make_unique<HybridExpertExchange>(transport, exchange_topology, mc.num_experts, o.timeout);
-  // Token rows to each peer go through the codecs of the link class between
-  // the two workers (cluster.levels[].link.codecs; raw by default).
-  std::vector<CodecPipeline> to_experts, to_sources;
-  for (int p = 0; p < t->world_; ++p) {
-    const int level = link_level(o.level_sizes, o.rank, p);
-    const LinkCodecs codecs = level < 0 ? LinkCodecs{} : job.cluster.levels[level].link.codecs;
-    auto d = CodecPipeline::parse(codecs.dispatch);
-    auto c = CodecPipeline::parse(codecs.combine);
-    if (!d) return d.status();
-    if (!c) return c.status();
-    to_experts.push_back(std::move(*d));
-    to_sources.push_back(std::move(*c));
-  }
-  t->exchange_->set_codecs(std::move(to_experts), std::move(to_sources));
   // Hierarchical all-reduce of dense gradients: inside the innermost level
   // (fast links), then across the workers at the same inner position.
   const int L = topo->num_levels();
@@ -113,15 +96,50 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
                                                           std::move(buckets), 1, overlapped, &t->timeline_);
-  t->exchange_->set_overlapped(overlapped);
-  t->exchange_->set_timeline(&t->timeline_);
   const int r = job.cluster.expert_parallel.pipeline_degree;
   t->model_->set_pipeline_degree(r > 0 ? r : 1);
   t->model_->set_timeline(&t->timeline_);
-  t->comm_ = std::make_unique<ExpertCommunicator>(transport, *topo, t->model_.get(), o.timeout);
+  XD_RETURN_IF_ERROR(t->wire_experts(*topo));
+  t->last_stats_ = transport->stats();
+  if (t->traces(1)) t->timeline_.set_enabled(true);
+  t->comm_->start_gather(0);
+  return t;
+}
+
+// The exchange of token rows and the communicator of gathered experts for the
+// domains of `topo`, wired into the model. The old ones, if any, must be idle
+// (a step boundary, before the next step's gather starts).
+Status DistributedTrainer::wire_experts(const Topology& topo) {
+  const DistributedOptions& o = opts_;
+  const ModelConfig& mc = job_.train.model;
+  // Flat EP: one level of G workers, every owner one hop away.
+  bool ep = true;
+  for (int s : topo.domain_sizes()) ep = ep && s == 1;
+  Topology exchange_topology = o.flat_ep && ep ? Topology({world_}, {1}) : topo;
+  // The communicator first: its replicas must outlive nothing of the old ones.
+  comm_.reset();
+  exchange_.reset();
+  exchange_ = std::make_unique<HybridExpertExchange>(transport_, exchange_topology, mc.num_experts, o.timeout);
+  // Token rows to each peer go through the codecs of the link class between
+  // the two workers (cluster.levels[].link.codecs; raw by default).
+  std::vector<CodecPipeline> to_experts, to_sources;
+  for (int p = 0; p < world_; ++p) {
+    const int level = link_level(o.level_sizes, o.rank, p);
+    const LinkCodecs codecs = level < 0 ? LinkCodecs{} : job_.cluster.levels[level].link.codecs;
+    auto d = CodecPipeline::parse(codecs.dispatch);
+    auto c = CodecPipeline::parse(codecs.combine);
+    if (!d) return d.status();
+    if (!c) return c.status();
+    to_experts.push_back(std::move(*d));
+    to_sources.push_back(std::move(*c));
+  }
+  exchange_->set_codecs(std::move(to_experts), std::move(to_sources));
+  exchange_->set_overlapped(job_.train.farskip.overlapped);
+  exchange_->set_timeline(&timeline_);
+  comm_ = std::make_unique<ExpertCommunicator>(transport_, topo, model_.get(), o.timeout);
   ExpertCodecOptions codec_options;
-  for (int l = 0; l < topo->num_levels(); ++l) {
-    const LinkCodecs& lc = job.cluster.levels[l].link.codecs;
+  for (int l = 0; l < topo.num_levels(); ++l) {
+    const LinkCodecs& lc = job_.cluster.levels[l].link.codecs;
     auto g = ExpertCodecSpec::parse(lc.expert_gather);
     auto r = ExpertCodecSpec::parse(lc.expert_grad);
     if (!g) return g.status();
@@ -129,29 +147,40 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
     codec_options.gather.push_back(std::move(*g));
     codec_options.grad.push_back(std::move(*r));
   }
-  codec_options.base_sync_every = job.cluster.expert_parallel.base_sync_every;
-  codec_options.base_inner = t->inner_.get();
-  codec_options.base_outer = t->outer_.get();
-  XD_RETURN_IF_ERROR(t->comm_->set_codecs(codec_options));
-  if (o.memory_cap_bytes > 0 && t->comm_->replica_bytes() > o.memory_cap_bytes)
-    return Status::invalid_argument("gathered experts need " + std::to_string(t->comm_->replica_bytes()) +
+  codec_options.base_sync_every = job_.cluster.expert_parallel.base_sync_every;
+  codec_options.base_inner = inner_.get();
+  codec_options.base_outer = outer_.get();
+  XD_RETURN_IF_ERROR(comm_->set_codecs(codec_options));
+  if (o.memory_cap_bytes > 0 && comm_->replica_bytes() > o.memory_cap_bytes)
+    return Status::invalid_argument("gathered experts need " + std::to_string(comm_->replica_bytes()) +
                                     " bytes, above the memory cap of " + std::to_string((size_t)o.memory_cap_bytes));
-  ExpertCommunicator* comm = t->comm_.get();
-  t->model_->set_expert_resolver([comm](int layer, int expert) { return comm->replica(layer, expert); });
-  comm->set_timeline(&t->timeline_);
-  DistributedTrainer* self = t.get();
-  t->exchange_->set_before_experts([comm](int layer) { comm->wait_gathered(layer); });
+  ExpertCommunicator* comm = comm_.get();
+  model_->set_expert_resolver([comm](int layer, int expert) { return comm->replica(layer, expert); });
+  comm->set_timeline(&timeline_);
+  exchange_->set_before_experts([comm](int layer) { comm->wait_gathered(layer); });
   MoeTransformer<float>::BackwardHooks hooks;
-  hooks.experts_done = [comm, self](int layer) { comm->start_reduce((uint32_t)self->step_, layer); };
-  hooks.grads_ready = [self, layers](int group) {
+  const int layers = mc.num_layers;
+  hooks.experts_done = [comm, this](int layer) { comm->start_reduce((uint32_t)step_, layer); };
+  hooks.grads_ready = [this, layers](int group) {
     // The embedding's bucket waits for the expert norm (reduce_dense_gradients).
-    if (group >= 0) self->buckets_->start((uint32_t)self->step_, layers - group, self->model_->grads().data());
+    if (group >= 0) buckets_->start((uint32_t)step_, layers - group, model_->grads().data());
   };
-  t->model_->set_backward_hooks(std::move(hooks));
-  t->last_stats_ = transport->stats();
-  if (t->traces(1)) t->timeline_.set_enabled(true);
-  t->comm_->start_gather(0);
-  return t;
+  model_->set_backward_hooks(std::move(hooks));
+  return Status::ok();
+}
+
+Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
+  auto topo = Topology::create(opts_.level_sizes, plan.domain_sizes);
+  if (!topo) return topo.status().with_context("plan update");
+  XD_RETURN_IF_ERROR(wire_experts(*topo));
+  opts_.domain_sizes = plan.domain_sizes;
+  opts_.predicted_step_s = plan.predicted_step_s;
+  model_->set_pipeline_degree(plan.pipeline_degree);
+  std::string domains;
+  for (int s : plan.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
+  XD_LOG_INFO("trainer", "rank %d: from step %lld, domains %s, r = %d (%s)", opts_.rank, (long long)plan.step,
+              domains.c_str(), plan.pipeline_degree, plan.reason.c_str());
+  return Status::ok();
 }
 
 Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
@@ -225,6 +254,11 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
     fwd_busy = std::max(fwd_busy, at(mid, c) - at(last_stats_, c));
     bwd_busy = std::max(bwd_busy, at(now, c) - at(mid, c));
   }
+  for (size_t c = 0; c < now.class_bursts.size() && c < opts_.link_names.size(); ++c) {
+    const std::array<double, 3> zero{}, &prev = c < last_stats_.class_bursts.size() ? last_stats_.class_bursts[c] : zero;
+    const std::array<double, 3>& cur = now.class_bursts[c];
+    if (cur[0] > prev[0]) m->link_bursts[opts_.link_names[c]] = {cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2]};
+  }
   m->fwd_comm_s = std::max(fwd_busy, m->fwd_exposed_s);
   m->bwd_comm_s = std::max(bwd_busy, m->bwd_exposed_s);
   last_stats_ = std::move(now);
@@ -265,9 +299,6 @@ Expected<StepMetrics> DistributedTrainer::step() {
   if (traced) write_trace(step_);
   // A traced step's trace begins with its replicas' all-gather, which starts here.
   if (traces(step_ + 1)) timeline_.set_enabled(true);
-  // The next step's replicas start moving now; after the last step there is
-  // nothing to gather for.
-  if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
 
   StepMetrics m;
   m.step = step_;
@@ -288,6 +319,20 @@ Expected<StepMetrics> DistributedTrainer::step() {
   record_link_figures(mid, &m);
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
+  // A new plan takes effect at this boundary: the next step's replicas have
+  // not started moving yet. Every worker switches at the same step.
+  if (opts_.take_plan)
+    if (auto p = opts_.take_plan()) next_plan_ = std::move(*p);
+  if (next_plan_ && next_plan_->step <= step_)
+    return Status::internal("a plan update for step " + std::to_string(next_plan_->step) + " arrived after step " +
+                            std::to_string(step_) + "; the workers would disagree on the domains");
+  if (next_plan_ && next_plan_->step == step_ + 1) {
+    XD_RETURN_IF_ERROR(switch_plan(*next_plan_));
+    next_plan_.reset();
+  }
+  // The next step's replicas start moving now; after the last step there is
+  // nothing to gather for.
+  if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
   return m;
 }
 

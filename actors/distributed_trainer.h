@@ -18,7 +18,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,9 @@ struct DistributedOptions {
   std::vector<std::string> link_names;  // per level, for the byte counters
   double predicted_step_s = 0;
   double memory_cap_bytes = 0;       // 0: no cap
+  // Polled at every step boundary, on the trainer's thread: a plan update the
+  // coordinator sent (thread-safe on the caller's side); empty: none.
+  std::function<std::optional<PlanUpdate>()> take_plan;
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
 };
 
@@ -68,6 +73,11 @@ class DistributedTrainer {
 
  private:
   DistributedTrainer() = default;
+  // Builds the exchange and the expert communicator for `topo`'s domains and
+  // wires them into the model (at creation, and at a plan switch).
+  Status wire_experts(const Topology& topo);
+  // Runs the next steps with a plan update's domains and pipeline degree.
+  Status switch_plan(const PlanUpdate& plan);
   // Waits for the replica gradients, all-reduces the dense ones (the last
   // bucket, with the owned experts' squared norm, starts here) and scales
   // everything by 1/G.
@@ -101,6 +111,7 @@ class DistributedTrainer {
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;
   TransportStats last_stats_;
+  std::optional<PlanUpdate> next_plan_;
 };
 
 }  // namespace xd

@@ -198,7 +198,9 @@ void ExpertCommunicator::start_gather(uint32_t step) {
     for (auto& s : state_) s.gathered = false;
   }
   const int every = codec_options_.base_sync_every;
-  const bool base_due = uses_base_ && (step == 0 || (every > 0 && step % every == 0));
+  // A communicator made mid-job (a plan switch) has no base yet: its first gather syncs one.
+  const bool base_due = uses_base_ && (first_gather_ || step == 0 || (every > 0 && step % every == 0));
+  first_gather_ = false;
   std::shared_ptr<std::vector<float>> sums;
   if (base_due) {
     // This worker's share of every layer's mean expert, taken now: the

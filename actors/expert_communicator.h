@@ -141,6 +141,7 @@ class ExpertCommunicator {
   std::vector<std::unique_ptr<detail::ExpertWireCodec>> gather_codecs_, grad_codecs_;
   ExpertCodecOptions codec_options_;
   bool uses_base_ = false;
+  bool first_gather_ = true;  // caller's thread (start_gather)
   std::vector<float> base_;  // (layers, 3, ff*d) with sr:, else empty; written on the actor thread under mu_
   Status base_status_;       // actor thread only: a failed base all-reduce
 

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "actors/actor.h"
 #include "actors/distributed_trainer.h"
@@ -41,6 +43,8 @@ struct WorkerShared {
   std::promise<int> exit_code;             // set once, by the control actor
   std::atomic<bool> exit_set{false};
   std::atomic<bool> stop{false};           // compute actor checks between steps
+  std::mutex plan_mu;                      // guards next_plan: control actor writes, compute actor takes
+  std::optional<PlanUpdate> next_plan;
   void finish(int code) {
     if (!exit_set.exchange(true)) exit_code.set_value(code);
   }
@@ -217,6 +221,15 @@ void ControlActor::handle(const ControlMessage& m) {
     s_->transport->set_shaping(order.level, shaping(order.level, order.bandwidth_bytes_per_s, order.latency_s));
     XD_LOG_INFO(tag_.c_str(), "link class %d now %.3g B/s, %.3g ms", order.level, order.bandwidth_bytes_per_s,
                 order.latency_s * 1e3);
+  } else if (*opname == op::kPlan) {
+    PlanUpdate plan;
+    if (Status st = from_json(m.body, &plan); !st.is_ok()) {
+      report_error(st.with_context("bad plan update"));
+      return;
+    }
+    XD_LOG_INFO(tag_.c_str(), "plan update for step %lld: %s", (long long)plan.step, plan.reason.c_str());
+    std::lock_guard<std::mutex> lock(s_->plan_mu);
+    s_->next_plan = std::move(plan);
   } else if (*opname == op::kError) {
     ErrorReport report{"(malformed refusal)"};
     (void)from_json(m.body, &report);
@@ -265,6 +278,13 @@ void ControlActor::on_assign(const nlohmann::json& body) {
   o.flat_ep = a.flat_ep;
   for (const LevelSpec& l : levels) o.link_names.push_back(l.link.name);
   o.predicted_step_s = a.predicted_step_s;
+  WorkerShared* shared = s_;
+  o.take_plan = [shared]() -> std::optional<PlanUpdate> {
+    std::lock_guard<std::mutex> lock(shared->plan_mu);
+    std::optional<PlanUpdate> p = std::move(shared->next_plan);
+    shared->next_plan.reset();
+    return p;
+  };
   o.memory_cap_bytes = std::isfinite(a.job.cluster.expert_parallel.memory_cap_bytes)
                            ? a.job.cluster.expert_parallel.memory_cap_bytes : 0;
   compute_->run_job(a.job, o);

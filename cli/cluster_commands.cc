@@ -19,7 +19,7 @@ struct CoordinatorFlags {
   std::vector<int> domains;
   int http_port = 7372;
   int64_t steps = 0;
-  bool hold = false, flat_ep = false, no_probe = false;
+  bool hold = false, flat_ep = false, no_probe = false, no_replan = false;
   ScheduleOverrides schedule;
 };
 
@@ -65,6 +65,7 @@ int run_coordinator(const CoordinatorFlags& f) {
   o.flat_ep = f.flat_ep;
   o.probe_links = !f.no_probe;
   o.netns_state = f.netns;
+  o.replan = !f.no_replan;
   Coordinator c(job, o);
   Status st = c.run();
   if (!st.is_ok()) {
@@ -107,6 +108,8 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--summary", f->summary, "Write a JSON summary here at the end");
   cmd->add_option("--endpoints-file", f->endpoints_file, "Write the bound endpoints (JSON) here");
   cmd->add_flag("--no-probe", f->no_probe, "Plan with the spec's link figures instead of probing each shaped class at start-up");
+  cmd->add_flag("--no-replan", f->no_replan,
+                "Keep the start-up plan even when a link's measured bandwidth moves far from what it assumed");
   cmd->add_flag("--hold", f->hold, "Workers register and stay idle until `xdmoe stop` (no training)");
   cmd->callback([f, exit_code] { *exit_code = run_coordinator(*f); });
 }

@@ -84,6 +84,19 @@ void print_status(const nlohmann::json& s) {
   std::printf("mode %s, domains %s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
               fit(list_of(s, "domain_sizes"), 16).c_str(), num(s, "predicted_step_s", "%.1f", 1e3).c_str(),
               num(s, "uptime_s", "%.0f").c_str());
+  // The last re-plan: why the plan is what it is.
+  const nlohmann::json changes = s.value("plan_changes", nlohmann::json::array());
+  if (!changes.empty()) {
+    const auto& c = changes.back();
+    if (c.value("switched", false))
+      std::printf("re-planned after step %s: %s -> %s from step %s (predicted %s -> %s ms)\n",
+                  c["after_step"].dump().c_str(), list_of(c, "old_domain_sizes").c_str(),
+                  list_of(c, "new_domain_sizes").c_str(), c["from_step"].dump().c_str(),
+                  num(c, "old_now_predicted_s", "%.1f", 1e3).c_str(), num(c, "new_predicted_s", "%.1f", 1e3).c_str());
+    else
+      std::printf("re-checked after step %s: the plan stays\n", c["after_step"].dump().c_str());
+    std::printf("  why: %s\n", fit(c.value("reason", "?"), 73).c_str());
+  }
   if (s.contains("error")) std::printf("error: %s\n", s["error"].get<std::string>().c_str());
   std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", "rank", "state", "host", "pid", "seen",
               "step", "loss", "tok/s", "step ms");

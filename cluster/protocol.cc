@@ -151,7 +151,8 @@ json to_json(const StepMetrics& m) {
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
           {"nmse", m.nmse},
-          {"gather_wait_s", m.gather_wait_s}};
+          {"gather_wait_s", m.gather_wait_s},
+          {"link_bursts", m.link_bursts}};
 }
 
 Status from_json(const json& j, StepMetrics* out) {
@@ -177,7 +178,11 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("bytes", &m.bytes);
     f.get("nmse", &m.nmse);
     f.get("gather_wait_s", &m.gather_wait_s);
+    f.get("link_bursts", &m.link_bursts);
   }));
+  for (const auto& [name, b] : m.link_bursts)
+    if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
+      return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");
   *out = std::move(m);
   return Status::ok();
 }
@@ -232,6 +237,28 @@ Status from_json(const json& j, ThrottleOrder* out) {
   if (t.level < 0 || !(t.bandwidth_bytes_per_s >= 0) || !(t.latency_s >= 0))
     return Status::invalid_argument("throttle: level, bandwidth and latency must be >= 0");
   *out = t;
+  return Status::ok();
+}
+
+json to_json(const PlanUpdate& m) {
+  return {{"op", op::kPlan}, {"step", m.step}, {"domain_sizes", m.domain_sizes},
+          {"pipeline_degree", m.pipeline_degree}, {"predicted_step_s", m.predicted_step_s}, {"reason", m.reason}};
+}
+
+Status from_json(const json& j, PlanUpdate* out) {
+  PlanUpdate p;
+  XD_RETURN_IF_ERROR(read_message(j, op::kPlan, [&](JsonFields& f) {
+    f.get("step", &p.step);
+    f.get("domain_sizes", &p.domain_sizes);
+    f.get("pipeline_degree", &p.pipeline_degree);
+    f.get("predicted_step_s", &p.predicted_step_s);
+    f.get("reason", &p.reason);
+  }));
+  if (p.step < 1 || p.domain_sizes.empty() || p.pipeline_degree < 1 || p.pipeline_degree > 64)
+    return Status::invalid_argument("plan: step >= 1, domain sizes and a pipeline degree in 1..64 are needed");
+  for (int s : p.domain_sizes)
+    if (s < 1) return Status::invalid_argument("plan: domain sizes must be >= 1");
+  *out = std::move(p);
   return Status::ok();
 }
 

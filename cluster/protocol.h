@@ -33,8 +33,9 @@
 namespace xd {
 
 // 1: untyped JSON with the job's YAML text in the assignment. 2: typed
-// messages; the assignment carries the effective JobConfig.
-inline constexpr int kProtocolVersion = 2;
+// messages; the assignment carries the effective JobConfig. 3: metrics carry
+// link bursts; the coordinator may send a plan update mid-job.
+inline constexpr int kProtocolVersion = 3;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -46,6 +47,7 @@ inline constexpr const char* kError = "error";
 inline constexpr const char* kStop = "stop";
 inline constexpr const char* kThrottle = "throttle";
 inline constexpr const char* kStatus = "status";
+inline constexpr const char* kPlan = "plan";
 }  // namespace op
 
 // The message's op, or an error when it has none.
@@ -109,6 +111,22 @@ struct StepMetrics {
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;
+  // Per link class name, this step's {bursts, bytes, seconds} of the periods
+  // during which some of its bytes waited to leave this worker
+  // (TransportStats::class_bursts): what the coordinator re-fits links from.
+  std::map<std::string, std::vector<double>> link_bursts;
+};
+
+// coordinator -> worker: from step `step` (1-based) on, run with these
+// domains and this pipeline degree. Sent at least two steps ahead (a worker
+// gathers step s's experts at the end of step s-1); one that arrives later
+// fails the job rather than letting workers disagree.
+struct PlanUpdate {
+  int64_t step = 0;
+  std::vector<int> domain_sizes;
+  int pipeline_degree = 1;
+  double predicted_step_s = 0;
+  std::string reason;
 };
 
 struct Done {};
@@ -150,6 +168,7 @@ nlohmann::json to_json(const ErrorReport& m);
 nlohmann::json to_json(const StopOrder& m);
 nlohmann::json to_json(const ThrottleRequest& m);
 nlohmann::json to_json(const ThrottleOrder& m);
+nlohmann::json to_json(const PlanUpdate& m);
 nlohmann::json to_json(const StatusRequest& m);
 nlohmann::json to_json(const MetricsRequest& m);
 
@@ -161,6 +180,7 @@ Status from_json(const nlohmann::json& j, ErrorReport* out);
 Status from_json(const nlohmann::json& j, StopOrder* out);
 Status from_json(const nlohmann::json& j, ThrottleRequest* out);
 Status from_json(const nlohmann::json& j, ThrottleOrder* out);
+Status from_json(const nlohmann::json& j, PlanUpdate* out);
 
 // The coordinator's refusal of a registration from another protocol version.
 std::string protocol_mismatch_message(int worker_version);

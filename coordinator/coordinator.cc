@@ -16,6 +16,7 @@
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_planner.h"
 #include "coordinator/kernel_shaper.h"
+#include "coordinator/replanner.h"
 #include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
@@ -61,8 +62,9 @@ class Coordinator::Impl {
   Status outcome;
   std::unique_ptr<ControlServer> workers, cli;
   std::optional<KernelShaper> kernel;  // --netns: the outermost level's tbf
+  std::unique_ptr<Replanner> replanner;  // live re-planning (opts.replan)
   double started = 0, stop_deadline = 0;
-  int64_t last_logged_step = 0;
+  int64_t last_logged_step = 0, last_replan_step = 0;
 
   std::mutex prom_mu;
   std::string prom_text;
@@ -78,6 +80,10 @@ class Coordinator::Impl {
   void stop_all(const std::string& reason);
   void fail(const Status& st);
   void log_progress();
+  // Feeds the last complete step's link measurements to the replanner and
+  // sends the workers a plan update when it re-plans.
+  void consider_replan();
+  nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
   void refresh_prometheus();
@@ -140,6 +146,17 @@ Status Coordinator::Impl::run() {
               planned->step_probe.seconds * 1e3);
   plan = planned->plan;
   plan_inputs = planned->inputs;
+  if (opts.replan) {
+    std::vector<std::string> names;
+    std::vector<bool> shaped;
+    for (const LevelSpec& l : job.cluster.levels) {
+      names.push_back(l.link.name);
+      shaped.push_back(l.link.shape);
+    }
+    const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
+                                                                  : std::max(1, plan.choice().pipeline_degree);
+    replanner = std::make_unique<Replanner>(plan_inputs, plan, names, shaped, r);
+  }
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);
@@ -244,6 +261,7 @@ void Coordinator::Impl::handle_worker(const ControlMessage& m, double now) {
     e->last_metrics = sm;
     metrics.record(*rank, sm);
     log_progress();
+    consider_replan();
   } else if (*opname == op::kDone) {
     e->state = WorkerState::kDone;
   } else if (*opname == op::kError) {
@@ -295,6 +313,54 @@ void Coordinator::Impl::fail(const Status& st) {
   stop_all(st.message());
 }
 
+namespace {
+std::string domains_text(const std::vector<int>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+}  // namespace
+
+void Coordinator::Impl::consider_replan() {
+  const StepSummary* s = metrics.last_complete();
+  if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
+  last_replan_step = s->step;
+  auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps);
+  if (!c) return;
+  plan = replanner->plan();
+  plan_inputs = replanner->inputs();
+  if (!c->switched()) {
+    std::printf("re-plan after step %lld: %s: %s r=%d stays (predicted %.1f ms, %.1f ms before)\n",
+                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
+                c->old_pipeline_degree, c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
+    std::fflush(stdout);
+    return;
+  }
+  std::printf("re-plan after step %lld: %s: domains %s r=%d (predicted %.1f ms before, %.1f ms now) -> %s r=%d "
+              "(predicted %.1f ms) from step %lld\n",
+              (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), c->old_pipeline_degree,
+              c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
+              c->new_pipeline_degree, c->new_predicted_s * 1e3, (long long)c->from_step);
+  std::fflush(stdout);
+  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_predicted_s, c->reason};
+  for (const auto& e : registry.workers())
+    if (e && e->state == WorkerState::kRunning) workers->send(e->peer_id, MessageKind::kControl, to_json(update));
+}
+
+nlohmann::json Coordinator::Impl::plan_changes_json() const {
+  nlohmann::json changes = nlohmann::json::array();
+  if (!replanner) return changes;
+  for (const PlanChange& c : replanner->history())
+    changes.push_back({{"after_step", c.at_step}, {"from_step", c.from_step}, {"switched", c.switched()},
+                       {"link", c.link}, {"assumed_bytes_per_s", c.assumed_bytes_per_s},
+                       {"measured_bytes_per_s", c.measured_bytes_per_s}, {"old_domain_sizes", c.old_domains},
+                       {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_pipeline_degree},
+                       {"new_pipeline_degree", c.new_pipeline_degree}, {"old_predicted_s", c.old_predicted_s},
+                       {"old_now_predicted_s", c.old_now_predicted_s}, {"new_predicted_s", c.new_predicted_s},
+                       {"reason", c.reason}});
+  return changes;
+}
+
 void Coordinator::Impl::log_progress() {
   const StepSummary* s = metrics.last_complete();
   if (!s || s->step == last_logged_step) return;
@@ -340,7 +406,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", plan.choice().pipeline_degree},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
-                      {"workers", ws}, {"links", links},
+                      {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       // malformed or foreign control messages dropped on either socket
                       {"rejected_control_messages", workers->rejected() + cli->rejected()}};
   if (metrics.last_complete()) j["last_step"] = metrics.to_json()["last_step"];
@@ -428,6 +494,7 @@ void Coordinator::Impl::write_summary() {
   }
   j["losses"] = losses;
   j["step_times_s"] = step_times;
+  j["plan_changes"] = plan_changes_json();
   if (const StepSummary* last = metrics.last_complete()) {
     j["final_loss"] = last->loss;
     j["final_ce_loss"] = last->ce_loss;

@@ -36,6 +36,9 @@ struct CoordinatorOptions {
   // outermost level's bandwidth is the kernel's tbf, which `xdmoe throttle`
   // then changes. Empty: every link is shaped in the workers.
   std::string netns_state;
+  // Re-plan when a shaped link class's measured bandwidth moves far from the
+  // plan's (coordinator/replanner.h), switching domains at a step boundary.
+  bool replan = true;
 };
 
 class Coordinator {

@@ -32,6 +32,8 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
   for (const auto& [k, v] : m.nmse) s.nmse[k] = std::max(s.nmse[k], v);
+  for (const auto& [k, v] : m.link_bursts)
+    for (size_t i = 0; i < 3 && i < v.size(); ++i) s.link_bursts[k][i] += v[i];
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
   for (size_t l = 0; l < m.gather_wait_s.size(); ++l) s.gather_wait_s[l] = std::max(s.gather_wait_s[l], m.gather_wait_s[l]);
   if (s.reporters == world_) {
@@ -44,6 +46,12 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
     pending_.erase(m.step);
     pending_losses_.erase(m.step);
   }
+}
+
+int64_t JobMetrics::latest_step() const {
+  int64_t latest = 0;
+  for (const auto& [rank, m] : last_by_rank_) latest = std::max(latest, m.step);
+  return latest;
 }
 
 StepSummary JobMetrics::mean(int skip) const {

@@ -34,6 +34,8 @@ struct StepSummary {
   std::map<std::string, double> bytes;         // sum
   std::map<std::string, double> nmse;          // max over workers (mean() averages steps)
   std::vector<double> gather_wait_s;           // per layer, max over workers
+  // Per link class: {bursts, bytes, seconds} summed over workers (StepMetrics::link_bursts).
+  std::map<std::string, std::array<double, 3>> link_bursts;
   double overlap_percent() const { return overlap(exposed_comm_s, comm_s); }
   double fwd_overlap_percent() const { return overlap(fwd_exposed_s, fwd_comm_s); }
   double bwd_overlap_percent() const { return overlap(bwd_exposed_s, bwd_comm_s); }
@@ -51,6 +53,8 @@ class JobMetrics {
   // Steps every worker has reported, in order.
   const std::vector<StepSummary>& complete_steps() const { return complete_; }
   const StepSummary* last_complete() const { return complete_.empty() ? nullptr : &complete_.back(); }
+  // The furthest step any worker has reported (0: none).
+  int64_t latest_step() const;
   // Means over the complete steps after the first `skip` (warm-up).
   StepSummary mean(int skip) const;
   nlohmann::json to_json() const;

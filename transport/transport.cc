@@ -63,7 +63,8 @@ Transport::Impl::Impl(const TransportOptions& o)
     : options(o),
       context(o.io_threads),
       shaping(o.link_classes),
-      class_transmit_ns(new std::atomic<uint64_t>[o.link_classes.size()]()) {}
+      class_transmit_ns(new std::atomic<uint64_t>[o.link_classes.size()]()),
+      class_bursts(new ClassBursts[o.link_classes.size()]) {}
 
 Transport::Impl::~Impl() {
   stop();
@@ -84,10 +85,37 @@ void Transport::Impl::stop() {
 }
 
 void Transport::Impl::on_frame_released(Link* link, size_t bytes) {
-  std::lock_guard<std::mutex> lock(link->mu);
-  link->queued_bytes -= bytes;
-  if (link->queued_bytes == 0) link->busy_total += steady_seconds() - link->busy_since;
-  link->space.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->queued_bytes -= bytes;
+    if (link->queued_bytes == 0) link->busy_total += steady_seconds() - link->busy_since;
+    link->space.notify_all();
+  }
+  class_released(link->link_class, bytes);
+}
+
+void Transport::Impl::class_enqueued(int link_class, size_t bytes) {
+  if (bytes == 0 || link_class < 0 || link_class >= static_cast<int>(options.link_classes.size())) return;
+  ClassBursts& c = class_bursts[link_class];
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.queued == 0) {
+    c.since = steady_seconds();
+    c.bytes_now = 0;
+  }
+  c.queued += bytes;
+  c.bytes_now += bytes;
+}
+
+void Transport::Impl::class_released(int link_class, size_t bytes) {
+  if (bytes == 0 || link_class < 0 || link_class >= static_cast<int>(options.link_classes.size())) return;
+  ClassBursts& c = class_bursts[link_class];
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.queued -= std::min(bytes, c.queued);
+  if (c.queued == 0) {
+    ++c.bursts;
+    c.bytes += c.bytes_now;
+    c.seconds += steady_seconds() - c.since;
+  }
 }
 
 void Transport::Impl::reject(RejectReason why, const std::string& detail) {
@@ -543,6 +571,7 @@ std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector
       link.queued_bytes += h.payload_len;
     }
   }
+  impl_->class_enqueued(link.link_class, h.payload_len);
   // Zero-size frames are released by ZeroMQ like any other.
   PendingSend s{h, std::move(meta), std::move(frames), completion, 0, 0};
   impl_->mailbox.push(SendCommand{dst, std::move(s)});
@@ -620,7 +649,12 @@ TransportStats Transport::stats() const {
   }
   for (int r = 0; r < kNumRejectReasons; ++r) st.rejected[r] = impl_->rejected[r];
   for (size_t c = 0; c < impl_->options.link_classes.size(); ++c)
+  {
     st.class_transmit_seconds.push_back(impl_->class_transmit_ns[c].load(std::memory_order_relaxed) * 1e-9);
+    Impl::ClassBursts& b = impl_->class_bursts[c];
+    std::lock_guard<std::mutex> lock(b.mu);
+    st.class_bursts.push_back({static_cast<double>(b.bursts), b.bytes, b.seconds});
+  }
   return st;
 }
 

@@ -101,6 +101,19 @@ class Transport::Impl {
   // Per link class: nanoseconds its shaped egress spent transmitting
   // (bytes / bandwidth of every message), written by the I/O thread.
   std::unique_ptr<std::atomic<uint64_t>[]> class_transmit_ns;
+  // Per link class: the periods during which some of its bytes waited to
+  // leave (queued, pacing, latency, until ZeroMQ released them), each a
+  // sample of t = alpha + bytes * beta for the coordinator's re-fit.
+  struct ClassBursts {
+    std::mutex mu;
+    size_t queued = 0;
+    double since = 0, bytes_now = 0;   // the open burst
+    uint64_t bursts = 0;               // closed bursts, and their bytes and seconds
+    double bytes = 0, seconds = 0;
+  };
+  std::unique_ptr<ClassBursts[]> class_bursts;
+  void class_enqueued(int link_class, size_t bytes);
+  void class_released(int link_class, size_t bytes);
 
   void deliver(IncomingMessage m);  // to a posted receive or the unexpected store
   void reject(RejectReason why, const std::string& detail);

@@ -1,0 +1,114 @@
+#include "coordinator/replanner.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace xd {
+
+Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
+                     int pipeline_degree, ReplanOptions options)
+    : inputs_(std::move(inputs)),
+      plan_(std::move(plan)),
+      names_(std::move(link_names)),
+      shaped_(std::move(shaped)),
+      pipeline_degree_(pipeline_degree),
+      options_(options) {}
+
+std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
+                                             int64_t latest_step, int64_t last_step) {
+  if (step < quiet_until_) return std::nullopt;
+  window_.push_back(bursts);
+  if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
+  if (static_cast<int>(window_.size()) < options_.window_steps) return std::nullopt;
+
+  // beta from {bursts, bytes, seconds} with the plan's alpha; 0: too few bytes.
+  auto fit = [this](double n, double bytes, double seconds, const LinkModel& assumed) {
+    if (bytes < options_.min_bytes / options_.window_steps || seconds <= 0) return 0.0;
+    const double beta = (seconds - n * assumed.alpha_s) / bytes;
+    return beta > 0 ? beta : seconds / bytes;  // the latency was overestimated: bytes / time
+  };
+  // The class whose fitted bandwidth moved furthest, if any moved far -- in
+  // every step of the window, the same way, so that a window straddling a
+  // change is not taken for the new level.
+  int far_level = -1;
+  double far_ratio = 1, far_beta = 0;
+  for (size_t l = 0; l < names_.size() && l < inputs_.links.size(); ++l) {
+    const LinkModel& assumed = inputs_.links[l];
+    double n = 0, bytes = 0, seconds = 0;
+    int slower = 0, faster = 0;
+    const double far = std::log(options_.far_factor);
+    for (const auto& w : window_)
+      if (auto it = w.find(names_[l]); it != w.end()) {
+        n += it->second[0];
+        bytes += it->second[1];
+        seconds += it->second[2];
+        const double b = fit(it->second[0], it->second[1], it->second[2], assumed);
+        if (b > 0 && assumed.beta_s_per_byte > 0) {
+          slower += std::log(b / assumed.beta_s_per_byte) > far;
+          faster += std::log(b / assumed.beta_s_per_byte) < -far;
+        }
+      }
+    const double beta = bytes >= options_.min_bytes ? fit(n, bytes, seconds, assumed) : 0.0;
+    if (!(beta > 0)) continue;
+    measured_[names_[l]] = 1.0 / beta;
+    if (l >= shaped_.size() || !shaped_[l] || !(assumed.beta_s_per_byte > 0)) continue;
+    if (slower < options_.window_steps && faster < options_.window_steps) continue;
+    const double ratio = beta / assumed.beta_s_per_byte;  // > 1: slower than assumed
+    const double distance = std::abs(std::log(ratio));
+    if (distance > far && distance > std::abs(std::log(far_ratio))) {
+      far_level = static_cast<int>(l);
+      far_ratio = ratio;
+      far_beta = beta;
+    }
+  }
+  if (far_level < 0) return std::nullopt;
+
+  PlanChange c;
+  c.at_step = step;
+  c.link = names_[far_level];
+  c.assumed_bytes_per_s = 1.0 / inputs_.links[far_level].beta_s_per_byte;
+  c.measured_bytes_per_s = 1.0 / far_beta;
+  c.old_domains = plan_.choice().domain_sizes;
+  c.old_pipeline_degree = pipeline_degree_;
+  c.old_predicted_s = plan_.choice().iteration_s;
+  PlannerInputs fitted = inputs_;
+  fitted.links[far_level].beta_s_per_byte = far_beta;
+  Plan next = plan_iteration(fitted);
+  int current = -1;
+  for (size_t i = 0; i < next.candidates.size(); ++i)
+    if (next.candidates[i].domain_sizes == c.old_domains) current = static_cast<int>(i);
+  const PlanCandidate& best = next.choice();
+  c.old_now_predicted_s = current >= 0 ? next.candidates[current].iteration_s : best.iteration_s;
+  c.new_domains = best.domain_sizes;
+  // A fixed pipeline degree stays; auto takes the planner's r for the domains.
+  const int fixed_r = inputs_.expert_parallel.pipeline_degree;
+  c.new_pipeline_degree = fixed_r > 0 ? fixed_r : std::max(1, best.pipeline_degree);
+  c.new_predicted_s = best.iteration_s;
+  char what[200];
+  std::snprintf(what, sizeof what, "link class '%s' measured %.3g Mbit/s, the plan assumed %.3g Mbit/s",
+                c.link.c_str(), c.measured_bytes_per_s * 8 / 1e6, c.assumed_bytes_per_s * 8 / 1e6);
+  const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree) &&
+                      c.new_predicted_s < (1.0 - options_.min_gain) * c.old_now_predicted_s;
+  const int64_t from = latest_step + options_.lead_steps;
+  if (better && from <= last_step) {
+    c.from_step = from;
+    c.reason = std::string(what) + "; re-planned";
+    plan_ = next;
+    pipeline_degree_ = c.new_pipeline_degree;
+    quiet_until_ = from + 1;  // measurements of the old plan's steps would mislead the next fit
+  } else {
+    c.new_domains = c.old_domains;
+    c.new_pipeline_degree = c.old_pipeline_degree;
+    c.new_predicted_s = c.old_now_predicted_s;
+    c.reason = std::string(what) + (better ? "; too close to the end to switch" : "; the current plan is still the best");
+    // The same domains, predicted under the fitted link.
+    plan_ = next;
+    if (current >= 0) plan_.chosen = current;
+  }
+  inputs_ = fitted;
+  window_.clear();
+  history_.push_back(c);
+  return c;
+}
+
+}  // namespace xd

@@ -1,0 +1,83 @@
+// Replanner: live re-planning. It keeps, per link class, what the workers
+// measured over the last few complete steps -- the periods during which some
+// of the class's bytes waited to leave a worker, each a sample of
+// t = alpha + bytes * beta (TransportStats::class_bursts) -- and re-fits beta
+// with the plan's alpha: beta = (seconds - bursts * alpha) / bytes. When a
+// shaped class's fitted bandwidth leaves [assumed / far_factor, assumed *
+// far_factor] (a throttle, or the link by itself), it re-plans every domain
+// candidate with the fitted link and, when another plan predicts a step at
+// least min_gain faster than the current one under the same links, switches
+// to it from a step far enough ahead that every worker learns of it before
+// gathering that step's experts. Either way the fitted link becomes the
+// assumption, so a link that stays where it went does not re-plan again.
+// Plain computation, no I/O; not thread-safe (the coordinator's thread).
+#pragma once
+
+#include <array>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/planner.h"
+
+namespace xd {
+
+struct ReplanOptions {
+  int window_steps = 3;        // complete steps per fit
+  double far_factor = 2.0;     // how far the fitted bandwidth must move
+  double min_gain = 0.05;      // the new plan's predicted step must be this much shorter
+  int lead_steps = 3;          // the switch's step: the furthest reported step + this
+  double min_bytes = 64e3;     // per fit and class, or no fit
+};
+
+// One re-plan: what was measured, what each plan predicts, what was done.
+struct PlanChange {
+  int64_t at_step = 0;         // the complete step whose measurements triggered it
+  int64_t from_step = 0;       // the first step on the new plan; 0: the plan stayed
+  std::string link;
+  double assumed_bytes_per_s = 0, measured_bytes_per_s = 0;
+  std::vector<int> old_domains, new_domains;
+  int old_pipeline_degree = 1, new_pipeline_degree = 1;
+  double old_predicted_s = 0;      // the current plan as predicted before
+  double old_now_predicted_s = 0;  // the current plan under the fitted link
+  double new_predicted_s = 0;      // the best plan under the fitted link
+  std::string reason;
+  bool switched() const { return from_step > 0; }
+};
+
+class Replanner {
+ public:
+  // `shaped[l]`: whether level l's link is shaped (only shaped classes re-plan:
+  // a loopback "link" measures the CPU, not a network). `pipeline_degree`
+  // is the workers' current r.
+  Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
+            int pipeline_degree, ReplanOptions options = {});
+
+  // A complete step's bursts per link class name, summed over workers.
+  // `latest_step`: the furthest step any worker reported; `last_step`: the
+  // job's train.steps. Returns a change when it re-planned.
+  std::optional<PlanChange> on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
+                                    int64_t latest_step, int64_t last_step);
+
+  const Plan& plan() const { return plan_; }
+  int pipeline_degree() const { return pipeline_degree_; }
+  const PlannerInputs& inputs() const { return inputs_; }
+  const std::vector<PlanChange>& history() const { return history_; }
+  // The last fitted bandwidth per class name (bytes/s); absent before a full window.
+  const std::map<std::string, double>& measured() const { return measured_; }
+
+ private:
+  PlannerInputs inputs_;
+  Plan plan_;
+  std::vector<std::string> names_;
+  std::vector<bool> shaped_;
+  int pipeline_degree_;
+  ReplanOptions options_;
+  std::vector<std::map<std::string, std::array<double, 3>>> window_;
+  int64_t quiet_until_ = 0;  // no re-plan before this step (a switch in flight)
+  std::map<std::string, double> measured_;
+  std::vector<PlanChange> history_;
+};
+
+}  // namespace xd

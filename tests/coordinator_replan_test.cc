@@ -1,0 +1,188 @@
+// Live re-planning: the replanner re-fits a link class from the bursts the
+// workers measured and re-plans only when the fit moves far; and a running
+// job throttled hard switches its domains at a step boundary and still
+// trains exactly as one process does.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cluster/job_config.h"
+#include "coordinator/planner.h"
+#include "coordinator/replanner.h"
+#include "job_runner.h"
+#include "model/trainer.h"
+
+namespace xd {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::xdmoe_binary;
+
+std::string example_with(const std::map<std::string, std::string>& replace) {
+  std::ifstream in(std::string(XD_SOURCE_DIR) + "/examples/2dc.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  for (const auto& [from, to] : replace) {
+    const size_t at = text.find(from);
+    XD_CHECK_MSG(at != std::string::npos, "examples/2dc.yaml changed");
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// The demo model on 2 DCs of 2 workers; the DC link as given.
+JobConfig demo_job(const std::string& dc_link) {
+  auto job = parse_job_config(example_with({{"bandwidth: 100mbit, latency: 10ms", dc_link}}), "<test>");
+  XD_CHECK(job.has_value());
+  return *job;
+}
+
+// {bursts, bytes, seconds} a class of `bytes_per_s` and `alpha` would show.
+std::array<double, 3> bursts_at(double bytes_per_s, double alpha, double bursts, double bytes) {
+  return {bursts, bytes, bursts * alpha + bytes / bytes_per_s};
+}
+
+TEST(Replanner, ALinkMeasuredCloseToThePlansAssumptionChangesNothing) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  for (int64_t step = 1; step <= 10; ++step)
+    EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}}, step, 100)) << step;
+  EXPECT_NEAR(r.measured().at("dc"), 0.8 * 125e6, 1e3);  // the fit: (seconds - bursts * alpha) / bytes
+}
+
+TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  const Plan start = plan_iteration(in);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  for (int64_t step = 1; step <= 3; ++step) EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(125e6, 1e-3, 40, 8e6)}}, step, 100));
+  std::optional<PlanChange> c;
+  for (int64_t step = 4; step <= 6 && !c; ++step)
+    c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step + 1, 100);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->at_step, 6);
+  EXPECT_NEAR(c->measured_bytes_per_s, 12.5e6, 1e3);
+  EXPECT_EQ(c->old_domains, start.choice().domain_sizes);
+  ASSERT_TRUE(c->switched()) << c->reason;
+  EXPECT_EQ(c->from_step, 7 + 3);  // the furthest reported step + lead_steps
+  EXPECT_NE(c->new_domains, c->old_domains);
+  EXPECT_LT(c->new_predicted_s, 0.95 * c->old_now_predicted_s);
+  EXPECT_EQ(r.plan().choice().domain_sizes, c->new_domains);
+  // Steps of the old plan still in flight are not measured again.
+  EXPECT_FALSE(r.on_step(7, {{"dc", bursts_at(125e6, 1e-3, 40, 8e6)}}, 9, 100));
+}
+
+TEST(Replanner, UnshapedLinksAndSwitchesPastTheLastStepAreLeftAlone) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  Replanner unshaped(in, plan_iteration(in), {"dc", "worker"}, {false, false}, 2);
+  for (int64_t step = 1; step <= 6; ++step)
+    EXPECT_FALSE(unshaped.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100));
+  Replanner late(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 3; ++step) c = late.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 4);
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->switched());
+  EXPECT_NE(c->reason.find("too close to the end"), std::string::npos) << c->reason;
+}
+
+// The same global batch in one process.
+std::vector<double> one_process_losses(const std::string& yaml, int steps) {
+  auto job = parse_job_config(yaml, "<test>");
+  XD_CHECK(job.has_value());
+  auto t = Trainer::create(one_process_equivalent(*job));
+  XD_CHECK(t.has_value());
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) losses.push_back((*t)->step()->loss.loss);
+  return losses;
+}
+
+TEST(Replan, AJobThrottledHardSwitchesDomainsAtAStepBoundaryAndStillTrainsAsOneProcess) {
+  const int steps = 14;
+  const std::string yaml = example_with({{"bandwidth: 100mbit, latency: 10ms", "bandwidth: 1gbit, latency: 1ms"},
+                                         {"steps: 60", "steps: " + std::to_string(steps)},
+                                         {"log_every: 10", "log_every: 1"},
+                                         // The load-balancing loss is per worker batch (Megatron's
+                                         // choice): off, so that one process computes the same loss.
+                                         {"gating: softmax_topk", "gating: softmax_topk\n  aux_loss_coef: 0.0"}});
+  const std::string dir = (fs::temp_directory_path() / ("xdmoe_replan_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/job.yaml") << yaml;
+  int fd = -1;
+  // The spec's link figures (no start-up probe): 1 Gbit/s across the DCs.
+  subprocess::Child coordinator = subprocess::spawn_piped(
+      {xdmoe_binary(), "coordinator", "--config", dir + "/job.yaml", "--no-probe", "--bind", "tcp://127.0.0.1:*",
+       "--cli-bind", "ipc://" + dir + "/cli", "--http-port", "-1", "--summary", dir + "/summary.json",
+       "--endpoints-file", dir + "/endpoints.json"},
+      {}, &fd);
+  ASSERT_GE(fd, 0);
+  const nlohmann::json eps = testing::wait_for_endpoints(dir + "/endpoints.json", coordinator);
+  ASSERT_TRUE(eps.contains("workers"));
+  std::vector<subprocess::Child> workers;
+  for (int r = 0; r < 4; ++r)
+    workers.push_back(subprocess::spawn({xdmoe_binary(), "worker", "--coordinator", eps["workers"].get<std::string>(),
+                                         "--rank", std::to_string(r)},
+                                        dir + "/worker" + std::to_string(r) + ".log", {"OPENBLAS_NUM_THREADS=1"}));
+  FILE* in = ::fdopen(fd, "r");
+  std::string out, status;
+  char line[8192];
+  bool throttled = false;
+  while (std::fgets(line, sizeof line, in)) {
+    out += line;
+    const std::string l(line);
+    if (!throttled && l.rfind("step     3/", 0) == 0) {  // hard: a tenth of the bandwidth
+      auto [code, text] = testing::run(xdmoe_binary() + " throttle --coordinator ipc://" + dir +
+                                       "/cli --link dc --bandwidth 100mbit");
+      ASSERT_EQ(code, 0) << text;
+      throttled = true;
+    }
+    if (status.empty() && l.find("-> ") != std::string::npos && l.rfind("re-plan", 0) == 0)
+      status = testing::run(xdmoe_binary() + " status --coordinator ipc://" + dir + "/cli").second;
+  }
+  std::fclose(in);
+  ASSERT_EQ(subprocess::wait_for(coordinator, std::chrono::seconds(300)), 0) << out;
+  for (auto& w : workers) EXPECT_EQ(subprocess::wait_for(w, std::chrono::seconds(30)), 0);
+  std::printf("%s", out.substr(0, out.find("summary:")).c_str());
+  nlohmann::json summary;
+  std::ifstream(dir + "/summary.json") >> summary;
+  // The plan switched once the throttle was measured, and says why.
+  nlohmann::json switched;
+  for (const auto& c : summary["plan_changes"])
+    if (c["switched"].get<bool>()) switched = c;
+  ASSERT_FALSE(switched.is_null()) << summary["plan_changes"].dump(2) << out;
+  EXPECT_GT(switched["after_step"].get<int>(), 3);
+  EXPECT_NE(switched["new_domain_sizes"], switched["old_domain_sizes"]);
+  EXPECT_LT(switched["measured_bytes_per_s"].get<double>(), 0.5 * switched["assumed_bytes_per_s"].get<double>());
+  EXPECT_EQ(summary["domain_sizes"], switched["new_domain_sizes"]);
+  EXPECT_NE(status.find("re-planned after step"), std::string::npos) << status;
+  EXPECT_NE(status.find("why: link class 'dc' measured"), std::string::npos) << status;
+  // Every worker switched at the same step.
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(subprocess::read_text(workers[r].log_path)
+                  .find("from step " + switched["from_step"].dump() + ", domains"),
+              std::string::npos)
+        << subprocess::read_text(workers[r].log_path);
+  // And the losses are still those of one process, before and after the switch.
+  const std::vector<double> expected = one_process_losses(yaml, steps);
+  ASSERT_EQ(summary["losses"].size(), expected.size());
+  for (int i = 0; i < steps; ++i) {
+    const double rel = std::abs(summary["losses"][i].get<double>() - expected[i]) / expected[i];
+    std::printf("step %2d: loss %.6f, one process %.6f, relative difference %.2e\n", i + 1,
+                summary["losses"][i].get<double>(), expected[i], rel);
+    EXPECT_LT(rel, 1e-6) << "step " << i + 1;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace xd
