@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_planner.h"
 #include "coordinator/kernel_shaper.h"
@@ -65,6 +66,8 @@ class Coordinator::Impl {
   std::unique_ptr<Replanner> replanner;  // live re-planning (opts.replan)
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0, last_replan_step = 0;
+  double running_since = 0;  // when the workers were assigned
+  ProgressLine progress;     // stdout: a live bar on a terminal, plain lines elsewhere
 
   std::mutex prom_mu;
   std::string prom_text;
@@ -296,6 +299,7 @@ void Coordinator::Impl::assign_all() {
     registry.find(e->rank)->state = WorkerState::kRunning;
   }
   state = JobState::kRunning;
+  running_since = steady_seconds();
   XD_LOG_INFO("coordinator", "all %d workers registered; job started", registry.world_size());
 }
 
@@ -329,6 +333,7 @@ void Coordinator::Impl::consider_replan() {
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();
+  progress.clear();
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%d stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
@@ -364,15 +369,24 @@ nlohmann::json Coordinator::Impl::plan_changes_json() const {
 void Coordinator::Impl::log_progress() {
   const StepSummary* s = metrics.last_complete();
   if (!s || s->step == last_logged_step) return;
-  const int64_t steps = job.train.steps;
-  if (s->step % job.train.log_every != 0 && s->step != 1 && s->step != steps) return;
   last_logged_step = s->step;
-  std::printf("step %5lld/%lld | loss %.4f | %.0f tok/s | step %.1f ms (compute %.1f, exposed comm %.1f, "
-              "overlap fwd %.0f%% bwd %.0f%%) | step / bound %.2f | predicted %.1f ms\n",
-              (long long)s->step, (long long)steps, s->loss, s->tokens_per_s, s->step_s * 1e3,
-              s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->fwd_overlap_percent(), s->bwd_overlap_percent(),
-              s->step_over_bound(), s->predicted_step_s * 1e3);
-  std::fflush(stdout);
+  const int64_t steps = job.train.steps;
+  const double elapsed = steady_seconds() - running_since;
+  if (s->step % job.train.log_every == 0 || s->step == 1 || s->step == steps) {
+    char text[400];
+    std::snprintf(text, sizeof text,
+                  "step %5lld/%lld | loss %.4f | %.0f tok/s | step %.1f ms (compute %.1f, exposed comm %.1f, "
+                  "overlap fwd %.0f%% bwd %.0f%%) | step / bound %.2f | predicted %.1f ms%s",
+                  (long long)s->step, (long long)steps, s->loss, s->tokens_per_s, s->step_s * 1e3,
+                  s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->fwd_overlap_percent(), s->bwd_overlap_percent(),
+                  s->step_over_bound(), s->predicted_step_s * 1e3,
+                  ProgressLine::eta(s->step, steps, elapsed).c_str());
+    progress.line(text);
+  }
+  char live[160];
+  std::snprintf(live, sizeof live, "step %lld/%lld | loss %.4f | %.0f ms/step | step / bound %.2f", (long long)s->step,
+                (long long)steps, s->loss, s->step_s * 1e3, s->step_over_bound());
+  if (s->step < steps) progress.live(s->step, steps, elapsed, live);
 }
 
 nlohmann::json Coordinator::Impl::status_json(double now) {
@@ -535,6 +549,7 @@ void Coordinator::Impl::write_summary() {
     out << j.dump(2) << "\n";
   }
   if (const StepSummary* last = metrics.last_complete()) {
+    progress.clear();
     std::printf("summary: %zu steps | final loss %.4f | %.0f tok/s | step %.1f ms = compute %.1f + exposed comm %.1f (overlap %.0f%%) | bound %.1f ms (step / bound %.2f) | predicted %.1f ms | peak RSS %.0f MB\n",
                 metrics.complete_steps().size(), last->loss, mean.tokens_per_s, mean.step_s * 1e3,
                 mean.compute_s * 1e3, mean.exposed_comm_s * 1e3, mean.overlap_percent(), mean.bound_s() * 1e3,
