@@ -35,7 +35,7 @@ struct LaunchFlags {
   std::vector<std::string> modes;
   std::vector<int64_t> trace_steps;
   int64_t steps = 0;
-  bool flat_ep = false;
+  bool flat_ep = false, no_probe = false;
   // Workers on other hosts (launch_run.h).
   std::string hostfile, ssh = "ssh -o BatchMode=yes", remote_exe, coordinator_host, launcher;
   bool netns = false;
@@ -272,6 +272,7 @@ int run_launch(const LaunchFlags& f) {
     run.spec = *parse_run(m);
     run.steps = steps;
     run.flat_ep = f.flat_ep;
+    run.no_probe = f.no_probe;
     run.trace_steps = f.trace_steps;
     run.world = world;
     runs.push_back(run_job(run, *placement));
@@ -294,9 +295,9 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", f->modes,
-                  "Runs, one after another: MODE[+farskip][+simple][+rN] with MODE ep, ep_flat, hybrid or auto; "
-                  "+farskip turns FarSkip connectivity on, +simple runs nothing overlapped, +r4 splits each A2A "
-                  "into 4 chunks (r0: the planner's choice) (repeatable)");
+                  "Runs, one after another: MODE[+farskip][+simple][+rN][+dAxB] with MODE ep, ep_flat, hybrid or "
+                  "auto; +farskip turns FarSkip connectivity on, +simple runs nothing overlapped, +r4 splits each "
+                  "A2A into 4 chunks (r0: the planner's choice), +d2x1 runs hybrid with domains 2 x 1 (repeatable)");
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                   "scripts/trace_png.py draws them)")
@@ -305,6 +306,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();
   cmd->add_flag("--flat-ep", f->flat_ep, "EP sends tokens to their owner in one hop");
+  cmd->add_flag("--no-probe", f->no_probe, "The coordinator plans with the config's link figures (no link probes)");
   cmd->add_option("--hostfile", f->hostfile,
                   "Start the workers over ssh on these hosts: lines 'HOST slots=N [dc=NAME]' (docs/launch.md); "
                   "the coordinator runs here")

@@ -132,7 +132,17 @@ Expected<RunSpec> parse_run(const std::string& run) {
     else if (part.size() > 1 && part[0] == 'r' && part.find_first_not_of("0123456789", 1) == std::string::npos &&
              part.size() < 4)
       spec.pipeline_degree = std::stoi(part.substr(1));
-    else return Status::invalid_argument("unknown run option '" + part + "' in '" + run + "' (farskip, simple, rN)");
+    else if (part.size() > 1 && part[0] == 'd' && part.find_first_not_of("0123456789x", 1) == std::string::npos) {
+      std::stringstream sizes(part.substr(1));
+      for (std::string d; std::getline(sizes, d, 'x');) {
+        if (d.empty() || d.size() > 4) return Status::invalid_argument("bad domain sizes '" + part + "' in '" + run + "'");
+        spec.domains.push_back(std::stoi(d));
+      }
+      if (spec.mode != "hybrid") return Status::invalid_argument("domain sizes (" + part + ") need mode hybrid");
+    } else {
+      return Status::invalid_argument("unknown run option '" + part + "' in '" + run +
+                                      "' (farskip, simple, rN, dAxB)");
+    }
   }
   return spec;
 }
@@ -160,6 +170,12 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   if (!run.config.empty()) args.insert(args.end(), {"--config", run.config});
   if (run.steps > 0) args.insert(args.end(), {"--steps", std::to_string(run.steps)});
   if (spec.farskip) args.push_back("--farskip");
+  if (run.no_probe) args.push_back("--no-probe");
+  if (!spec.domains.empty()) {
+    std::string list;
+    for (int d : spec.domains) list += (list.empty() ? "" : ",") + std::to_string(d);
+    args.insert(args.end(), {"--domains", list});
+  }
   if (spec.simple) args.push_back("--no-overlap");
   if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
   if (!run.trace_steps.empty()) {

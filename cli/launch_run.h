@@ -23,6 +23,7 @@ struct RunSpec {
   std::string mode;
   bool farskip = false, simple = false;
   int pipeline_degree = -1;  // -1: the config's
+  std::vector<int> domains;  // +d2x1: these domain sizes (mode hybrid); empty: the plan's
 };
 Expected<RunSpec> parse_run(const std::string& run);
 
@@ -48,7 +49,7 @@ struct LaunchRun {
   std::string config, run_dir, cli_bind, name;
   RunSpec spec;
   int64_t steps = 0;
-  bool flat_ep = false;
+  bool flat_ep = false, no_probe = false;
   std::vector<int64_t> trace_steps;
   int world = 0;
 };
