@@ -108,7 +108,8 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
 
 // The exchange of token rows and the communicator of gathered experts for the
 // domains of `topo`, wired into the model. The old ones, if any, must be idle
-// (a step boundary, before the next step's gather starts).
+// (a step boundary, before the next step's gather starts); they stay in place
+// when the new ones cannot be built.
 Status DistributedTrainer::wire_experts(const Topology& topo) {
   const DistributedOptions& o = opts_;
   const ModelConfig& mc = job_.train.model;
@@ -116,10 +117,7 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   bool ep = true;
   for (int s : topo.domain_sizes()) ep = ep && s == 1;
   Topology exchange_topology = o.flat_ep && ep ? Topology({world_}, {1}) : topo;
-  // The communicator first: its replicas must outlive nothing of the old ones.
-  comm_.reset();
-  exchange_.reset();
-  exchange_ = std::make_unique<HybridExpertExchange>(transport_, exchange_topology, mc.num_experts, o.timeout);
+  auto exchange = std::make_unique<HybridExpertExchange>(transport_, exchange_topology, mc.num_experts, o.timeout);
   // Token rows to each peer go through the codecs of the link class between
   // the two workers (cluster.levels[].link.codecs; raw by default).
   std::vector<CodecPipeline> to_experts, to_sources;
@@ -133,10 +131,10 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     to_experts.push_back(std::move(*d));
     to_sources.push_back(std::move(*c));
   }
-  exchange_->set_codecs(std::move(to_experts), std::move(to_sources));
-  exchange_->set_overlapped(job_.train.farskip.overlapped);
-  exchange_->set_timeline(&timeline_);
-  comm_ = std::make_unique<ExpertCommunicator>(transport_, topo, model_.get(), o.timeout);
+  exchange->set_codecs(std::move(to_experts), std::move(to_sources));
+  exchange->set_overlapped(job_.train.farskip.overlapped);
+  exchange->set_timeline(&timeline_);
+  auto comm = std::make_unique<ExpertCommunicator>(transport_, topo, model_.get(), o.timeout);
   ExpertCodecOptions codec_options;
   for (int l = 0; l < topo.num_levels(); ++l) {
     const LinkCodecs& lc = job_.cluster.levels[l].link.codecs;
@@ -150,22 +148,25 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   codec_options.base_sync_every = job_.cluster.expert_parallel.base_sync_every;
   codec_options.base_inner = inner_.get();
   codec_options.base_outer = outer_.get();
-  XD_RETURN_IF_ERROR(comm_->set_codecs(codec_options));
-  if (o.memory_cap_bytes > 0 && comm_->replica_bytes() > o.memory_cap_bytes)
-    return Status::invalid_argument("gathered experts need " + std::to_string(comm_->replica_bytes()) +
+  XD_RETURN_IF_ERROR(comm->set_codecs(codec_options));
+  if (o.memory_cap_bytes > 0 && comm->replica_bytes() > o.memory_cap_bytes)
+    return Status::invalid_argument("gathered experts need " + std::to_string(comm->replica_bytes()) +
                                     " bytes, above the memory cap of " + std::to_string((size_t)o.memory_cap_bytes));
-  ExpertCommunicator* comm = comm_.get();
-  model_->set_expert_resolver([comm](int layer, int expert) { return comm->replica(layer, expert); });
-  comm->set_timeline(&timeline_);
-  exchange_->set_before_experts([comm](int layer) { comm->wait_gathered(layer); });
+  // Built: rewire the model to the new pair, then let the old pair go.
+  ExpertCommunicator* c = comm.get();
+  model_->set_expert_resolver([c](int layer, int expert) { return c->replica(layer, expert); });
+  c->set_timeline(&timeline_);
+  exchange->set_before_experts([c](int layer) { c->wait_gathered(layer); });
   MoeTransformer<float>::BackwardHooks hooks;
   const int layers = mc.num_layers;
-  hooks.experts_done = [comm, this](int layer) { comm->start_reduce((uint32_t)step_, layer); };
+  hooks.experts_done = [c, this](int layer) { c->start_reduce((uint32_t)step_, layer); };
   hooks.grads_ready = [this, layers](int group) {
     // The embedding's bucket waits for the expert norm (reduce_dense_gradients).
     if (group >= 0) buckets_->start((uint32_t)step_, layers - group, model_->grads().data());
   };
   model_->set_backward_hooks(std::move(hooks));
+  comm_ = std::move(comm);
+  exchange_ = std::move(exchange);
   return Status::ok();
 }
 

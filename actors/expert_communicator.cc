@@ -199,7 +199,8 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   }
   const int every = codec_options_.base_sync_every;
   // A communicator made mid-job (a plan switch) has no base yet: its first gather syncs one.
-  const bool base_due = uses_base_ && (first_gather_ || step == 0 || (every > 0 && step % every == 0));
+  const bool first = first_gather_ || step == 0;
+  const bool base_due = uses_base_ && (first || (every > 0 && step % every == 0));
   first_gather_ = false;
   std::shared_ptr<std::vector<float>> sums;
   if (base_due) {
@@ -223,8 +224,8 @@ void ExpertCommunicator::start_gather(uint32_t step) {
       if (base_status_.is_ok()) base_status_ = sync_base(step, *sums).with_context("SR base all-reduce");
     });
   };
-  // Before the first step the gathers need a base; later ones use the last.
-  if (base_due && step == 0) post_sync();
+  // The first gathers need a base; later ones use the last.
+  if (base_due && first) post_sync();
   // Every layer's first-level messages leave at once (from the sender
   // thread), so the link never idles between layers and their latencies
   // overlap; the actor thread takes them in layer order. With sr: the sends
@@ -254,7 +255,7 @@ void ExpertCommunicator::start_gather(uint32_t step) {
       if (ready.valid()) ready.wait();
       finish(layer, true, gather_layer(step, layer, x.get()));
     });
-  if (base_due && step != 0) post_sync();
+  if (base_due && !first) post_sync();
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {

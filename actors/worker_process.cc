@@ -247,7 +247,8 @@ void ControlActor::on_assign(const nlohmann::json& body) {
     return;
   }
   tag_ = "worker " + std::to_string(a.rank);
-  if (auto [launched, variable] = world_from_environment(); launched > 0 && launched != a.job.cluster.world_size()) {
+  if (auto [launched, variable] = world_from_environment();
+      s_->options.check_launcher_world && launched > 0 && launched != a.job.cluster.world_size()) {
     report_error(Status::invalid_argument("the launcher started " + std::to_string(launched) + " workers (" +
                                           variable + "), but the job has " +
                                           std::to_string(a.job.cluster.world_size()) +

@@ -22,6 +22,9 @@ struct WorkerOptions {
   // Link classes whose bandwidth the kernel shapes (scripts/netns-cluster.sh's
   // tbf): the process adds only their latency.
   std::vector<std::string> kernel_shaped;
+  // The rank came from a launcher's environment: its process count
+  // (world_from_environment) must then be the job's.
+  bool check_launcher_world = false;
   double heartbeat_interval_s = 1.0;
   int liveness = 3;
 };

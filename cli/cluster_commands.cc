@@ -130,7 +130,10 @@ void add_worker_command(CLI::App& app, int* exit_code) {
       ->delimiter(',');
   cmd->callback([o, exit_code] {
     WorkerOptions w = *o;
-    if (w.rank < 0) w.rank = rank_from_environment();
+    if (w.rank < 0) {
+      w.rank = rank_from_environment();
+      w.check_launcher_world = w.rank >= 0;
+    }
     *exit_code = run_worker(w);
   });
 }

@@ -35,9 +35,9 @@ struct LaunchFlags {
   std::vector<std::string> modes;
   std::vector<int64_t> trace_steps;
   int64_t steps = 0;
-  bool flat_ep = false, no_probe = false;
+  bool flat_ep = false, no_probe = false, no_replan = false;
   // Workers on other hosts (launch_run.h).
-  std::string hostfile, ssh = "ssh -o BatchMode=yes", remote_exe, coordinator_host, launcher;
+  std::string hostfile, ssh = "ssh -n -o BatchMode=yes", remote_exe, coordinator_host, launcher;
   bool netns = false;
   std::string netns_state = "/run/xdmoe-netns/cluster.json";
 };
@@ -171,15 +171,16 @@ Expected<WorkerPlacement> place_in_namespaces(const LaunchFlags& f, const JobCon
 Expected<WorkerPlacement> place_workers(const LaunchFlags& f, JobConfig* job) {
   WorkerPlacement p;
   p.world = job->cluster.world_size();
+  if (int(!f.launcher.empty()) + int(!f.hostfile.empty()) + int(f.netns) > 1)
+    return Status::invalid_argument("--launcher, --hostfile and --netns exclude each other (give mpirun its hosts "
+                                    "with --launcher 'mpirun --hostfile FILE')");
   if (!f.launcher.empty()) {
-    if (!f.hostfile.empty())
-      return Status::invalid_argument("--launcher and --hostfile exclude each other: give the launcher its hosts "
-                                      "(--launcher 'mpirun --hostfile FILE')");
     p.kind = WorkerPlacement::Kind::kLauncher;
     p.launcher = split_words(f.launcher);
-    const std::string name = fs::path(p.launcher[0]).filename();
-    if (name != "srun" && name != "mpirun" && name != "mpiexec")
-      return Status::invalid_argument("--launcher must start with srun, mpirun or mpiexec, not '" + name + "'");
+    const std::string name = p.launcher.empty() ? "" : fs::path(p.launcher[0]).filename().string();
+    // Each gets its own flags (srun: -n, --label; Open MPI's mpirun: -np, --tag-output, -x).
+    if (name != "srun" && name != "mpirun")
+      return Status::invalid_argument("--launcher must start with srun or mpirun (Open MPI), not '" + name + "'");
     // Workers on other nodes must reach the coordinator: every interface.
     p.coordinator_bind = "0.0.0.0";
     if (!f.coordinator_host.empty()) {
@@ -191,11 +192,7 @@ Expected<WorkerPlacement> place_workers(const LaunchFlags& f, JobConfig* job) {
     }
     return p;
   }
-  if (f.netns) {
-    if (!f.hostfile.empty() || !f.launcher.empty())
-      return Status::invalid_argument("--netns runs every worker in its namespace: no --hostfile or --launcher");
-    return place_in_namespaces(f, *job, p);
-  }
+  if (f.netns) return place_in_namespaces(f, *job, p);
   if (f.hostfile.empty()) return p;
   auto hosts = load_hostfile(f.hostfile);
   if (!hosts) return hosts.status();
@@ -216,6 +213,8 @@ Expected<WorkerPlacement> place_workers(const LaunchFlags& f, JobConfig* job) {
     ::gethostname(name, sizeof name - 1);
     p.coordinator_host = name;
   }
+  // A loopback host among remote ones is this machine, under the name the others reach it at.
+  if (!all_loopback) p.loopback_advertised = p.coordinator_host;
   p.coordinator_args = {"--hostfile", f.hostfile};
   std::printf("xdmoe launch: hosts from %s:", f.hostfile.c_str());
   for (size_t r = 0; r < p.host.size(); ++r) std::printf(" %zu=%s", r, p.host[r].c_str());
@@ -273,11 +272,12 @@ int run_launch(const LaunchFlags& f) {
     run.steps = steps;
     run.flat_ep = f.flat_ep;
     run.no_probe = f.no_probe;
+    run.no_replan = f.no_replan;
     run.trace_steps = f.trace_steps;
     run.world = world;
     runs.push_back(run_job(run, *placement));
     if (!runs.back().ok) std::fprintf(stderr, "xdmoe launch: %s run failed: %s\n", m.c_str(), runs.back().error.c_str());
-    if (runs.back().error == "interrupted") break;
+    if (runs.back().interrupted) break;
   }
   print_table(runs, job.cluster);
   for (const auto& r : runs)
@@ -307,6 +307,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();
   cmd->add_flag("--flat-ep", f->flat_ep, "EP sends tokens to their owner in one hop");
   cmd->add_flag("--no-probe", f->no_probe, "The coordinator plans with the config's link figures (no link probes)");
+  cmd->add_flag("--no-replan", f->no_replan, "The coordinator keeps its start-up plan for the whole run");
   cmd->add_option("--hostfile", f->hostfile,
                   "Start the workers over ssh on these hosts: lines 'HOST slots=N [dc=NAME]' (docs/launch.md); "
                   "the coordinator runs here")
@@ -320,7 +321,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--netns-state", f->netns_state, "The namespace cluster's state file")->capture_default_str();
   cmd->add_option("--launcher", f->launcher,
                   "Start every worker with one launcher command instead: 'srun' (inside an allocation, e.g. from "
-                  "sbatch) or 'mpirun [flags]'; ranks come from its environment");
+                  "sbatch) or 'mpirun [flags]' (Open MPI); ranks come from its environment");
   cmd->add_option("--remote-exe", f->remote_exe, "The xdmoe binary on the hosts (default: this binary's path)");
   cmd->add_option("--coordinator-host", f->coordinator_host,
                   "The address the hosts reach this machine at (default: its hostname; 127.0.0.1 when every host "

@@ -85,10 +85,14 @@ std::vector<std::string> place_worker(const WorkerPlacement& p, int rank, const 
     case WorkerPlacement::Kind::kSsh: {
       // One string for the remote shell, as ssh hands it on.
       const std::string& host = p.host[rank];
-      const std::string remote = "env OPENBLAS_NUM_THREADS=1 " + shell_quote(p.remote_exe) + " --log-level " + level +
-                                 " worker --coordinator " + shell_quote(endpoint) + " --rank " + r +
-                                 " --bind-host 0.0.0.0 --advertise-host " + shell_quote(host) + " --host-label " +
-                                 shell_quote(host);
+      // Peers on other hosts cannot reach a loopback name: this machine's.
+      const bool loopback = host == "localhost" || host.rfind("127.", 0) == 0;
+      const std::string advertised = loopback ? p.loopback_advertised : host;
+      std::string remote = "env OPENBLAS_NUM_THREADS=1 " + shell_quote(p.remote_exe) + " --log-level " + level +
+                           " worker --coordinator " + shell_quote(endpoint) + " --rank " + r +
+                           " --bind-host 0.0.0.0 --advertise-host " + shell_quote(advertised.empty() ? host : advertised) +
+                           " --host-label " + shell_quote(host);
+      for (const std::string& a : p.worker_args) remote += " " + shell_quote(a);
       std::vector<std::string> argv = p.ssh;
       argv.push_back(host);
       argv.push_back(remote);
@@ -100,7 +104,8 @@ std::vector<std::string> place_worker(const WorkerPlacement& p, int rank, const 
 std::vector<std::string> worker_command(const WorkerPlacement& p, int rank, const std::string& endpoint,
                                         const std::string& level) {
   std::vector<std::string> argv = place_worker(p, rank, endpoint, level);
-  argv.insert(argv.end(), p.worker_args.begin(), p.worker_args.end());
+  if (p.kind != WorkerPlacement::Kind::kSsh)  // ssh: inside the quoted remote command
+    argv.insert(argv.end(), p.worker_args.begin(), p.worker_args.end());
   return argv;
 }
 }  // namespace
@@ -171,6 +176,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   if (run.steps > 0) args.insert(args.end(), {"--steps", std::to_string(run.steps)});
   if (spec.farskip) args.push_back("--farskip");
   if (run.no_probe) args.push_back("--no-probe");
+  if (run.no_replan) args.push_back("--no-replan");
   if (!spec.domains.empty()) {
     std::string list;
     for (int d : spec.domains) list += (list.empty() ? "" : ",") + std::to_string(d);
@@ -191,14 +197,23 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   std::printf("\n=== %s: coordinator + %d workers%s (logs in %s) ===\n", run.name.c_str(), run.world, where.c_str(),
               dir.c_str());
   std::fflush(stdout);
+  // Ctrl-C, a closed terminal or a kill reach only this process (every
+  // child leads a group of its own): it stops the job in order.
   g_interrupted = 0;
-  auto previous = std::signal(SIGINT, [](int) { g_interrupted = 1; });
-  struct RestoreSignal {
-    decltype(previous) handler;
-    ~RestoreSignal() { std::signal(SIGINT, handler); }
-  } restore{previous};
+  struct RestoreSignals {
+    using Handler = void (*)(int);
+    Handler old[3];
+    RestoreSignals() {
+      int i = 0;
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) old[i++] = std::signal(sig, [](int) { g_interrupted = 1; });
+    }
+    ~RestoreSignals() {
+      int i = 0;
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, old[i++]);
+    }
+  } restore;
 
-  subprocess::Child coordinator = subprocess::spawn(args, "");
+  subprocess::Child coordinator = subprocess::spawn(args, "", {}, /*new_group=*/true);
   std::string worker_ep;
   for (int i = 0; i < 300 && worker_ep.empty() && !g_interrupted; ++i) {
     if (subprocess::try_wait(coordinator) != kRunning) {
@@ -222,6 +237,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   }
   if (worker_ep.empty()) {
     subprocess::wait_for(coordinator, std::chrono::seconds(0));
+    r.interrupted = g_interrupted;
     r.error = g_interrupted ? "interrupted" : "the coordinator did not start within 30 s";
     return r;
   }
@@ -236,7 +252,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     const std::string log =
         (dir / (one_launcher ? std::string("workers.log") : "worker" + std::to_string(rank) + ".log")).string();
     if (placement.kind == WorkerPlacement::Kind::kLocal) {
-      w->child = subprocess::spawn(argv, log, {"OPENBLAS_NUM_THREADS=1"});
+      w->child = subprocess::spawn(argv, log, {"OPENBLAS_NUM_THREADS=1"}, /*new_group=*/true);
     } else {
       int fd = -1;
       w->child = subprocess::spawn_piped(argv, {"OPENBLAS_NUM_THREADS=1"}, &fd);
@@ -252,14 +268,17 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   std::string stop_reason;
   Clock::time_point kill_at{};
   auto stop_all = [&](int sig) {
-    if (coordinator_code == kRunning) ::kill(coordinator.pid, sig);
+    if (coordinator_code == kRunning) subprocess::signal_group(coordinator, sig);
     for (auto& w : workers)
-      if (w->code == kRunning) {
-        if (w->piped) subprocess::signal_group(w->child, sig);
-        else ::kill(w->child.pid, sig);
-      }
+      if (w->code == kRunning) subprocess::signal_group(w->child, sig);
   };
   for (;;) {
+    // Before anything exits because of it, so that the run counts as interrupted.
+    if (g_interrupted && stop_reason.empty()) {
+      stop_reason = "interrupted";
+      r.interrupted = true;
+      std::fprintf(stderr, "\nxdmoe launch: interrupted; stopping the coordinator and every worker\n");
+    }
     if (coordinator_code == kRunning) coordinator_code = subprocess::try_wait(coordinator);
     for (auto& wp : workers) {
       WorkerProcess& w = *wp;
@@ -270,10 +289,6 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
         std::lock_guard<std::mutex> lock(terminal);
         std::fprintf(stderr, "xdmoe launch: %s; stopping the job\n", stop_reason.c_str());
       }
-    }
-    if (g_interrupted && stop_reason.empty()) {
-      stop_reason = "interrupted";
-      std::fprintf(stderr, "\nxdmoe launch: interrupted; stopping the coordinator and every worker\n");
     }
     // The coordinator ended badly: the workers need not wait out their heartbeats.
     if (coordinator_code != kRunning && coordinator_code != 0 && stop_reason.empty())
@@ -313,9 +328,11 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     }
   }
   r.ok = coordinator_code == 0 && worker_failures == 0 && r.summary.value("ok", false) && stop_reason.empty();
+  // The coordinator's own account of a failure says most; then ours.
   if (!r.ok)
-    r.error = !stop_reason.empty() ? stop_reason
-                                   : r.summary.value("error", "coordinator exit code " + std::to_string(coordinator_code));
+    r.error = r.summary.contains("error") && !r.interrupted ? r.summary["error"].get<std::string>()
+              : !stop_reason.empty()                          ? stop_reason
+                                          : "coordinator exit code " + std::to_string(coordinator_code);
   return r;
 }
 

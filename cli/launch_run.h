@@ -2,10 +2,11 @@
 // started here, over ssh on the hosts of a hostfile, or inside the network
 // namespaces of scripts/netns-cluster.sh. Internal to the cli.
 //
-// The run ends when the coordinator exits. A worker that fails, or Ctrl-C,
-// stops the whole job: the coordinator and every worker's process group get
-// SIGTERM, then SIGKILL after a grace period; remote workers the signal cannot
-// reach see the coordinator go silent and leave after 3 missed heartbeats.
+// The run ends when the coordinator exits. A worker that fails, or Ctrl-C
+// (or SIGTERM, SIGHUP), stops the whole job: the coordinator and every
+// worker lead process groups of their own, and each group gets SIGTERM, then
+// SIGKILL 5 s later; remote workers the signal cannot reach see the
+// coordinator go silent and leave after 3 missed heartbeats.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,7 @@ struct WorkerPlacement {
   std::vector<std::string> address;     // by rank: the address the worker binds (kNetns)
   std::string coordinator_bind = "127.0.0.1";  // the address the coordinator listens on
   std::string coordinator_host = "127.0.0.1";  // the address workers reach it at
+  std::string loopback_advertised;  // kSsh: what a loopback host advertises when others are remote
   std::vector<std::string> coordinator_args;   // extra flags (--hostfile, --netns ...)
   std::vector<std::string> worker_args;        // extra worker flags (--kernel-shaped ...)
 };
@@ -49,14 +51,14 @@ struct LaunchRun {
   std::string config, run_dir, cli_bind, name;
   RunSpec spec;
   int64_t steps = 0;
-  bool flat_ep = false, no_probe = false;
+  bool flat_ep = false, no_probe = false, no_replan = false;
   std::vector<int64_t> trace_steps;
   int world = 0;
 };
 
 struct RunResult {
   std::string mode;
-  bool ok = false;
+  bool ok = false, interrupted = false;  // interrupted: Ctrl-C, SIGTERM or SIGHUP
   nlohmann::json summary;
   std::string error;
 };

@@ -22,6 +22,7 @@ Expected<std::vector<HostSpec>> parse_hostfile(const std::string& text, const st
     std::string host, word;
     if (!(words >> host)) continue;  // blank or comment
     if (host.find('=') != std::string::npos) return fail("the line must start with a host name, not '" + host + "'");
+    if (host[0] == '-') return fail("a host name cannot start with '-' ('" + host + "')");
     HostSpec h;
     h.host = host;
     h.dc = -1;

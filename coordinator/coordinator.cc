@@ -332,7 +332,7 @@ void Coordinator::Impl::consider_replan() {
   const StepSummary* s = metrics.last_complete();
   if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
   last_replan_step = s->step;
-  auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps);
+  auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s);
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();

@@ -1,11 +1,14 @@
 #include "coordinator/kernel_shaper.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/subprocess.h"
 
 namespace xd {
@@ -41,19 +44,36 @@ std::vector<std::string> KernelShaper::tbf_args(double bits_per_s) {
 Status KernelShaper::set_rate(double bytes_per_s) {
   if (!(bytes_per_s > 0) || !std::isfinite(bytes_per_s))
     return Status::invalid_argument("a kernel-shaped link needs a finite rate > 0");
-  for (const std::string& ns : namespaces_) {
-    std::vector<std::string> argv = {"/usr/sbin/ip", "netns", "exec", ns, "tc", "qdisc", "change", "dev", dev_,
-                                     "parent",       parent_, "handle", handle_, "tbf"};
+  // Every namespace's tc at once, each given 2 s: the coordinator's thread
+  // waits, and workers expect a heartbeat every second.
+  const std::string ip = ::access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
+  std::vector<subprocess::Child> children;
+  for (size_t i = 0; i < namespaces_.size(); ++i) {
+    std::vector<std::string> argv = {ip,     "netns", "exec", namespaces_[i], "tc",    "qdisc", "change",
+                                     "dev",  dev_,    "parent", parent_,     "handle", handle_, "tbf"};
     for (const std::string& a : tbf_args(bytes_per_s * 8)) argv.push_back(a);
-    const std::string log = state_path_ + ".tc.log";
-    subprocess::Child c = subprocess::spawn(argv, log);
-    const int code = subprocess::wait_for(c, std::chrono::seconds(10));
-    if (code != 0)
-      return Status::unavailable("tc qdisc change in " + ns + " failed (" + std::to_string(code) +
-                                 "): " + subprocess::read_text(log));
+    children.push_back(subprocess::spawn(argv, state_path_ + ".tc" + std::to_string(i) + ".log"));
   }
+  std::string failed;
+  for (size_t i = 0; i < children.size(); ++i) {
+    const int code = subprocess::wait_for(children[i], std::chrono::seconds(2));
+    if (code != 0)
+      failed += " " + namespaces_[i] + " (" + std::to_string(code) + "): " + subprocess::read_text(children[i].log_path);
+  }
+  if (!failed.empty()) return Status::unavailable("tc qdisc change failed, so the rates now differ:" + failed);
   rate_bytes_per_s_ = bytes_per_s;
-  return Status::ok();
+  // The state file says the rate in force, for status and the next launch.
+  std::ifstream in(state_path_);
+  nlohmann::json j;
+  try {
+    in >> j;
+    j["inter_dc_rate"] = std::to_string(static_cast<long long>(std::llround(bytes_per_s * 8))) + "bit";
+    j["inter_dc_rate_bits_per_s"] = bytes_per_s * 8;
+    const std::string text = j.dump(1);
+    return write_file_atomic(state_path_, text.data(), text.size());
+  } catch (const std::exception& e) {
+    return Status::corruption(state_path_ + ": " + e.what());
+  }
 }
 
 }  // namespace xd

@@ -1,5 +1,6 @@
 #include "coordinator/replanner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -15,7 +16,7 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
       options_(options) {}
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
-                                             int64_t latest_step, int64_t last_step) {
+                                             int64_t latest_step, int64_t last_step, double step_s) {
   if (step < quiet_until_) return std::nullopt;
   window_.push_back(bursts);
   if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
@@ -89,7 +90,9 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
                 c.link.c_str(), c.measured_bytes_per_s * 8 / 1e6, c.assumed_bytes_per_s * 8 / 1e6);
   const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree) &&
                       c.new_predicted_s < (1.0 - options_.min_gain) * c.old_now_predicted_s;
-  const int64_t from = latest_step + options_.lead_steps;
+  int64_t lead = options_.lead_steps;
+  if (step_s > 0) lead = std::max<int64_t>(lead, 2 + static_cast<int64_t>(std::ceil(options_.lead_seconds / step_s)));
+  const int64_t from = latest_step + lead;
   if (better && from <= last_step) {
     c.from_step = from;
     c.reason = std::string(what) + "; re-planned";

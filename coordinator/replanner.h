@@ -27,7 +27,11 @@ struct ReplanOptions {
   int window_steps = 3;        // complete steps per fit
   double far_factor = 2.0;     // how far the fitted bandwidth must move
   double min_gain = 0.05;      // the new plan's predicted step must be this much shorter
-  int lead_steps = 3;          // the switch's step: the furthest reported step + this
+  // The switch's step: the furthest reported step + max(lead_steps, 2 +
+  // lead_seconds / step time), so that the update reaches every worker
+  // before it gathers that step's experts, however short the steps.
+  int lead_steps = 3;
+  double lead_seconds = 0.5;
   double min_bytes = 64e3;     // per fit and class, or no fit
 };
 
@@ -56,9 +60,10 @@ class Replanner {
 
   // A complete step's bursts per link class name, summed over workers.
   // `latest_step`: the furthest step any worker reported; `last_step`: the
-  // job's train.steps. Returns a change when it re-planned.
+  // job's train.steps; `step_s`: the step's time (0: unknown). Returns a
+  // change when it re-planned.
   std::optional<PlanChange> on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
-                                    int64_t latest_step, int64_t last_step);
+                                    int64_t latest_step, int64_t last_step, double step_s = 0);
 
   const Plan& plan() const { return plan_; }
   int pipeline_degree() const { return pipeline_degree_; }

@@ -128,7 +128,8 @@ class Suite:
         path = os.path.join(run_dir, "job.yaml")
         with open(path, "w") as f:
             f.write(config)
-        cmd = [self.xdmoe, "launch", "--config", path, "--run-dir", run_dir, "--no-probe",
+        # One plan per job (--no-replan): each row is one plan's measurement.
+        cmd = [self.xdmoe, "launch", "--config", path, "--run-dir", run_dir, "--no-probe", "--no-replan",
                "--cli-bind", "tcp://127.0.0.1:*"]
         for r in runs:
             cmd += ["--mode", r]

@@ -95,6 +95,9 @@ case "$cmd" in
     bits=$(rate_bits "$rate")
     down
     ip netns add $router || { echo "netns-cluster: cannot create network namespaces here (ip netns add failed)" >&2; exit 3; }
+    # Any later step that fails (no veth, no bridge, no tbf in this kernel)
+    # means the cluster cannot be built here: undo what was made and say which.
+    trap 'echo "netns-cluster: cannot build the cluster here: \"$BASH_COMMAND\" failed" >&2; trap - ERR; down; exit 3' ERR
     ip -n $router link set lo up
     ip netns exec $router sysctl -q -w net.ipv4.ip_forward=1
     ip link add xd-root type veth peer name up0 netns $router
@@ -149,7 +152,15 @@ JSON
     for ns in $(ip netns list | awk '{print $1}' | grep -E '^xd-d[0-9]+w[0-9]+$'); do
       ip netns exec "$ns" tc qdisc change dev eth0 parent 1:2 handle 20: tbf $(tbf_args "$bits")
     done
-    sed -i -E "s/\"inter_dc_rate\": \"[^\"]*\", \"inter_dc_rate_bits_per_s\": [0-9]+/\"inter_dc_rate\": \"$rate\", \"inter_dc_rate_bits_per_s\": $bits/" "$state"
+    python3 - "$state" "$rate" "$bits" <<'PY'
+import json, os, sys
+path, rate, bits = sys.argv[1:]
+state = json.load(open(path))
+state["inter_dc_rate"], state["inter_dc_rate_bits_per_s"] = rate, int(bits)
+with open(path + ".tmp", "w") as f:
+    json.dump(state, f, indent=1)
+os.replace(path + ".tmp", path)
+PY
     echo "netns-cluster: inter-DC tbf now $rate"
     ;;
   status)

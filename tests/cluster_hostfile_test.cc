@@ -44,6 +44,7 @@ TEST(Hostfile, EveryBadLineGetsAnErrorNamingItsLine) {
       {"slots=2\n", "h:1: the line must start with a host name, not 'slots=2'"},
       {"a slots\n", "h:1: expected key=value after the host, got 'slots'"},
       {"a slots=1 slots=2\n", "h:1: slots given twice"},
+      {"-F/tmp/x slots=1\n", "h:1: a host name cannot start with '-' ('-F/tmp/x')"},
       {"# nothing\n", "h: no hosts"},
   };
   for (const auto& [text, error] : cases) {
