@@ -171,6 +171,12 @@ TEST_F(Launch, WorkersStartedByMpirunTrainExactlyAsTheSameJobLaunchedHere) {
   // mpirun's ranks, not the order of registration: every rank asked for its own.
   EXPECT_NE(mpi_out.find("assigned: 3 of 4"), std::string::npos) << mpi_out;
   EXPECT_EQ(mpi["losses"], summary("local")["losses"]);
+  // The same through `xdmoe launch --launcher mpirun`: its lines tagged by mpirun.
+  auto [code, out] = launch("mpilaunch", "--launcher 'mpirun --allow-run-as-root --oversubscribe'");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("by mpirun"), std::string::npos) << out;
+  EXPECT_NE(out.find("[mpirun] [1,3]<std"), std::string::npos) << out;  // --tag-output: job 1, rank 3
+  EXPECT_EQ(summary("mpilaunch")["losses"], summary("local")["losses"]);
 }
 
 TEST_F(Launch, WorkersOfALauncherJobOfAnotherSizeSaySoAndTheJobFails) {
