@@ -154,10 +154,7 @@ Status Coordinator::Impl::run() {
     std::vector<bool> shaped;
     for (const LevelSpec& l : job.cluster.levels) {
       names.push_back(l.link.name);
-      // A class the kernel shapes (--netns) is left out: the workers' bursts
-      // end when the bytes enter the socket buffer, megabytes before they
-      // cross the tbf, so its fit reads several times too fast.
-      shaped.push_back(l.link.shape && !(kernel && names.size() == 1));
+      shaped.push_back(l.link.shape);
     }
     const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
                                                                   : std::max(1, plan.choice().pipeline_degree);
@@ -424,6 +421,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"pipeline_degree", plan.choice().pipeline_degree},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
+                      {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
                       // malformed or foreign control messages dropped on either socket
                       {"rejected_control_messages", workers->rejected() + cli->rejected()}};
   if (metrics.last_complete()) j["last_step"] = metrics.to_json()["last_step"];
@@ -512,6 +510,8 @@ void Coordinator::Impl::write_summary() {
   j["losses"] = losses;
   j["step_times_s"] = step_times;
   j["plan_changes"] = plan_changes_json();
+  // The last fit of each link class (docs/launch.md), bytes/s.
+  if (replanner) j["measured_link_bytes_per_s"] = replanner->measured();
   if (const StepSummary* last = metrics.last_complete()) {
     j["final_loss"] = last->loss;
     j["final_ce_loss"] = last->ce_loss;

@@ -1,6 +1,8 @@
 #include "transport/transport.h"
 
+#include <linux/sockios.h>
 #include <malloc.h>
+#include <sys/ioctl.h>
 #include <msgpack.hpp>
 
 #include <algorithm>
@@ -98,10 +100,11 @@ void Transport::Impl::class_enqueued(int link_class, size_t bytes) {
   if (bytes == 0 || link_class < 0 || link_class >= static_cast<int>(options.link_classes.size())) return;
   ClassBursts& c = class_bursts[link_class];
   std::lock_guard<std::mutex> lock(c.mu);
-  if (c.queued == 0) {
+  if (c.queued == 0 && !c.draining) {
     c.since = steady_seconds();
     c.bytes_now = 0;
   }
+  c.draining = false;  // more bytes: the same burst goes on
   c.queued += bytes;
   c.bytes_now += bytes;
 }
@@ -111,10 +114,55 @@ void Transport::Impl::class_released(int link_class, size_t bytes) {
   ClassBursts& c = class_bursts[link_class];
   std::lock_guard<std::mutex> lock(c.mu);
   c.queued -= std::min(bytes, c.queued);
-  if (c.queued == 0) {
+  // ZeroMQ released the last frame into a socket buffer; the bytes still
+  // have the wire (and whatever shapes it, a kernel tbf) ahead of them.
+  if (c.queued == 0) c.draining = true;
+}
+
+bool Transport::Impl::close_drained_bursts() {
+  bool waiting = false;
+  for (size_t k = 0; k < options.link_classes.size(); ++k) {
+    ClassBursts& c = class_bursts[k];
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (!c.draining) continue;
+    }
+    bool acked = true;
+    for (const auto& l : links)
+      if (l && l->link_class == static_cast<int>(k) && l->tcp_fd >= 0) {
+        int unacked = 0;
+        if (::ioctl(l->tcp_fd, SIOCOUTQ, &unacked) == 0 && unacked > 0) acked = false;
+      }
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (!c.draining) continue;  // more bytes came meanwhile
+    if (!acked) {
+      waiting = true;
+      continue;
+    }
+    c.draining = false;
     ++c.bursts;
     c.bytes += c.bytes_now;
     c.seconds += steady_seconds() - c.since;
+  }
+  return waiting;
+}
+
+void Transport::Impl::receive_link_events(Link& link) {
+  for (;;) {
+    zmq::message_t event, address;
+    try {
+      if (!link.monitor->recv(event, zmq::recv_flags::dontwait)) return;
+      if (event.more()) (void)link.monitor->recv(address, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (event.size() < 6) continue;
+    uint16_t id;
+    uint32_t value;
+    std::memcpy(&id, event.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    if (id == ZMQ_EVENT_CONNECTED) link.tcp_fd = static_cast<int>(value);
+    else if (id == ZMQ_EVENT_DISCONNECTED) link.tcp_fd = -1;
   }
 }
 
@@ -187,7 +235,12 @@ void Transport::Impl::run() {
         polled_links.push_back(l.get());
       }
     }
+    const size_t first_monitor = items.size();
+    for (auto& l : links)
+      if (l && l->monitor) items.push_back({l->monitor->handle(), 0, ZMQ_POLLIN, 0});
     next_release = std::min(next_release, next_event());
+    // A burst waiting for its acks is checked every millisecond.
+    if (draining_) next_release = std::min(next_release, now + 1e-3);
     // zmq_poll counts whole milliseconds; a shaped release due within the next
     // millisecond is waited for precisely instead, so latency stays accurate.
     const double wait = next_release - now;
@@ -206,6 +259,12 @@ void Transport::Impl::run() {
     if (items[1].revents & ZMQ_POLLIN) receive_monitor_events();
     if (accept_more && (items[2].revents & ZMQ_POLLIN)) receive_all();
     for (Link* l : polled_links) l->blocked = false;
+    {
+      size_t i = first_monitor;
+      for (auto& l : links)
+        if (l && l->monitor && (items[i++].revents & ZMQ_POLLIN)) receive_link_events(*l);
+    }
+    draining_ = close_drained_bursts();
     now = steady_seconds();
     for (int c = 0; c < (int)class_busy_until_.size(); ++c) transmit(c, now);
     for (auto& l : links)
@@ -217,7 +276,11 @@ void Transport::Impl::run() {
     for (auto& s : slots) s->fail(Status::unavailable("transport stopped"));
   posted.clear();
   for (auto& l : links)
-    if (l) l->dealer.reset();
+    if (l) {
+      if (l->dealer) zmq_socket_monitor(l->dealer->handle(), nullptr, 0);
+      l->monitor.reset();
+      l->dealer.reset();
+    }
   monitor_.reset();
   router_.reset();
 }
@@ -261,6 +324,11 @@ Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
         link->send_buffer_bytes = options.local_send_buffer_bytes;
       }
       if (link->send_buffer_bytes > 0) link->dealer->set(zmq::sockopt::sndbuf, link->send_buffer_bytes);
+      const std::string events = "inproc://xdmoe-link-" + std::to_string((uintptr_t)this) + "-" + std::to_string(p.rank);
+      if (zmq_socket_monitor(link->dealer->handle(), events.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+        throw zmq::error_t();
+      link->monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+      link->monitor->connect(events);
       link->dealer->connect(p.endpoint);
     } catch (const zmq::error_t& e) {
       return Status::io_error("cannot connect to rank " + std::to_string(p.rank) + " at '" +

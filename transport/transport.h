@@ -86,9 +86,11 @@ struct TransportStats {
   // is the link half of the step's bound, max(compute, link busy time).
   std::vector<double> class_transmit_seconds;
   // Per link class, over the transport's life: {bursts, bytes, seconds} of
-  // the periods during which some of its bytes waited to leave this worker
-  // (from send() until ZeroMQ released the last of them: pacing, latency,
-  // queueing behind the class's other peers). Each burst is one sample of
+  // the periods during which some of its bytes had not yet reached a peer:
+  // from send() until ZeroMQ released the last of them (pacing, latency,
+  // queueing behind the class's other peers) and then every peer's TCP
+  // socket had them acknowledged (SIOCOUTQ 0: socket buffers and whatever
+  // shapes the wire, a kernel tbf, crossed). Each burst is one sample of
   // t = alpha + bytes * beta; their sums let the coordinator re-fit the link.
   std::vector<std::array<double, 3>> class_bursts;
   uint64_t total_rejected() const;

@@ -39,6 +39,10 @@ struct Link {
   int link_class = 0;
   int send_buffer_bytes = 0;              // SO_SNDBUF asked for; 0: autotuning
   std::unique_ptr<zmq::socket_t> dealer;  // I/O thread only
+  // The dealer's connection events (its TCP fd), I/O thread only: a burst of
+  // the link class ends when that socket's peer has acknowledged every byte.
+  std::unique_ptr<zmq::socket_t> monitor;
+  int tcp_fd = -1;
   // Shaping is a two-stage pipeline: `queue` waits for this worker's egress of
   // the link class to transmit it (bandwidth, shared by every peer of the
   // class), `in_flight` has been transmitted and waits out the latency.
@@ -107,6 +111,7 @@ class Transport::Impl {
   struct ClassBursts {
     std::mutex mu;
     size_t queued = 0;
+    bool draining = false;             // all released; waiting for the peers' acks
     double since = 0, bytes_now = 0;   // the open burst
     uint64_t bursts = 0;               // closed bursts, and their bytes and seconds
     double bytes = 0, seconds = 0;
@@ -114,6 +119,10 @@ class Transport::Impl {
   std::unique_ptr<ClassBursts[]> class_bursts;
   void class_enqueued(int link_class, size_t bytes);
   void class_released(int link_class, size_t bytes);
+  // I/O thread: closes the bursts whose bytes every peer has acknowledged
+  // (SIOCOUTQ 0 on each of the class's TCP sockets); true while some wait.
+  bool close_drained_bursts();
+  void receive_link_events(Link& link);
 
   void deliver(IncomingMessage m);  // to a posted receive or the unexpected store
   void reject(RejectReason why, const std::string& detail);
@@ -134,6 +143,7 @@ class Transport::Impl {
 
   std::unique_ptr<zmq::socket_t> router_;
   std::unique_ptr<zmq::socket_t> monitor_;
+  bool draining_ = false;  // some class's burst waits for acks (I/O thread)
   std::thread io_;
   std::promise<Status> started_;
   std::vector<std::vector<zmq::message_t>> early_;  // arrived before connect()
