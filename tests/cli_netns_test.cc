@@ -3,7 +3,8 @@
 // kernel's tbf. Checked: the goodput between two DCs over the real data path
 // is within 10% of the tbf rate; a 2-DC job runs there through `xdmoe launch
 // --netns`; and `xdmoe throttle` on the running job changes the kernel's rate
-// (goodput measured before and after) and the job's step time.
+// (goodput measured before and after), the job's step time, and the
+// coordinator's fit of the link from the job's own transfers.
 // Where namespaces cannot be made (not root, no iproute2), the test is
 // skipped with the reason. One test: the namespaces are machine-wide.
 #include <gtest/gtest.h>
@@ -105,7 +106,9 @@ TEST(NetnsCluster, InterDcGoodputMatchesTheTbfRateAndThrottleChangesItUnderARunn
   // 3. The kernel's rate changed: goodput after the throttle.
   const double after = goodput(dir + "/gp2", 2, &log);
   std::printf("inter-DC goodput after xdmoe throttle --bandwidth 5mbit: %.2f Mbit/s\n", after / 1e6);
-  EXPECT_NEAR(after, 5e6, 0.5e6) << log;
+  // A tenth of the rate, within 20%: 2 MB at 5 Mbit/s is a few TCP windows,
+  // and one loss in the tbf's queue moves a short transfer's goodput by 10%.
+  EXPECT_NEAR(after, 5e6, 1e6) << log;
 
   // The job felt it: its steps after the throttle took longer.
   std::ifstream s(dir + "/run/ep/summary.json");
@@ -117,6 +120,12 @@ TEST(NetnsCluster, InterDcGoodputMatchesTheTbfRateAndThrottleChangesItUnderARunn
   const double late = std::accumulate(times.end() - 4, times.end(), 0.0) / 4;           // steps 11-14
   std::printf("mean step before the throttle %.1f ms, after %.1f ms\n", early * 1e3, late * 1e3);
   EXPECT_GT(late, 1.5 * early);
+  // The coordinator's own fit of the link from the job's transfers (the
+  // periods until every byte was acknowledged, docs/launch.md) sees the tbf.
+  const double fitted = summary.at("measured_link_bytes_per_s").at("dc").get<double>() * 8;
+  std::printf("the coordinator's fit of the inter-DC link at the end: %.2f Mbit/s\n", fitted / 1e6);
+  EXPECT_GT(fitted, 0.6 * 5e6);
+  EXPECT_LT(fitted, 1.4 * 5e6);
   fs::remove_all(dir);
 }
 
