@@ -86,6 +86,8 @@ class Coordinator::Impl {
   // Feeds the last complete step's link measurements to the replanner and
   // sends the workers a plan update when it re-plans.
   void consider_replan();
+  // The replanner, once the workers' endpoints are known (assign_all).
+  void start_replanner();
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
@@ -149,17 +151,6 @@ Status Coordinator::Impl::run() {
               planned->step_probe.seconds * 1e3);
   plan = planned->plan;
   plan_inputs = planned->inputs;
-  if (opts.replan) {
-    std::vector<std::string> names;
-    std::vector<bool> shaped;
-    for (const LevelSpec& l : job.cluster.levels) {
-      names.push_back(l.link.name);
-      shaped.push_back(l.link.shape);
-    }
-    const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
-                                                                  : std::max(1, plan.choice().pipeline_degree);
-    replanner = std::make_unique<Replanner>(plan_inputs, plan, names, shaped, r);
-  }
   start_http();
   if (!opts.endpoints_path.empty()) {
     std::ofstream out(opts.endpoints_path);
@@ -298,9 +289,42 @@ void Coordinator::Impl::assign_all() {
     workers->send(e->peer_id, MessageKind::kControl, to_json(a));
     registry.find(e->rank)->state = WorkerState::kRunning;
   }
+  if (opts.replan) start_replanner();
   state = JobState::kRunning;
   running_since = steady_seconds();
   XD_LOG_INFO("coordinator", "all %d workers registered; job started", registry.world_size());
+}
+
+namespace {
+// "tcp://10.0.0.1:41234" -> "10.0.0.1"
+std::string endpoint_host(const std::string& endpoint) {
+  const size_t scheme = endpoint.find("://"), colon = endpoint.rfind(':');
+  if (scheme == std::string::npos || colon == std::string::npos || colon < scheme + 3) return endpoint;
+  return endpoint.substr(scheme + 3, colon - scheme - 3);
+}
+bool loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+}  // namespace
+
+void Coordinator::Impl::start_replanner() {
+  // A class is measured when something shapes it (the workers, or a kernel
+  // tbf), or when some pair of its workers talk across a real network: an
+  // unshaped class between processes on loopback would measure the CPU.
+  const std::vector<int> sizes = job.cluster.level_sizes();
+  std::vector<std::string> names;
+  std::vector<bool> measured;
+  for (const LevelSpec& l : job.cluster.levels) {
+    names.push_back(l.link.name);
+    measured.push_back(l.link.shape);
+  }
+  for (const auto& a : registry.workers())
+    for (const auto& b : registry.workers()) {
+      const int level = link_level(sizes, a->rank, b->rank);
+      const std::string ha = endpoint_host(a->info.data_endpoint), hb = endpoint_host(b->info.data_endpoint);
+      if (level >= 0 && ha != hb && !(loopback(ha) && loopback(hb))) measured[level] = true;
+    }
+  const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
+                                                                : std::max(1, plan.choice().pipeline_degree);
+  replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r);
 }
 
 void Coordinator::Impl::stop_all(const std::string& reason) {

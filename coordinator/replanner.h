@@ -52,8 +52,8 @@ struct PlanChange {
 
 class Replanner {
  public:
-  // `shaped[l]`: whether level l's link is shaped (only shaped classes re-plan:
-  // a loopback "link" measures the CPU, not a network). `pipeline_degree`
+  // `shaped[l]`: whether level l's link is measured -- shaped, or crossing a
+  // real network -- (only those re-plan: a loopback "link" measures the CPU). `pipeline_degree`
   // is the workers' current r.
   Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
             int pipeline_degree, ReplanOptions options = {});
