@@ -365,11 +365,15 @@ void Coordinator::Impl::consider_replan() {
     std::fflush(stdout);
     return;
   }
-  std::printf("re-plan after step %lld: %s: domains %s r=%d (predicted %.1f ms before, %.1f ms now) -> %s r=%d "
-              "(predicted %.1f ms) from step %lld\n",
-              (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), c->old_pipeline_degree,
-              c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
-              c->new_pipeline_degree, c->new_predicted_s * 1e3, (long long)c->from_step);
+  if (c->reverted)
+    std::printf("re-plan after step %lld: %s: %s r=%d from step %lld\n", (long long)c->at_step, c->reason.c_str(),
+                domains_text(c->new_domains).c_str(), c->new_pipeline_degree, (long long)c->from_step);
+  else
+    std::printf("re-plan after step %lld: %s: domains %s r=%d (predicted %.1f ms before, %.1f ms now) -> %s r=%d "
+                "(predicted %.1f ms) from step %lld\n",
+                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), c->old_pipeline_degree,
+                c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
+                c->new_pipeline_degree, c->new_predicted_s * 1e3, (long long)c->from_step);
   std::fflush(stdout);
   const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_predicted_s, c->reason};
   for (const auto& e : registry.workers())
@@ -384,7 +388,8 @@ nlohmann::json Coordinator::Impl::plan_changes_json() const {
                        {"link", c.link}, {"assumed_bytes_per_s", c.assumed_bytes_per_s},
                        {"measured_bytes_per_s", c.measured_bytes_per_s}, {"old_domain_sizes", c.old_domains},
                        {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_pipeline_degree},
-                       {"new_pipeline_degree", c.new_pipeline_degree}, {"old_predicted_s", c.old_predicted_s},
+                       {"new_pipeline_degree", c.new_pipeline_degree}, {"reverted", c.reverted},
+                       {"old_predicted_s", c.old_predicted_s},
                        {"old_now_predicted_s", c.old_now_predicted_s}, {"new_predicted_s", c.new_predicted_s},
                        {"reason", c.reason}});
   return changes;

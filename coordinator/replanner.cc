@@ -17,6 +17,8 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                              int64_t latest_step, int64_t last_step, double step_s) {
+  if (step_s > 0) step_times_[step] = step_s;
+  if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
   if (step < quiet_until_) return std::nullopt;
   window_.push_back(bursts);
   if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
@@ -96,6 +98,18 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   if (better && from <= last_step) {
     c.from_step = from;
     c.reason = std::string(what) + "; re-planned";
+    // To compare once the new plan has run: the old plan's measured steps
+    // under the fitted link (this window) and the old plan itself.
+    Switch sw;
+    sw.from_step = from;
+    sw.old_plan = plan_;
+    if (current >= 0) {
+      sw.old_plan = next;  // the old domains, predicted under the fitted link
+      sw.old_plan.chosen = current;
+    }
+    sw.old_pipeline_degree = pipeline_degree_;
+    sw.before_s = mean_step_s(step - options_.window_steps + 1, step);
+    switch_ = sw;
     plan_ = next;
     pipeline_degree_ = c.new_pipeline_degree;
     quiet_until_ = from + 1;  // measurements of the old plan's steps would mislead the next fit
@@ -109,6 +123,54 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     if (current >= 0) plan_.chosen = current;
   }
   inputs_ = fitted;
+  window_.clear();
+  history_.push_back(c);
+  return c;
+}
+
+double Replanner::mean_step_s(int64_t first, int64_t last) const {
+  double sum = 0;
+  int n = 0;
+  for (int64_t s = first; s <= last; ++s)
+    if (auto it = step_times_.find(s); it != step_times_.end()) {
+      sum += it->second;
+      ++n;
+    }
+  return n > 0 ? sum / n : 0.0;
+}
+
+std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_step, int64_t last_step,
+                                                  double step_s) {
+  // The new plan's first step also rebuilds the exchange and gathers anew:
+  // judge it on the window_steps after that one.
+  if (!switch_ || step < switch_->from_step + options_.window_steps) return std::nullopt;
+  const Switch sw = *switch_;
+  switch_.reset();
+  const double after = mean_step_s(sw.from_step + 1, sw.from_step + options_.window_steps);
+  if (!(sw.before_s > 0) || !(after > (1.0 + options_.revert_margin) * sw.before_s)) return std::nullopt;
+  int64_t lead = options_.lead_steps;
+  if (step_s > 0) lead = std::max<int64_t>(lead, 2 + static_cast<int64_t>(std::ceil(options_.lead_seconds / step_s)));
+  const int64_t from = latest_step + lead;
+  if (from > last_step) return std::nullopt;
+  PlanChange c;
+  c.at_step = step;
+  c.from_step = from;
+  c.old_domains = plan_.choice().domain_sizes;
+  c.old_pipeline_degree = pipeline_degree_;
+  c.old_predicted_s = plan_.choice().iteration_s;
+  c.old_now_predicted_s = after;
+  c.new_domains = sw.old_plan.choice().domain_sizes;
+  c.new_pipeline_degree = sw.old_pipeline_degree;
+  c.new_predicted_s = sw.before_s;
+  char why[240];
+  std::snprintf(why, sizeof why,
+                "the new plan measured %.1f ms per step against %.1f ms for the one it replaced; back to that one",
+                after * 1e3, sw.before_s * 1e3);
+  c.reason = why;
+  c.reverted = true;
+  plan_ = sw.old_plan;
+  pipeline_degree_ = sw.old_pipeline_degree;
+  quiet_until_ = from + 1;
   window_.clear();
   history_.push_back(c);
   return c;

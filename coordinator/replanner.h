@@ -10,6 +10,10 @@
 // to it from a step far enough ahead that every worker learns of it before
 // gathering that step's experts. Either way the fitted link becomes the
 // assumption, so a link that stays where it went does not re-plan again.
+// The planner can be wrong: once the new plan has run a few steps, its
+// measured step time is compared with the old plan's under the same link,
+// and the old plan comes back if the new one is more than revert_margin
+// slower (reported as a change of its own).
 // Plain computation, no I/O; not thread-safe (the coordinator's thread).
 #pragma once
 
@@ -33,6 +37,10 @@ struct ReplanOptions {
   int lead_steps = 3;
   double lead_seconds = 0.5;
   double min_bytes = 64e3;     // per fit and class, or no fit
+  // After a switch, the new plan's measured steps (window_steps of them, past
+  // its first) against the old plan's under the same link: slower by more
+  // than this, and the old plan comes back.
+  double revert_margin = 0.10;
 };
 
 // One re-plan: what was measured, what each plan predicts, what was done.
@@ -47,6 +55,9 @@ struct PlanChange {
   double old_now_predicted_s = 0;  // the current plan under the fitted link
   double new_predicted_s = 0;      // the best plan under the fitted link
   std::string reason;
+  // A switch back: the new plan measured slower than the one it replaced
+  // (old_now_predicted_s and new_predicted_s then hold those measured steps).
+  bool reverted = false;
   bool switched() const { return from_step > 0; }
 };
 
@@ -83,6 +94,17 @@ class Replanner {
   int64_t quiet_until_ = 0;  // no re-plan before this step (a switch in flight)
   std::map<std::string, double> measured_;
   std::vector<PlanChange> history_;
+  // A switch in flight, to be judged against the plan it replaced.
+  struct Switch {
+    int64_t from_step = 0;
+    Plan old_plan;
+    int old_pipeline_degree = 1;
+    double before_s = 0;  // the old plan's mean step under the fitted link
+  };
+  std::optional<Switch> switch_;
+  std::map<int64_t, double> step_times_;  // step -> measured seconds
+  double mean_step_s(int64_t first, int64_t last) const;
+  std::optional<PlanChange> check_switch(int64_t step, int64_t latest_step, int64_t last_step, double step_s);
 };
 
 }  // namespace xd

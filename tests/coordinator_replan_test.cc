@@ -81,6 +81,43 @@ TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
   EXPECT_FALSE(r.on_step(7, {{"dc", bursts_at(125e6, 1e-3, 40, 8e6)}}, 9, 100));
 }
 
+TEST(Replanner, ANewPlanThatMeasuresSlowerThanTheOneItReplacedIsSwitchedBack) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  const Plan start = plan_iteration(in);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 3 && !c; ++step)  // the old plan's steps under the slow link: 0.5 s
+    c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, 0.5);
+  ASSERT_TRUE(c && c->switched());
+  const int64_t from = c->from_step;
+  // The new plan runs, and measures 0.7 s a step: 40% slower than the old one.
+  std::optional<PlanChange> back;
+  for (int64_t step = 4; step <= from + 3 && !back; ++step)
+    back = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, step >= from ? 0.7 : 0.5);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->reverted);
+  EXPECT_EQ(back->at_step, from + 3);
+  EXPECT_EQ(back->new_domains, start.choice().domain_sizes);
+  EXPECT_EQ(back->old_domains, c->new_domains);
+  EXPECT_EQ(r.plan().choice().domain_sizes, start.choice().domain_sizes);
+  EXPECT_NE(back->reason.find("measured 700.0 ms per step against 500.0 ms"), std::string::npos) << back->reason;
+}
+
+TEST(Replanner, ANewPlanThatMeasuresAsFastIsKept) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 3 && !c; ++step)
+    c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, 0.5);
+  ASSERT_TRUE(c && c->switched());
+  for (int64_t step = 4; step <= c->from_step + 6; ++step)  // 5% slower: within the margin
+    EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, step >= c->from_step ? 0.525 : 0.5))
+        << step;
+  EXPECT_EQ(r.plan().choice().domain_sizes, c->new_domains);
+}
+
 TEST(Replanner, UnshapedLinksAndSwitchesPastTheLastStepAreLeftAlone) {
   const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
@@ -156,14 +193,17 @@ TEST(Replan, AJobThrottledHardSwitchesDomainsAtAStepBoundaryAndStillTrainsAsOneP
   nlohmann::json summary;
   std::ifstream(dir + "/summary.json") >> summary;
   // The plan switched once the throttle was measured, and says why.
-  nlohmann::json switched;
+  nlohmann::json switched, last;
   for (const auto& c : summary["plan_changes"])
-    if (c["switched"].get<bool>()) switched = c;
+    if (c["switched"].get<bool>()) {
+      if (switched.is_null()) switched = c;  // the throttle's
+      last = c;                              // or a switch back, if the new plan measured slower
+    }
   ASSERT_FALSE(switched.is_null()) << summary["plan_changes"].dump(2) << out;
   EXPECT_GT(switched["after_step"].get<int>(), 3);
   EXPECT_NE(switched["new_domain_sizes"], switched["old_domain_sizes"]);
   EXPECT_LT(switched["measured_bytes_per_s"].get<double>(), 0.5 * switched["assumed_bytes_per_s"].get<double>());
-  EXPECT_EQ(summary["domain_sizes"], switched["new_domain_sizes"]);
+  EXPECT_EQ(summary["domain_sizes"], last["new_domain_sizes"]);
   EXPECT_NE(status.find("re-planned after step"), std::string::npos) << status;
   EXPECT_NE(status.find("why: link class 'dc' measured"), std::string::npos) << status;
   // Every worker switched at the same step.
