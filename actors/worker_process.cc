@@ -17,6 +17,7 @@
 #include "cluster/protocol.h"
 #include "model/checkpoint.h"
 #include "transport/control_channel.h"
+#include "transport/endpoint.h"
 
 namespace xd {
 
@@ -167,11 +168,8 @@ void ControlActor::on_start() {
   req.host = label;
   req.pid = ::getpid();
   req.data_endpoint = s_->transport->endpoint();
-  if (!s_->options.advertise_host.empty()) {
-    // "tcp://0.0.0.0:41234" -> "tcp://<advertised>:41234"
-    const size_t colon = req.data_endpoint.rfind(':');
-    req.data_endpoint = "tcp://" + s_->options.advertise_host + req.data_endpoint.substr(colon);
-  }
+  if (!s_->options.advertise_host.empty())
+    req.data_endpoint = endpoint_with_host(req.data_endpoint, s_->options.advertise_host);
   send(MessageKind::kHello, to_json(req));
   last_heard_ = last_sent_ = steady_seconds();
   XD_LOG_INFO("worker", "registering with %s (data endpoint %s)", s_->options.coordinator.c_str(),

@@ -24,6 +24,7 @@
 #include "cli/launch_run.h"
 #include "cluster/hostfile.h"
 #include "cluster/job_config.h"
+#include "transport/endpoint.h"
 
 namespace xd::cli {
 
@@ -118,8 +119,6 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     }
 }
 
-bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
-
 std::vector<std::string> split_words(const std::string& text) {
   std::istringstream in(text);
   std::vector<std::string> words;
@@ -204,7 +203,7 @@ Expected<WorkerPlacement> place_workers(const LaunchFlags& f, JobConfig* job) {
   if (p.ssh.empty()) return Status::invalid_argument("--ssh is empty");
   p.remote_exe = f.remote_exe.empty() ? self_exe() : f.remote_exe;
   bool all_loopback = true;
-  for (const std::string& h : p.host) all_loopback = all_loopback && is_loopback(h);
+  for (const std::string& h : p.host) all_loopback = all_loopback && is_loopback_host(h);
   p.coordinator_bind = all_loopback ? "127.0.0.1" : "0.0.0.0";
   if (!f.coordinator_host.empty()) {
     p.coordinator_host = f.coordinator_host;

@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "common/subprocess.h"
+#include "transport/endpoint.h"
 
 namespace xd::cli {
 
@@ -26,13 +27,6 @@ using Clock = std::chrono::steady_clock;
 volatile std::sig_atomic_t g_interrupted = 0;
 
 constexpr int kRunning = -2000;  // subprocess::try_wait() of a live child
-
-// "tcp://0.0.0.0:41234" with host "10.0.0.1" -> "tcp://10.0.0.1:41234".
-std::string with_host(const std::string& endpoint, const std::string& host) {
-  const size_t scheme = endpoint.find("://"), colon = endpoint.rfind(':');
-  if (scheme == std::string::npos || colon == std::string::npos || colon < scheme + 3) return endpoint;
-  return endpoint.substr(0, scheme + 3) + host + endpoint.substr(colon);
-}
 
 // Copies a worker's output to its log file and to the terminal, each line
 // prefixed with its rank ("[rank 3] "), until the worker closes it.
@@ -86,8 +80,7 @@ std::vector<std::string> place_worker(const WorkerPlacement& p, int rank, const 
       // One string for the remote shell, as ssh hands it on.
       const std::string& host = p.host[rank];
       // Peers on other hosts cannot reach a loopback name: this machine's.
-      const bool loopback = host == "localhost" || host.rfind("127.", 0) == 0;
-      const std::string advertised = loopback ? p.loopback_advertised : host;
+      const std::string advertised = is_loopback_host(host) ? p.loopback_advertised : host;
       std::string remote = "env OPENBLAS_NUM_THREADS=1 " + shell_quote(p.remote_exe) + " --log-level " + level +
                            " worker --coordinator " + shell_quote(endpoint) + " --rank " + r +
                            " --bind-host 0.0.0.0 --advertise-host " + shell_quote(advertised.empty() ? host : advertised) +
@@ -225,7 +218,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
       try {
         nlohmann::json j;
         in >> j;
-        worker_ep = with_host(j.at("workers").get<std::string>(), placement.coordinator_host);
+        worker_ep = endpoint_with_host(j.at("workers").get<std::string>(), placement.coordinator_host);
         std::printf("monitor with: xdmoe status --coordinator %s   (Prometheus: http://127.0.0.1:%d/metrics)\n",
                     j.at("cli").get<std::string>().c_str(), j.at("http_port").get<int>());
         std::fflush(stdout);

@@ -21,6 +21,7 @@
 #include "cluster/protocol.h"
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
+#include "transport/endpoint.h"
 
 namespace xd {
 
@@ -295,16 +296,6 @@ void Coordinator::Impl::assign_all() {
   XD_LOG_INFO("coordinator", "all %d workers registered; job started", registry.world_size());
 }
 
-namespace {
-// "tcp://10.0.0.1:41234" -> "10.0.0.1"
-std::string endpoint_host(const std::string& endpoint) {
-  const size_t scheme = endpoint.find("://"), colon = endpoint.rfind(':');
-  if (scheme == std::string::npos || colon == std::string::npos || colon < scheme + 3) return endpoint;
-  return endpoint.substr(scheme + 3, colon - scheme - 3);
-}
-bool loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
-}  // namespace
-
 void Coordinator::Impl::start_replanner() {
   // A class is measured when something shapes it (the workers, or a kernel
   // tbf), or when some pair of its workers talk across a real network: an
@@ -320,7 +311,7 @@ void Coordinator::Impl::start_replanner() {
     for (const auto& b : registry.workers()) {
       const int level = link_level(sizes, a->rank, b->rank);
       const std::string ha = endpoint_host(a->info.data_endpoint), hb = endpoint_host(b->info.data_endpoint);
-      if (level >= 0 && ha != hb && !(loopback(ha) && loopback(hb))) measured[level] = true;
+      if (level >= 0 && ha != hb && !(is_loopback_host(ha) && is_loopback_host(hb))) measured[level] = true;
     }
   const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
                                                                 : std::max(1, plan.choice().pipeline_degree);

@@ -21,7 +21,8 @@ class KernelShaper {
   Status set_rate(double bytes_per_s);
 
   // The tc arguments for a rate: "rate 100000000bit burst 65536 latency 100ms"
-  // (the bucket holds 4 ms at the rate, at least 64 KB).
+  // (the bucket holds 4 ms at the rate, at least 64 KB: the same as
+  // scripts/netns-cluster.sh gives a cluster it makes).
   static std::vector<std::string> tbf_args(double bits_per_s);
 
   const std::vector<std::string>& namespaces() const { return namespaces_; }

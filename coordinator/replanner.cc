@@ -92,9 +92,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
                 c.link.c_str(), c.measured_bytes_per_s * 8 / 1e6, c.assumed_bytes_per_s * 8 / 1e6);
   const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree) &&
                       c.new_predicted_s < (1.0 - options_.min_gain) * c.old_now_predicted_s;
-  int64_t lead = options_.lead_steps;
-  if (step_s > 0) lead = std::max<int64_t>(lead, 2 + static_cast<int64_t>(std::ceil(options_.lead_seconds / step_s)));
-  const int64_t from = latest_step + lead;
+  const int64_t from = latest_step + lead_steps(step_s);
   if (better && from <= last_step) {
     c.from_step = from;
     c.reason = std::string(what) + "; re-planned";
@@ -128,6 +126,12 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   return c;
 }
 
+int64_t Replanner::lead_steps(double step_s) const {
+  int64_t lead = options_.lead_steps;
+  if (step_s > 0) lead = std::max<int64_t>(lead, 2 + static_cast<int64_t>(std::ceil(options_.lead_seconds / step_s)));
+  return lead;
+}
+
 double Replanner::mean_step_s(int64_t first, int64_t last) const {
   double sum = 0;
   int n = 0;
@@ -148,9 +152,7 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   switch_.reset();
   const double after = mean_step_s(sw.from_step + 1, sw.from_step + options_.window_steps);
   if (!(sw.before_s > 0) || !(after > (1.0 + options_.revert_margin) * sw.before_s)) return std::nullopt;
-  int64_t lead = options_.lead_steps;
-  if (step_s > 0) lead = std::max<int64_t>(lead, 2 + static_cast<int64_t>(std::ceil(options_.lead_seconds / step_s)));
-  const int64_t from = latest_step + lead;
+  const int64_t from = latest_step + lead_steps(step_s);
   if (from > last_step) return std::nullopt;
   PlanChange c;
   c.at_step = step;

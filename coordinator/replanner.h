@@ -104,6 +104,7 @@ class Replanner {
   std::optional<Switch> switch_;
   std::map<int64_t, double> step_times_;  // step -> measured seconds
   double mean_step_s(int64_t first, int64_t last) const;
+  int64_t lead_steps(double step_s) const;  // how far ahead a switch goes
   std::optional<PlanChange> check_switch(int64_t step, int64_t latest_step, int64_t last_step, double step_s);
 };
 

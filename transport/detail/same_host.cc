@@ -6,21 +6,10 @@
 
 #include <cstring>
 
+#include "transport/endpoint.h"
+
 namespace xd::detail {
 namespace {
-
-// "tcp://host:port" or "tcp://[v6]:port" -> host; "" if not a TCP endpoint.
-std::string tcp_host(const std::string& endpoint) {
-  const std::string scheme = "tcp://";
-  if (endpoint.compare(0, scheme.size(), scheme) != 0) return "";
-  std::string rest = endpoint.substr(scheme.size());
-  if (!rest.empty() && rest[0] == '[') {
-    const size_t close = rest.find(']');
-    return close == std::string::npos ? "" : rest.substr(1, close - 1);
-  }
-  const size_t colon = rest.rfind(':');
-  return colon == std::string::npos ? "" : rest.substr(0, colon);
-}
 
 bool is_own_address(int family, const void* addr) {
   ifaddrs* list = nullptr;
@@ -40,7 +29,7 @@ bool is_own_address(int family, const void* addr) {
 }  // namespace
 
 bool endpoint_is_on_this_host(const std::string& endpoint) {
-  const std::string host = tcp_host(endpoint);
+  const std::string host = endpoint_host(endpoint);
   if (host.empty()) return false;
   if (host == "localhost") return true;
   in_addr v4;
