@@ -88,7 +88,12 @@ void print_status(const nlohmann::json& s) {
   const nlohmann::json changes = s.value("plan_changes", nlohmann::json::array());
   if (!changes.empty()) {
     const auto& c = changes.back();
-    if (c.value("switched", false))
+    if (c.value("reverted", false))
+      std::printf("switched back after step %s: %s -> %s from step %s (measured %s -> %s ms)\n",
+                  c["after_step"].dump().c_str(), list_of(c, "old_domain_sizes").c_str(),
+                  list_of(c, "new_domain_sizes").c_str(), c["from_step"].dump().c_str(),
+                  num(c, "old_now_predicted_s", "%.1f", 1e3).c_str(), num(c, "new_predicted_s", "%.1f", 1e3).c_str());
+    else if (c.value("switched", false))
       std::printf("re-planned after step %s: %s -> %s from step %s (predicted %s -> %s ms)\n",
                   c["after_step"].dump().c_str(), list_of(c, "old_domain_sizes").c_str(),
                   list_of(c, "new_domain_sizes").c_str(), c["from_step"].dump().c_str(),

@@ -18,6 +18,7 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                              int64_t latest_step, int64_t last_step, double step_s) {
   if (step_s > 0) step_times_[step] = step_s;
+  step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
   if (step < quiet_until_) return std::nullopt;
   window_.push_back(bursts);
@@ -38,7 +39,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   for (size_t l = 0; l < names_.size() && l < inputs_.links.size(); ++l) {
     const LinkModel& assumed = inputs_.links[l];
     double n = 0, bytes = 0, seconds = 0;
-    int slower = 0, faster = 0;
+    int slower = 0, faster = 0, sampled = 0;
     const double far = std::log(options_.far_factor);
     for (const auto& w : window_)
       if (auto it = w.find(names_[l]); it != w.end()) {
@@ -47,6 +48,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
         seconds += it->second[2];
         const double b = fit(it->second[0], it->second[1], it->second[2], assumed);
         if (b > 0 && assumed.beta_s_per_byte > 0) {
+          ++sampled;
           slower += std::log(b / assumed.beta_s_per_byte) > far;
           faster += std::log(b / assumed.beta_s_per_byte) < -far;
         }
@@ -55,7 +57,9 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     if (!(beta > 0)) continue;
     measured_[names_[l]] = 1.0 / beta;
     if (l >= shaped_.size() || !shaped_[l] || !(assumed.beta_s_per_byte > 0)) continue;
-    if (slower < options_.window_steps && faster < options_.window_steps) continue;
+    // Every step that closed a burst of the class (a busy link can carry one
+    // burst across a step boundary), at least two of them.
+    if (sampled < 2 || (slower < sampled && faster < sampled)) continue;
     const double ratio = beta / assumed.beta_s_per_byte;  // > 1: slower than assumed
     const double distance = std::abs(std::log(ratio));
     if (distance > far && distance > std::abs(std::log(far_ratio))) {
@@ -151,24 +155,32 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   const Switch sw = *switch_;
   switch_.reset();
   const double after = mean_step_s(sw.from_step + 1, sw.from_step + options_.window_steps);
-  if (!(sw.before_s > 0) || !(after > (1.0 + options_.revert_margin) * sw.before_s)) return std::nullopt;
+  // The old plan's last steps before the switch, under the same link (the
+  // fit's window if those are missing).
+  double before = mean_step_s(sw.from_step - options_.window_steps, sw.from_step - 1);
+  if (!(before > 0)) before = sw.before_s;
+  if (!(before > 0) || !(after > (1.0 + options_.revert_margin) * before)) return std::nullopt;
   const int64_t from = latest_step + lead_steps(step_s);
-  if (from > last_step) return std::nullopt;
   PlanChange c;
   c.at_step = step;
-  c.from_step = from;
   c.old_domains = plan_.choice().domain_sizes;
   c.old_pipeline_degree = pipeline_degree_;
   c.old_predicted_s = plan_.choice().iteration_s;
   c.old_now_predicted_s = after;
   c.new_domains = sw.old_plan.choice().domain_sizes;
   c.new_pipeline_degree = sw.old_pipeline_degree;
-  c.new_predicted_s = sw.before_s;
+  c.new_predicted_s = before;
   char why[240];
-  std::snprintf(why, sizeof why,
-                "the new plan measured %.1f ms per step against %.1f ms for the one it replaced; back to that one",
-                after * 1e3, sw.before_s * 1e3);
+  std::snprintf(why, sizeof why, "the new plan measured %.1f ms per step against %.1f ms for the one it replaced; %s",
+                after * 1e3, before * 1e3, from <= last_step ? "back to that one" : "too close to the end to go back");
   c.reason = why;
+  if (from > last_step) {  // said, not done
+    c.new_domains = c.old_domains;
+    c.new_pipeline_degree = c.old_pipeline_degree;
+    history_.push_back(c);
+    return c;
+  }
+  c.from_step = from;
   c.reverted = true;
   plan_ = sw.old_plan;
   pipeline_degree_ = sw.old_pipeline_degree;

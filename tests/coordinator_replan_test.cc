@@ -112,9 +112,12 @@ TEST(Replanner, ANewPlanThatMeasuresAsFastIsKept) {
   for (int64_t step = 1; step <= 3 && !c; ++step)
     c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, 0.5);
   ASSERT_TRUE(c && c->switched());
-  for (int64_t step = 4; step <= c->from_step + 6; ++step)  // 5% slower: within the margin
-    EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, step >= c->from_step ? 0.525 : 0.5))
-        << step;
+  // 5% slower: within the margin. The new plan's first step (the rebuild, 10x
+  // as long) is not judged.
+  for (int64_t step = 4; step <= c->from_step + 6; ++step) {
+    const double t = step == c->from_step ? 5.0 : step > c->from_step ? 0.525 : 0.5;
+    EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, t)) << step;
+  }
   EXPECT_EQ(r.plan().choice().domain_sizes, c->new_domains);
 }
 

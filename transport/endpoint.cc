@@ -1,5 +1,7 @@
 #include "transport/endpoint.h"
 
+#include <cctype>
+
 namespace xd {
 
 namespace {
@@ -11,7 +13,8 @@ bool host_span(const std::string& endpoint, size_t* begin, size_t* end) {
   if (endpoint.compare(0, kSchemeSize, kScheme) != 0) return false;
   if (endpoint.size() > kSchemeSize && endpoint[kSchemeSize] == '[') {
     const size_t close = endpoint.find(']', kSchemeSize);
-    if (close == std::string::npos) return false;
+    // "[v6]:port": the port's colon right after the bracket.
+    if (close == std::string::npos || close + 1 >= endpoint.size() || endpoint[close + 1] != ':') return false;
     *begin = kSchemeSize + 1;
     *end = close;
     return true;
@@ -32,13 +35,17 @@ std::string endpoint_host(const std::string& endpoint) {
 std::string endpoint_with_host(const std::string& endpoint, const std::string& host) {
   size_t b = 0, e = 0;
   if (!host_span(endpoint, &b, &e)) return endpoint;
-  const bool v6 = host.find(':') != std::string::npos;
+  std::string bare = host;  // "[::1]" and "::1" alike
+  if (bare.size() > 1 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+  const bool v6 = bare.find(':') != std::string::npos;
   const size_t port = endpoint.rfind(':');
-  return std::string(kScheme) + (v6 ? "[" + host + "]" : host) + endpoint.substr(port);
+  return std::string(kScheme) + (v6 ? "[" + bare + "]" : bare) + endpoint.substr(port);
 }
 
 bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+  std::string h;
+  for (char c : host) h += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return h == "localhost" || h.rfind("127.", 0) == 0 || h == "::1" || h == "[::1]" || h.rfind("::ffff:127.", 0) == 0;
 }
 
 }  // namespace xd

@@ -66,7 +66,11 @@ Transport::Impl::Impl(const TransportOptions& o)
       context(o.io_threads),
       shaping(o.link_classes),
       class_transmit_ns(new std::atomic<uint64_t>[o.link_classes.size()]()),
-      class_bursts(new ClassBursts[o.link_classes.size()]) {}
+      class_bursts(new ClassBursts[o.link_classes.size()]) {
+  // Three ZeroMQ sockets a peer (the dealer and its connection monitor's
+  // pair): room for thousands of peers, not ZeroMQ's default 1023 sockets.
+  zmq_ctx_set(context.handle(), ZMQ_MAX_SOCKETS, 16384);
+}
 
 Transport::Impl::~Impl() {
   stop();
@@ -115,21 +119,34 @@ void Transport::Impl::class_released(int link_class, size_t bytes) {
   std::lock_guard<std::mutex> lock(c.mu);
   c.queued -= std::min(bytes, c.queued);
   // ZeroMQ released the last frame into a socket buffer; the bytes still
-  // have the wire (and whatever shapes it, a kernel tbf) ahead of them.
-  if (c.queued == 0) c.draining = true;
+  // have the wire (and whatever shapes it, a kernel tbf) ahead of them. The
+  // I/O thread watches for the acks from now on: wake it.
+  if (c.queued == 0) {
+    c.draining = true;
+    c.released_at = steady_seconds();
+    mailbox.push(WakeCommand{});
+  }
 }
 
 bool Transport::Impl::close_drained_bursts() {
   bool waiting = false;
   for (size_t k = 0; k < options.link_classes.size(); ++k) {
     ClassBursts& c = class_bursts[k];
+    double released_at = 0;
     {
       std::lock_guard<std::mutex> lock(c.mu);
       if (!c.draining) continue;
+      released_at = c.released_at;
     }
+    // Connection events first, so that a socket ZeroMQ closed is not asked.
+    for (auto& l : links)
+      if (l && l->link_class == static_cast<int>(k) && l->monitor) receive_link_events(*l);
+    // A peer that acknowledges nothing for 2 s (stuck, or gone) ends the
+    // burst anyway: the sample is slow, as the link was.
+    const bool gave_up = steady_seconds() - released_at > 2.0;
     bool acked = true;
     for (const auto& l : links)
-      if (l && l->link_class == static_cast<int>(k) && l->tcp_fd >= 0) {
+      if (!gave_up && l && l->link_class == static_cast<int>(k) && l->tcp_fd >= 0) {
         int unacked = 0;
         if (::ioctl(l->tcp_fd, SIOCOUTQ, &unacked) == 0 && unacked > 0) acked = false;
       }
@@ -235,17 +252,15 @@ void Transport::Impl::run() {
         polled_links.push_back(l.get());
       }
     }
-    const size_t first_monitor = items.size();
-    for (auto& l : links)
-      if (l && l->monitor) items.push_back({l->monitor->handle(), 0, ZMQ_POLLIN, 0});
     next_release = std::min(next_release, next_event());
-    // A burst waiting for its acks is checked every millisecond.
-    if (draining_) next_release = std::min(next_release, now + 1e-3);
     // zmq_poll counts whole milliseconds; a shaped release due within the next
     // millisecond is waited for precisely instead, so latency stays accurate.
     const double wait = next_release - now;
     long timeout_ms = std::max<long>(0, (long)std::floor(wait * 1000.0));
     if (timeout_ms == 0 && wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    // A burst waiting for its acks is checked every millisecond (polling,
+    // so that sends and receives are served meanwhile).
+    if (draining_) timeout_ms = std::min(timeout_ms, 1L);
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
@@ -259,11 +274,6 @@ void Transport::Impl::run() {
     if (items[1].revents & ZMQ_POLLIN) receive_monitor_events();
     if (accept_more && (items[2].revents & ZMQ_POLLIN)) receive_all();
     for (Link* l : polled_links) l->blocked = false;
-    {
-      size_t i = first_monitor;
-      for (auto& l : links)
-        if (l && l->monitor && (items[i++].revents & ZMQ_POLLIN)) receive_link_events(*l);
-    }
     draining_ = close_drained_bursts();
     now = steady_seconds();
     for (int c = 0; c < (int)class_busy_until_.size(); ++c) transmit(c, now);

@@ -39,8 +39,9 @@ struct Link {
   int link_class = 0;
   int send_buffer_bytes = 0;              // SO_SNDBUF asked for; 0: autotuning
   std::unique_ptr<zmq::socket_t> dealer;  // I/O thread only
-  // The dealer's connection events (its TCP fd), I/O thread only: a burst of
-  // the link class ends when that socket's peer has acknowledged every byte.
+  // The dealer's connection events (its TCP fd), read when a burst of the
+  // link class drains (I/O thread only): the burst ends when that socket's
+  // peer has acknowledged every byte.
   std::unique_ptr<zmq::socket_t> monitor;
   int tcp_fd = -1;
   // Shaping is a two-stage pipeline: `queue` waits for this worker's egress of
@@ -112,6 +113,7 @@ class Transport::Impl {
     std::mutex mu;
     size_t queued = 0;
     bool draining = false;             // all released; waiting for the peers' acks
+    double released_at = 0;            // when the last byte went to ZeroMQ
     double since = 0, bytes_now = 0;   // the open burst
     uint64_t bursts = 0;               // closed bursts, and their bytes and seconds
     double bytes = 0, seconds = 0;
