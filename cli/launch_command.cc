@@ -288,8 +288,8 @@ int run_launch(const LaunchFlags& f) {
 void add_launch_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<LaunchFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "launch", "Run a whole job: the coordinator here, workers here (loopback), over ssh (--hostfile) or in "
-                "network namespaces (--netns)");
+      "launch", "Run a whole job: the coordinator here, workers here (loopback), over ssh (--hostfile), by "
+                "srun or mpirun (--launcher), or in network namespaces (--netns); docs/launch.md");
   cmd->add_option("--config", f->config,
                   "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
