@@ -58,8 +58,6 @@ class ProgressLine {
     return buf;
   }
 
-  bool terminal() const { return terminal_; }
-
  private:
   FILE* out_;
   bool terminal_;

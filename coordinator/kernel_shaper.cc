@@ -27,7 +27,6 @@ Expected<KernelShaper> KernelShaper::load(const std::string& state_path) {
     k.parent_ = tbf.at("parent").get<std::string>();
     k.handle_ = tbf.at("handle").get<std::string>();
     for (const auto& w : j.at("workers")) k.namespaces_.push_back(w.at("ns").get<std::string>());
-    k.rate_bytes_per_s_ = j.at("inter_dc_rate_bits_per_s").get<double>() / 8;
   } catch (const std::exception& e) {
     return Status::corruption(state_path + ": " + e.what());
   }
@@ -61,7 +60,6 @@ Status KernelShaper::set_rate(double bytes_per_s) {
       failed += " " + namespaces_[i] + " (" + std::to_string(code) + "): " + subprocess::read_text(children[i].log_path);
   }
   if (!failed.empty()) return Status::unavailable("tc qdisc change failed, so the rates now differ:" + failed);
-  rate_bytes_per_s_ = bytes_per_s;
   // The state file says the rate in force, for status and the next launch.
   std::ifstream in(state_path_);
   nlohmann::json j;

@@ -25,13 +25,9 @@ class KernelShaper {
   // scripts/netns-cluster.sh gives a cluster it makes).
   static std::vector<std::string> tbf_args(double bits_per_s);
 
-  const std::vector<std::string>& namespaces() const { return namespaces_; }
-  double rate_bytes_per_s() const { return rate_bytes_per_s_; }
-
  private:
   std::string state_path_, dev_, parent_, handle_;
   std::vector<std::string> namespaces_;
-  double rate_bytes_per_s_ = 0;
 };
 
 }  // namespace xd

@@ -77,7 +77,6 @@ class Replanner {
                                     int64_t latest_step, int64_t last_step, double step_s = 0);
 
   const Plan& plan() const { return plan_; }
-  int pipeline_degree() const { return pipeline_degree_; }
   const PlannerInputs& inputs() const { return inputs_; }
   const std::vector<PlanChange>& history() const { return history_; }
   // The last fitted bandwidth per class name (bytes/s); absent before a full window.
