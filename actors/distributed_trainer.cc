@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <limits>
 
 #include <algorithm>
 #include <filesystem>
@@ -100,9 +101,10 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   t->model_->set_pipeline_degree(r > 0 ? r : 1);
   t->model_->set_timeline(&t->timeline_);
   XD_RETURN_IF_ERROR(t->wire_experts(*topo));
+  if (!o.resume_dir.empty()) XD_RETURN_IF_ERROR(t->resume(o.resume_dir));
   t->last_stats_ = transport->stats();
-  if (t->traces(1)) t->timeline_.set_enabled(true);
-  t->comm_->start_gather(0);
+  if (t->traces(t->step_ + 1)) t->timeline_.set_enabled(true);
+  t->comm_->start_gather(static_cast<uint32_t>(t->step_));
   return t;
 }
 
@@ -184,7 +186,7 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   return Status::ok();
 }
 
-Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
+Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq, bool loss_finite) {
   // Replica gradients must have reached their owners before the owners'
   // gradients are scaled and their norm joins the all-reduce.
   XD_RETURN_IF_ERROR(comm_->wait_reduced());
@@ -192,7 +194,7 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   double local = 0;
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
-  float norm = static_cast<float>(local);
+  float norm = loss_finite ? static_cast<float>(local) : std::numeric_limits<float>::quiet_NaN();
   buckets_->start(static_cast<uint32_t>(step_), buckets_->num_buckets() - 1, g.data(), &norm);
   const float inv = 1.0f / world_;
   XD_RETURN_IF_ERROR(buckets_->finish(static_cast<uint32_t>(step_), g.data(), inv, &norm));
@@ -277,25 +279,41 @@ Expected<StepMetrics> DistributedTrainer::step() {
   const LossStats loss = model_->forward(inputs_.data(), targets_.data(), tc.batch_size, tc.seq_len, exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
   XD_RETURN_IF_ERROR(comm_->status());
-  if (!std::isfinite(loss.loss))
-    return Status::internal("loss is " + std::to_string(loss.loss) + " at step " + std::to_string(step_ + 1));
+  if (!std::isfinite(loss.loss) && tc.nan_policy != "skip")
+    return Status::internal("loss is " + std::to_string(loss.loss) + " at step " + std::to_string(step_ + 1) +
+                            " on rank " + std::to_string(opts_.rank) + "; weights not finite: " +
+                            non_finite_tensors(*layout_, model_->params().data()) + " (train.nan_policy: stop)");
   const TransportStats mid = transport_->stats();
   const double forward_s = seconds_since(start);
   model_->backward(exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
   double expert_norm_sq = 0;
-  XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq));
+  // A non-finite local loss joins the all-reduced norm as NaN, so that every
+  // worker sees it and takes the same decision below.
+  XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq, std::isfinite(loss.loss)));
   double dense_norm_sq = 0;
   const std::vector<float>& g = model_->grads();
   for (auto [b, e] : dense_ranges_)
     for (size_t i = b; i < e; ++i) dense_norm_sq += (double)g[i] * g[i];
-  const double lr = tc.learning_rate_at(step_);
-  double grad_norm = 0;
-  {
+  const double norm_sq = dense_norm_sq + expert_norm_sq;
+  const bool finite = std::isfinite(norm_sq);
+  if (!finite) {
+    const std::string what = "step " + std::to_string(step_ + 1) + ": " +
+                             (std::isfinite(loss.loss) ? ""
+                                                       : "loss " + std::to_string(loss.loss) + " (weights not finite: " +
+                                                             non_finite_tensors(*layout_, model_->params().data()) + "); ") +
+                             "gradient norm not finite; on rank " + std::to_string(opts_.rank) + ": " +
+                             non_finite_gradients();
+    if (tc.nan_policy != "skip") return Status::internal(what + " (train.nan_policy: stop)");
+    if (++skipped_in_a_row_ > TrainConfig::kMaxSkippedInARow)
+      return Status::internal(what + "; " + std::to_string(skipped_in_a_row_) + " steps in a row were not finite");
+    XD_LOG_WARN("trainer", "skipped %s", what.c_str());
+  } else {
+    skipped_in_a_row_ = 0;
+    const double lr = tc.learning_rate_at(step_);
     ScopedSpan span(&timeline_, "optimizer");
-    grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), lr, dense_norm_sq + expert_norm_sq);
+    optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq);
   }
-  if (!std::isfinite(grad_norm)) return Status::internal("gradient norm is not finite");
   ++step_;
   if (traced) write_trace(step_);
   // A traced step's trace begins with its replicas' all-gather, which starts here.
@@ -303,6 +321,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
 
   StepMetrics m;
   m.step = step_;
+  m.skipped = !finite;
   m.loss = loss.loss;
   m.ce_loss = loss.ce_loss;
   m.aux_loss = loss.aux_loss;
@@ -376,16 +395,47 @@ void DistributedTrainer::write_trace(int64_t step) {
 
 namespace xd {
 
-Status DistributedTrainer::save_shard(const std::string& dir) const {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::io_error("cannot create '" + dir + "': " + ec.message());
-  std::vector<SafetensorsEntry> entries;
-  for (const TensorSlot& s : layout_->slots())
-    entries.push_back({s.name, Dtype::kF32, s.shape, model_->params().data() + s.offset});
-  const std::string path = dir + "/shard-" + std::to_string(opts_.rank) + "-of-" + std::to_string(world_) + ".safetensors";
-  return write_safetensors(path, entries, {{"format", "pt"}, {"step", std::to_string(step_)},
-                                          {"rank", std::to_string(opts_.rank)}});
+Expected<ShardRecord> DistributedTrainer::save_checkpoint_shard(const std::string& dir) const {
+  // The dense parameters are the same on every worker (all-reduced
+  // gradients, same updates): rank 0 writes them once.
+  return xd::save_checkpoint_shard(dir, opts_.rank, world_, *layout_, model_->params().data(),
+                                   optimizer_->first_moment().data(), optimizer_->second_moment().data(),
+                                   optimizer_->step_count(), step_, opts_.rank == 0);
+}
+
+Status DistributedTrainer::resume(const std::string& dir) {
+  auto ck = load_checkpoint(dir);
+  if (!ck) return ck.status();
+  if (model_config_to_json(ck->config) != model_config_to_json(job_.train.model))
+    return Status::invalid_argument("checkpoint " + dir + " is of another model than the job's (config.json differs)");
+  if (!ck->has_optimizer) return Status::invalid_argument("checkpoint " + dir + " has no optimizer state to resume");
+  // The full layout's offsets, by name: this worker's slice of every tensor.
+  const ParamLayout full(ck->config);
+  std::vector<float>& p = model_->params();
+  std::vector<float>& m = optimizer_->first_moment();
+  std::vector<float>& v = optimizer_->second_moment();
+  for (const TensorSlot& s : layout_->slots()) {
+    const TensorSlot* from = full.find(s.name);
+    XD_CHECK(from && from->numel() == s.numel());
+    std::copy_n(ck->params.begin() + from->offset, s.numel(), p.begin() + s.offset);
+    std::copy_n(ck->adam_m.begin() + from->offset, s.numel(), m.begin() + s.offset);
+    std::copy_n(ck->adam_v.begin() + from->offset, s.numel(), v.begin() + s.offset);
+  }
+  optimizer_->set_step_count(ck->adam_step);
+  step_ = ck->trainer.step;
+  sampler_->set_position(ck->trainer.data_position);
+  if (step_ >= job_.train.steps)
+    return Status::invalid_argument("checkpoint " + dir + " is at step " + std::to_string(step_) +
+                                    ", already the job's last (train.steps " + std::to_string(job_.train.steps) + ")");
+  XD_LOG_INFO("trainer", "rank %d: resumed from %s at step %lld (experts %d..%d of %d)", opts_.rank, dir.c_str(),
+              (long long)step_, layout_->first_expert(), layout_->first_expert() + layout_->num_local_experts() - 1,
+              ck->config.num_experts);
+  return Status::ok();
+}
+
+std::string DistributedTrainer::non_finite_gradients() const {
+  const std::string local = non_finite_tensors(*layout_, model_->grads().data());
+  return local == "no tensor" ? "every local gradient is finite (the non-finite values are on other workers)" : local;
 }
 
 }  // namespace xd

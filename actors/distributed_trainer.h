@@ -30,6 +30,7 @@
 #include "cluster/protocol.h"
 #include "model/adamw.h"
 #include "model/batch_sampler.h"
+#include "model/distributed_checkpoint.h"
 #include "model/moe_transformer.h"
 #include "common/timeline.h"
 #include "transport/communicator.h"
@@ -52,6 +53,10 @@ struct DistributedOptions {
   // coordinator sent (thread-safe on the caller's side); empty: none.
   std::function<std::optional<PlanUpdate>()> take_plan;
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
+  // A checkpoint (either kind, any world size) to start from: this worker
+  // takes its experts' slices, the dense parameters, the AdamW moments, the
+  // step and the data position. Empty: a fresh start.
+  std::string resume_dir;
 };
 
 class DistributedTrainer {
@@ -61,12 +66,17 @@ class DistributedTrainer {
                                                               Transport* transport);
   ~DistributedTrainer();
 
-  // One training step; the metrics are this worker's.
+  // One training step; the metrics are this worker's. A non-finite loss or
+  // gradient stops with an error naming the tensor, or with nan_policy
+  // "skip" leaves the weights unchanged (StepMetrics::skipped); every worker
+  // decides alike, from the all-reduced gradient norm.
   Expected<StepMetrics> step();
   int64_t current_step() const { return step_; }
-  // Writes this worker's parameters -- the replicated dense ones and its own
-  // experts, under their HF names -- to <dir>/shard-<rank>-of-<G>.safetensors.
-  Status save_shard(const std::string& dir) const;
+  uint64_t data_position() const { return sampler_->position(); }
+  // Writes this worker's shard of a distributed checkpoint into `dir`
+  // (model/distributed_checkpoint.h): its experts, the dense parameters on
+  // rank 0, and their AdamW moments.
+  Expected<ShardRecord> save_checkpoint_shard(const std::string& dir) const;
   MoeTransformer<float>& model() { return *model_; }
   size_t replica_bytes() const { return comm_->replica_bytes(); }
   ExpertCommunicator& expert_communicator() { return *comm_; }
@@ -81,11 +91,16 @@ class DistributedTrainer {
   // Waits for the replica gradients, all-reduces the dense ones (the last
   // bucket, with the owned experts' squared norm, starts here) and scales
   // everything by 1/G.
-  Status reduce_dense_gradients(double* expert_norm_sq);
+  // A non-finite local loss makes the reduced norm NaN on every worker.
+  Status reduce_dense_gradients(double* expert_norm_sq, bool loss_finite);
   // Bytes per link class and operation, and total communication time, of
   // the step just taken (one transport snapshot; `mid` is the one taken when
   // backward began).
   void record_link_figures(const TransportStats& mid, StepMetrics* m);
+  // Takes this worker's share of a checkpoint (options.resume_dir).
+  Status resume(const std::string& dir);
+  // Names the tensors whose gradient is not finite on this worker (for the log).
+  std::string non_finite_gradients() const;
   // Whether step (1-based) is one of train.trace_steps.
   bool traces(int64_t step) const;
   // Writes the traced step's spans as a Chrome trace (trace_dir).
@@ -108,6 +123,7 @@ class DistributedTrainer {
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
   std::unique_ptr<detail::GradientBuckets> buckets_;  // after inner_/outer_: it uses them
   int64_t step_ = 0;
+  int skipped_in_a_row_ = 0;
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;
   TransportStats last_stats_;

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "cluster/protocol.h"
 #include "model/checkpoint.h"
+#include "model/distributed_checkpoint.h"
 #include "transport/control_channel.h"
 #include "transport/endpoint.h"
 
@@ -62,6 +63,9 @@ class ControlActor : public Actor {
   // From the compute actor.
   void send_metrics(const StepMetrics& m) {
     post([this, m] { send(MessageKind::kControl, to_json(m)); });
+  }
+  void send_checkpoint(const CheckpointSaved& c) {
+    post([this, c] { send(MessageKind::kControl, to_json(c)); });
   }
   void report_done() {
     post([this] {
@@ -127,24 +131,44 @@ class ComputeActor : public Actor {
     }
     XD_LOG_INFO("compute", "rank %d: %d local experts, %.1f MB of gathered replicas", options.rank,
                 (*trainer)->model().layout().num_local_experts(), (*trainer)->replica_bytes() / 1e6);
-    while ((*trainer)->current_step() < job.train.steps && !s_->stop) {
-      auto m = (*trainer)->step();
+    DistributedTrainer& t = **trainer;
+    const TrainConfig& tc = job.train;
+    while (t.current_step() < tc.steps && !s_->stop) {
+      auto m = t.step();
       if (!m) {
-        if (!s_->stop) control_->report_error(m.status().with_context("step " + std::to_string((*trainer)->current_step() + 1)));
+        if (!s_->stop) control_->report_error(m.status().with_context("step " + std::to_string(t.current_step() + 1)));
         return;
       }
       control_->send_metrics(*m);
-    }
-    if (!s_->stop && !job.train.checkpoint_dir.empty()) {
-      const std::string dir = job.train.checkpoint_dir + "/" + checkpoint_dir_name((*trainer)->current_step());
-      Status st = (*trainer)->save_shard(dir);
-      if (!st.is_ok()) {
-        control_->report_error(st);
-        return;
-      }
-      XD_LOG_INFO("compute", "rank %d wrote its shard to %s", options.rank, dir.c_str());
+      const int64_t step = t.current_step();
+      if (!tc.checkpoint_dir.empty() && (step == tc.steps || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)))
+        if (Status st = save_checkpoint(t, tc, options.rank); !st.is_ok()) {
+          control_->report_error(st);
+          return;
+        }
     }
     if (!s_->stop) control_->report_done();
+  }
+
+  // This worker's shard of the checkpoint after the step just taken; the
+  // coordinator completes it with the manifest once every shard is in.
+  Status save_checkpoint(const DistributedTrainer& t, const TrainConfig& tc, int rank) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string dir = tc.checkpoint_dir + "/" + checkpoint_dir_name(t.current_step());
+    auto shard = t.save_checkpoint_shard(dir);
+    if (!shard) return shard.status().with_context("checkpoint of step " + std::to_string(t.current_step()));
+    CheckpointSaved c;
+    c.step = t.current_step();
+    c.dir = dir;
+    c.file = shard->file;
+    c.data_position = t.data_position();
+    c.bytes = shard->bytes;
+    c.crc32c = shard->crc32c;
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    control_->send_checkpoint(c);
+    XD_LOG_INFO("compute", "rank %d wrote its shard of step %lld to %s (%.1f MB in %.0f ms)", rank,
+                (long long)c.step, dir.c_str(), c.bytes / 1e6, c.seconds * 1e3);
+    return Status::ok();
   }
 
   WorkerShared* s_;
@@ -277,6 +301,7 @@ void ControlActor::on_assign(const nlohmann::json& body) {
   o.flat_ep = a.flat_ep;
   for (const LevelSpec& l : levels) o.link_names.push_back(l.link.name);
   o.predicted_step_s = a.predicted_step_s;
+  o.resume_dir = a.resume_dir;
   WorkerShared* shared = s_;
   o.take_plan = [shared]() -> std::optional<PlanUpdate> {
     std::lock_guard<std::mutex> lock(shared->plan_mu);

@@ -21,6 +21,8 @@ struct CoordinatorFlags {
   int64_t steps = 0;
   bool hold = false, flat_ep = false, no_probe = false, no_replan = false;
   ScheduleOverrides schedule;
+  std::string resume, checkpoint_dir;
+  int64_t checkpoint_every = -1;
 };
 
 int run_coordinator(const CoordinatorFlags& f) {
@@ -46,6 +48,8 @@ int run_coordinator(const CoordinatorFlags& f) {
     }
   }
   if (f.steps > 0) job.train.steps = f.steps;
+  if (!f.checkpoint_dir.empty()) job.train.checkpoint_dir = f.checkpoint_dir;
+  if (f.checkpoint_every >= 0) job.train.checkpoint_every = f.checkpoint_every;
   if (Status st = override_schedule(&job, f.schedule); !st.is_ok()) {
     std::fprintf(stderr, "xdmoe coordinator: %s\n", st.message().c_str());
     return 2;
@@ -66,6 +70,7 @@ int run_coordinator(const CoordinatorFlags& f) {
   o.probe_links = !f.no_probe;
   o.netns_state = f.netns;
   o.replan = !f.no_replan;
+  o.resume = f.resume;
   Coordinator c(job, o);
   Status st = c.run();
   if (!st.is_ok()) {
@@ -110,6 +115,11 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-probe", f->no_probe, "Plan with the spec's link figures instead of probing each shaped class at start-up");
   cmd->add_flag("--no-replan", f->no_replan,
                 "Keep the start-up plan even when a link's measured bandwidth moves far from what it assumed");
+  cmd->add_option("--resume", f->resume,
+                  "Start from a checkpoint: a step_<N> directory, or a directory of them (the newest complete one; "
+                  "torn or corrupt ones are skipped)");
+  cmd->add_option("--checkpoint-dir", f->checkpoint_dir, "Override train.checkpoint_dir");
+  cmd->add_option("--checkpoint-every", f->checkpoint_every, "Override train.checkpoint_every (0: only at the end)");
   cmd->add_flag("--hold", f->hold, "Workers register and stay idle until `xdmoe stop` (no training)");
   cmd->callback([f, exit_code] { *exit_code = run_coordinator(*f); });
 }

@@ -24,6 +24,7 @@
 #include "cli/launch_run.h"
 #include "cluster/hostfile.h"
 #include "cluster/job_config.h"
+#include "model/distributed_checkpoint.h"
 #include "transport/endpoint.h"
 
 namespace xd::cli {
@@ -41,6 +42,10 @@ struct LaunchFlags {
   std::string hostfile, ssh = "ssh -n -o BatchMode=yes", remote_exe, coordinator_host, launcher;
   bool netns = false;
   std::string netns_state = "/run/xdmoe-netns/cluster.json";
+  // Checkpoints and restarts (docs/operations.md); -1: the config's.
+  std::string resume, checkpoint_dir;
+  int64_t checkpoint_every = -1;
+  int max_restarts = -1;
 };
 
 std::string cell(const nlohmann::json& s, const char* key, const char* fmt, double scale = 1.0) {
@@ -109,6 +114,7 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
       std::snprintf(buf, sizeof buf, "%.4f", r.summary["mean_nmse"][k].get<double>());
       return std::string(buf);
     });
+  row("restarts", [](const RunResult& r) { return std::to_string(r.restarts.size()); });
   row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
   // The last run against each earlier one.
   std::printf("\n");
@@ -260,6 +266,23 @@ int run_launch(const LaunchFlags& f) {
     std::fprintf(stderr, "xdmoe launch: %s\n", placement.status().message().c_str());
     return 2;
   }
+  if (!f.checkpoint_dir.empty()) job.train.checkpoint_dir = f.checkpoint_dir;
+  if (f.checkpoint_every >= 0) job.train.checkpoint_every = f.checkpoint_every;
+  if (f.max_restarts >= 0) job.train.max_restarts = f.max_restarts;
+  std::string resume;
+  if (!f.resume.empty()) {
+    std::vector<std::string> skipped;
+    auto dir = resolve_checkpoint(f.resume, &skipped);
+    for (const std::string& s : skipped) std::printf("xdmoe launch: skipping checkpoint %s\n", s.c_str());
+    if (!dir) {
+      std::fprintf(stderr, "xdmoe launch: --resume: %s\n", dir.status().message().c_str());
+      return 2;
+    }
+    resume = *dir;
+  }
+  if (job.train.max_restarts > 0 && job.train.checkpoint_dir.empty())
+    std::printf("xdmoe launch: note: %d restarts allowed but no train.checkpoint_dir: a restart starts from step 0\n",
+                job.train.max_restarts);
   std::vector<RunResult> runs;
   for (const std::string& m : modes) {
     LaunchRun run;
@@ -274,7 +297,14 @@ int run_launch(const LaunchFlags& f) {
     run.no_replan = f.no_replan;
     run.trace_steps = f.trace_steps;
     run.world = world;
-    runs.push_back(run_job(run, *placement));
+    // Several runs keep their checkpoints apart.
+    run.checkpoint_dir = job.train.checkpoint_dir.empty() || modes.size() == 1
+                             ? job.train.checkpoint_dir
+                             : (fs::path(job.train.checkpoint_dir) / m).string();
+    run.checkpoint_every = f.checkpoint_every;
+    run.resume = resume;
+    run.max_restarts = job.train.max_restarts;
+    runs.push_back(run_with_restarts(run, *placement));
     if (!runs.back().ok) std::fprintf(stderr, "xdmoe launch: %s run failed: %s\n", m.c_str(), runs.back().error.c_str());
     if (runs.back().interrupted) break;
   }
@@ -321,6 +351,16 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--launcher", f->launcher,
                   "Start every worker with one launcher command instead: 'srun' (inside an allocation, e.g. from "
                   "sbatch) or 'mpirun [flags]' (Open MPI); ranks come from its environment");
+  cmd->add_option("--checkpoint-dir", f->checkpoint_dir,
+                  "Override train.checkpoint_dir: each worker writes its shard of every checkpoint there (a shared "
+                  "filesystem across hosts), the coordinator the manifest (docs/operations.md)");
+  cmd->add_option("--checkpoint-every", f->checkpoint_every, "Override train.checkpoint_every (steps; 0: only at the end)");
+  cmd->add_option("--max-restarts", f->max_restarts,
+                  "Override train.max_restarts: relaunch a job that lost or failed a worker from its newest complete "
+                  "checkpoint, at most this many times");
+  cmd->add_option("--resume", f->resume,
+                  "Start from a checkpoint: a step_<N> directory, or a directory of them (the newest complete one; "
+                  "torn or corrupt ones are skipped). Any number of workers may resume it");
   cmd->add_option("--remote-exe", f->remote_exe, "The xdmoe binary on the hosts (default: this binary's path)");
   cmd->add_option("--coordinator-host", f->coordinator_host,
                   "The address the hosts reach this machine at (default: its hostname; 127.0.0.1 when every host "

@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "common/subprocess.h"
+#include "model/distributed_checkpoint.h"
 #include "transport/endpoint.h"
 
 namespace xd::cli {
@@ -27,6 +28,10 @@ using Clock = std::chrono::steady_clock;
 volatile std::sig_atomic_t g_interrupted = 0;
 
 constexpr int kRunning = -2000;  // subprocess::try_wait() of a live child
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // Copies a worker's output to its log file and to the terminal, each line
 // prefixed with its rank ("[rank 3] "), until the worker closes it.
@@ -149,7 +154,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   RunResult r;
   r.mode = run.name;
   const RunSpec& spec = run.spec;
-  const fs::path dir = fs::path(run.run_dir) / run.name;
+  const fs::path dir =
+      fs::path(run.run_dir) / (run.attempt > 0 ? run.name + "-restart" + std::to_string(run.attempt) : run.name);
   fs::create_directories(dir);
   const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
   fs::remove(endpoints);
@@ -176,6 +182,9 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     args.insert(args.end(), {"--domains", list});
   }
   if (spec.simple) args.push_back("--no-overlap");
+  if (!run.checkpoint_dir.empty()) args.insert(args.end(), {"--checkpoint-dir", run.checkpoint_dir});
+  if (run.checkpoint_every >= 0) args.insert(args.end(), {"--checkpoint-every", std::to_string(run.checkpoint_every)});
+  if (!run.resume.empty()) args.insert(args.end(), {"--resume", run.resume});
   if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
   if (!run.trace_steps.empty()) {
     std::string list;
@@ -286,6 +295,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     // The coordinator ended badly: the workers need not wait out their heartbeats.
     if (coordinator_code != kRunning && coordinator_code != 0 && stop_reason.empty())
       stop_reason = "the coordinator exited with code " + std::to_string(coordinator_code);
+    if ((!stop_reason.empty() || (coordinator_code != kRunning && coordinator_code != 0)) && r.failed_wall_s == 0)
+      r.failed_wall_s = wall_seconds();
     if (!stop_reason.empty() && kill_at == Clock::time_point{}) {
       stop_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(5);
@@ -309,6 +320,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     if (w->code == 0) continue;
     ++worker_failures;
     if (w->piped) continue;  // its lines are on the terminal already
+    if (w->code == -SIGTERM && !stop_reason.empty()) continue;  // stopped by us, because of another
     std::fprintf(stderr, "%s exited with %d; last lines of its log:\n", w->name.c_str(), w->code);
     std::string log = subprocess::read_text(w->child.log_path);
     std::fprintf(stderr, "%s\n", log.substr(log.size() > 1500 ? log.size() - 1500 : 0).c_str());
@@ -321,11 +333,67 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     }
   }
   r.ok = coordinator_code == 0 && worker_failures == 0 && r.summary.value("ok", false) && stop_reason.empty();
-  // The coordinator's own account of a failure says most; then ours.
+  // What made this launch stop the job says most (the coordinator then only
+  // reports that it was stopped); else the coordinator's own account.
   if (!r.ok)
-    r.error = r.summary.contains("error") && !r.interrupted ? r.summary["error"].get<std::string>()
-              : !stop_reason.empty()                          ? stop_reason
-                                          : "coordinator exit code " + std::to_string(coordinator_code);
+    r.error = !stop_reason.empty()          ? stop_reason
+              : r.summary.contains("error") ? r.summary["error"].get<std::string>()
+                                            : "coordinator exit code " + std::to_string(coordinator_code);
+  return r;
+}
+
+RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& placement) {
+  LaunchRun run = run_in;
+  RunResult r = run_job(run, placement);
+  nlohmann::json restarts = nlohmann::json::array();
+  for (int restart = 1; !r.ok && !r.interrupted && restart <= run.max_restarts; ++restart) {
+    // A run that never got its workers going fails the same way again.
+    if (!r.summary.value("started", false)) break;
+    nlohmann::json event = {{"restart", restart}, {"reason", r.error}, {"failed_wall_s", r.failed_wall_s},
+                            {"failed_after_step", r.summary.contains("steps") && !r.summary["steps"].empty()
+                                                      ? r.summary["steps"].back().get<int64_t>()
+                                                      : int64_t{0}}};
+    std::string from = "the start";
+    run.resume.clear();
+    if (!run.checkpoint_dir.empty()) {
+      std::vector<std::string> skipped;
+      auto dir = latest_valid_checkpoint(run.checkpoint_dir, &skipped);
+      for (const std::string& s : skipped) std::fprintf(stderr, "xdmoe launch: skipping checkpoint %s\n", s.c_str());
+      if (dir) {
+        run.resume = *dir;
+        from = *dir;
+        auto state = checkpoint_trainer_state(*dir);
+        event["resumed_step"] = state ? state->step : 0;
+      }
+    }
+    if (run.resume.empty()) event["resumed_step"] = 0;
+    event["resumed_from"] = run.resume;
+    // The plan the failed run had, so that the losses go on exactly as they would have.
+    if (r.summary.contains("domain_sizes")) {
+      run.spec.domains = r.summary["domain_sizes"].get<std::vector<int>>();
+      bool ep = true;
+      for (int d : run.spec.domains) ep = ep && d == 1;
+      if (run.spec.mode != "ep_flat") run.spec.mode = ep ? "ep" : "hybrid";
+      if (run.spec.mode != "hybrid") run.spec.domains.clear();
+      run.spec.pipeline_degree = r.summary.value("pipeline_degree", 1);
+      run.no_probe = true;
+    }
+    std::fprintf(stderr, "xdmoe launch: %s failed (%s); restart %d of %d from %s\n", run.name.c_str(),
+                 r.error.c_str(), restart, run.max_restarts, from.c_str());
+    run.attempt = restart;
+    RunResult next = run_job(run, placement);
+    if (next.summary.contains("first_step_wall_s") && r.failed_wall_s > 0)
+      event["recovery_s"] = next.summary["first_step_wall_s"].get<double>() - r.failed_wall_s;
+    restarts.push_back(event);
+    r = std::move(next);
+  }
+  r.restarts = restarts;
+  if (!restarts.empty() && r.summary.is_object()) {
+    // The last attempt's summary also tells how it came to be.
+    r.summary["restarts"] = restarts;
+    const fs::path path = fs::path(run.run_dir) / (run.name + "-restart" + std::to_string(run.attempt)) / "summary.json";
+    std::ofstream(path) << r.summary.dump(2) << "\n";
+  }
   return r;
 }
 

@@ -51,6 +51,13 @@ struct LaunchRun {
   std::string config, run_dir, cli_bind, name;
   RunSpec spec;
   int64_t steps = 0;
+  // Checkpoints (docs/operations.md): where, how often (-1: the config's),
+  // what to start from (a checkpoint or a directory of them; empty: fresh),
+  // and how many times a failed run is relaunched from its last checkpoint.
+  std::string checkpoint_dir, resume;
+  int64_t checkpoint_every = -1;
+  int max_restarts = 0;
+  int attempt = 0;  // 0: the first; N: the Nth restart (logs in <run-dir>/<name>-restartN)
   bool flat_ep = false, no_probe = false, no_replan = false;
   std::vector<int64_t> trace_steps;
   int world = 0;
@@ -59,12 +66,20 @@ struct LaunchRun {
 struct RunResult {
   std::string mode;
   bool ok = false, interrupted = false;  // interrupted: Ctrl-C, SIGTERM or SIGHUP
-  nlohmann::json summary;
+  nlohmann::json summary;                // the coordinator's, of the last attempt
   std::string error;
+  double failed_wall_s = 0;              // Unix time the launch saw the run fail
+  nlohmann::json restarts = nlohmann::json::array();  // one object per relaunch
 };
 
 // Runs one job to its end. Never throws; errors come back in RunResult.
 RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement);
+
+// run_job, and after a failure that is not an interruption (a worker died,
+// hung or failed) the whole job again from the newest complete checkpoint
+// in run.checkpoint_dir, with the plan the failed run had, up to
+// run.max_restarts times.
+RunResult run_with_restarts(const LaunchRun& run, const WorkerPlacement& placement);
 
 // The path of this executable (/proc/self/exe).
 std::string self_exe();

@@ -163,7 +163,9 @@ json job_config_to_json(const JobConfig& job) {
                      {"checkpoint_every", t.checkpoint_every},
                      {"checkpoint_dir", t.checkpoint_dir},
                      {"trace_steps", t.trace_steps},
-                     {"trace_dir", t.trace_dir}}},
+                     {"trace_dir", t.trace_dir},
+                     {"max_restarts", t.max_restarts},
+                     {"nan_policy", t.nan_policy}}},
           {"farskip", {{"enabled", t.farskip.enabled},
                        {"overlapped", t.farskip.overlapped},
                        {"attention_only", t.farskip.attention_only},
@@ -215,6 +217,8 @@ Expected<JobConfig> job_config_from_json(const json& j) {
     r.get("checkpoint_dir", &t.checkpoint_dir);
     r.get("trace_steps", &t.trace_steps);
     r.get("trace_dir", &t.trace_dir);
+    r.get("max_restarts", &t.max_restarts);
+    r.get("nan_policy", &t.nan_policy);
   });
   section("farskip", [&](JsonFields& r) {
     r.get("enabled", &t.farskip.enabled);

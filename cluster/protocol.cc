@@ -84,6 +84,7 @@ json to_json(const Assignment& m) {
           {"flat_ep", m.flat_ep},
           {"predicted_step_s", m.predicted_step_s},
           {"hold", m.hold},
+          {"resume_dir", m.resume_dir},
           {"job", job_config_to_json(m.job)}};
 }
 
@@ -97,6 +98,7 @@ Status from_json(const json& j, Assignment* out) {
     f.get("flat_ep", &a.flat_ep);
     f.get("predicted_step_s", &a.predicted_step_s);
     f.get("hold", &a.hold);
+    f.get("resume_dir", &a.resume_dir);
     if (const json* peers = f.object("peers")) {
       if (!peers->is_array()) return f.fail("assign.peers", "must be a list");
       for (size_t i = 0; i < peers->size() && f.ok(); ++i) {
@@ -152,7 +154,8 @@ json to_json(const StepMetrics& m) {
           {"bytes", m.bytes},
           {"nmse", m.nmse},
           {"gather_wait_s", m.gather_wait_s},
-          {"link_bursts", m.link_bursts}};
+          {"link_bursts", m.link_bursts},
+          {"skipped", m.skipped}};
 }
 
 Status from_json(const json& j, StepMetrics* out) {
@@ -179,6 +182,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("nmse", &m.nmse);
     f.get("gather_wait_s", &m.gather_wait_s);
     f.get("link_bursts", &m.link_bursts);
+    f.get("skipped", &m.skipped);
   }));
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
@@ -259,6 +263,28 @@ Status from_json(const json& j, PlanUpdate* out) {
   for (int s : p.domain_sizes)
     if (s < 1) return Status::invalid_argument("plan: domain sizes must be >= 1");
   *out = std::move(p);
+  return Status::ok();
+}
+
+json to_json(const CheckpointSaved& m) {
+  return {{"op", op::kCheckpoint}, {"step", m.step},   {"dir", m.dir},           {"file", m.file},
+          {"data_position", m.data_position}, {"bytes", m.bytes},      {"crc32c", m.crc32c}, {"seconds", m.seconds}};
+}
+
+Status from_json(const json& j, CheckpointSaved* out) {
+  CheckpointSaved c;
+  XD_RETURN_IF_ERROR(read_message(j, op::kCheckpoint, [&](JsonFields& f) {
+    f.get("step", &c.step);
+    f.get("dir", &c.dir);
+    f.get("file", &c.file);
+    f.get("data_position", &c.data_position);
+    f.get("bytes", &c.bytes);
+    f.get("crc32c", &c.crc32c);
+    f.get("seconds", &c.seconds);
+  }));
+  if (c.step < 1 || c.dir.empty() || c.file.empty() || c.file.find('/') != std::string::npos || !(c.seconds >= 0))
+    return Status::invalid_argument("checkpoint: step >= 1, a directory and a plain file name are needed");
+  *out = std::move(c);
   return Status::ok();
 }
 

@@ -9,7 +9,7 @@
 // from_json() reads one message strictly: a missing, mistyped or unknown
 // field is an error naming it, and nothing throws.
 //
-//   worker -> coordinator   register, heartbeat, metrics, done, error
+//   worker -> coordinator   register, heartbeat, metrics, checkpoint, done, error
 //   coordinator -> worker   assign, heartbeat, stop, throttle, error (refusal)
 //   CLI -> coordinator      status, metrics, stop, throttle; one JSON reply
 //                           each: {"ok": true, ...} or {"ok": false, "error"}
@@ -34,8 +34,10 @@ namespace xd {
 
 // 1: untyped JSON with the job's YAML text in the assignment. 2: typed
 // messages; the assignment carries the effective JobConfig. 3: metrics carry
-// link bursts; the coordinator may send a plan update mid-job.
-inline constexpr int kProtocolVersion = 3;
+// link bursts; the coordinator may send a plan update mid-job. 4: workers
+// report checkpoint shards; assignments may resume from a checkpoint; metrics
+// say when the non-finite guard skipped a step.
+inline constexpr int kProtocolVersion = 4;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -48,6 +50,7 @@ inline constexpr const char* kStop = "stop";
 inline constexpr const char* kThrottle = "throttle";
 inline constexpr const char* kStatus = "status";
 inline constexpr const char* kPlan = "plan";
+inline constexpr const char* kCheckpoint = "checkpoint";
 }  // namespace op
 
 // The message's op, or an error when it has none.
@@ -78,6 +81,9 @@ struct Assignment {
   bool flat_ep = false;               // EP in one all-to-all hop instead of one per level
   double predicted_step_s = 0;
   bool hold = false;                  // connect, then stay idle until stopped
+  // A checkpoint directory (model/distributed_checkpoint.h) to start from, or
+  // empty: a fresh start.
+  std::string resume_dir;
   JobConfig job;                      // the effective configuration
 };
 
@@ -115,6 +121,22 @@ struct StepMetrics {
   // during which some of its bytes waited to leave this worker
   // (TransportStats::class_bursts): what the coordinator re-fits links from.
   std::map<std::string, std::vector<double>> link_bursts;
+  // The loss or a gradient was not finite and train.nan_policy is "skip": the
+  // weights did not change this step.
+  bool skipped = false;
+};
+
+// worker -> coordinator: this worker's shard of the checkpoint after `step`
+// is durable in `dir` (model/distributed_checkpoint.h); the coordinator
+// writes the manifest once every worker's has come.
+struct CheckpointSaved {
+  int64_t step = 0;
+  std::string dir;
+  std::string file;
+  uint64_t data_position = 0;  // batches drawn so far (BatchSampler::position)
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  double seconds = 0;  // writing, fsync and checksum
 };
 
 // coordinator -> worker: from step `step` (1-based) on, run with these
@@ -169,6 +191,7 @@ nlohmann::json to_json(const StopOrder& m);
 nlohmann::json to_json(const ThrottleRequest& m);
 nlohmann::json to_json(const ThrottleOrder& m);
 nlohmann::json to_json(const PlanUpdate& m);
+nlohmann::json to_json(const CheckpointSaved& m);
 nlohmann::json to_json(const StatusRequest& m);
 nlohmann::json to_json(const MetricsRequest& m);
 
@@ -181,6 +204,7 @@ Status from_json(const nlohmann::json& j, StopOrder* out);
 Status from_json(const nlohmann::json& j, ThrottleRequest* out);
 Status from_json(const nlohmann::json& j, ThrottleOrder* out);
 Status from_json(const nlohmann::json& j, PlanUpdate* out);
+Status from_json(const nlohmann::json& j, CheckpointSaved* out);
 
 // The coordinator's refusal of a registration from another protocol version.
 std::string protocol_mismatch_message(int worker_version);

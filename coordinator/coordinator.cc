@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/progress.h"
+#include "coordinator/checkpoint_tracker.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_planner.h"
 #include "coordinator/kernel_shaper.h"
@@ -26,6 +28,10 @@
 namespace xd {
 
 namespace {
+
+// SIGTERM or SIGINT: stop the workers, write the summary, then exit (a
+// launcher that stops a job this way still gets its account).
+volatile std::sig_atomic_t g_terminate = 0;
 
 enum class JobState { kWaiting, kRunning, kFinishing, kDone, kFailed };
 const char* job_state_name(JobState s) {
@@ -65,6 +71,10 @@ class Coordinator::Impl {
   std::unique_ptr<ControlServer> workers, cli;
   std::optional<KernelShaper> kernel;  // --netns: the outermost level's tbf
   std::unique_ptr<Replanner> replanner;  // live re-planning (opts.replan)
+  std::unique_ptr<CheckpointTracker> checkpoints;  // manifests of train.checkpoint_dir
+  std::string resume_dir;    // the checkpoint the workers start from, or empty
+  int64_t resume_step = 0;   // its step
+  double first_step_wall_s = 0;  // Unix time the first step of this run completed
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0, last_replan_step = 0;
   double running_since = 0;  // when the workers were assigned
@@ -123,6 +133,23 @@ void Coordinator::Impl::start_http() {
 
 Status Coordinator::Impl::run() {
   XD_RETURN_IF_ERROR(job.cluster.validate());
+  checkpoints = std::make_unique<CheckpointTracker>(job.train.model, job.cluster.world_size(), job.train.seed);
+  if (!opts.resume.empty()) {
+    std::vector<std::string> skipped;
+    auto dir = resolve_checkpoint(opts.resume, &skipped);
+    for (const std::string& s : skipped) XD_LOG_WARN("coordinator", "skipped checkpoint %s", s.c_str());
+    if (!dir) return dir.status().with_context("--resume");
+    auto state = checkpoint_trainer_state(*dir);
+    if (!state) return state.status().with_context("--resume");
+    if (state->step >= job.train.steps)
+      return Status::invalid_argument("--resume: " + *dir + " is at step " + std::to_string(state->step) +
+                                      ", and the job ends at train.steps " + std::to_string(job.train.steps));
+    resume_dir = *dir;
+    resume_step = state->step;
+    for (const std::string& s : skipped) std::printf("resume: skipped %s\n", s.c_str());
+    std::printf("resume: from %s (step %lld)\n", resume_dir.c_str(), (long long)resume_step);
+    std::fflush(stdout);
+  }
   if (!opts.netns_state.empty()) {
     auto k = KernelShaper::load(opts.netns_state);
     if (!k) return k.status();
@@ -172,7 +199,18 @@ Status Coordinator::Impl::run() {
 
   started = steady_seconds();
   double next_heartbeat = started + opts.heartbeat_interval_s;
+  g_terminate = 0;
+  struct RestoreSignals {
+    using Handler = void (*)(int);
+    Handler term = std::signal(SIGTERM, [](int) { g_terminate = 1; });
+    Handler intr = std::signal(SIGINT, [](int) { g_terminate = 1; });
+    ~RestoreSignals() {
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+    }
+  } restore;
   while (state != JobState::kDone && state != JobState::kFailed) {
+    if (g_terminate && state != JobState::kFinishing) fail(Status::unavailable("the coordinator was told to stop (signal)"));
     if (auto m = workers->poll(std::chrono::milliseconds(20))) handle_worker(*m, steady_seconds());
     while (auto m = cli->poll(std::chrono::milliseconds(0))) handle_cli(*m);
     const double now = steady_seconds();
@@ -257,6 +295,24 @@ void Coordinator::Impl::handle_worker(const ControlMessage& m, double now) {
     metrics.record(*rank, sm);
     log_progress();
     consider_replan();
+  } else if (*opname == op::kCheckpoint) {
+    CheckpointSaved report;
+    if (Status st = from_json(m.body, &report); !st.is_ok()) {
+      XD_LOG_WARN("coordinator", "bad checkpoint report from worker %d: %s", *rank, st.message().c_str());
+      return;
+    }
+    double loss = 0;
+    for (const StepSummary& s : metrics.complete_steps())
+      if (s.step == report.step) loss = s.loss;
+    auto done = checkpoints->record(*rank, report, loss);
+    if (!done) return fail(done.status().with_context("checkpoint"));
+    if (*done) {
+      progress.clear();
+      std::printf("checkpoint: step %lld complete in %s (%d shards, %.1f MB, written in %.0f ms)\n",
+                  (long long)(*done)->step, (*done)->dir.c_str(), registry.world_size(), (*done)->bytes / 1e6,
+                  (*done)->write_s * 1e3);
+      std::fflush(stdout);
+    }
   } else if (*opname == op::kDone) {
     e->state = WorkerState::kDone;
   } else if (*opname == op::kError) {
@@ -278,6 +334,7 @@ void Coordinator::Impl::assign_all() {
   a.flat_ep = opts.flat_ep && plan.mode == EpMode::kEp;
   a.predicted_step_s = plan.choice().iteration_s;
   a.hold = opts.hold;
+  a.resume_dir = resume_dir;
   a.job = job;
   // pipeline_degree auto: the planner's r for the chosen domains.
   if (a.job.cluster.expert_parallel.pipeline_degree == 0)
@@ -390,6 +447,8 @@ void Coordinator::Impl::log_progress() {
   const StepSummary* s = metrics.last_complete();
   if (!s || s->step == last_logged_step) return;
   last_logged_step = s->step;
+  if (first_step_wall_s == 0)
+    first_step_wall_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const int64_t steps = job.train.steps;
   const double elapsed = steady_seconds() - running_since;
   if (s->step % job.train.log_every == 0 || s->step == 1 || s->step == steps) {
@@ -400,13 +459,13 @@ void Coordinator::Impl::log_progress() {
                   (long long)s->step, (long long)steps, s->loss, s->tokens_per_s, s->step_s * 1e3,
                   s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->fwd_overlap_percent(), s->bwd_overlap_percent(),
                   s->step_over_bound(), s->predicted_step_s * 1e3,
-                  ProgressLine::eta(s->step, steps, elapsed).c_str());
+                  ProgressLine::eta(s->step - resume_step, steps - resume_step, elapsed).c_str());
     progress.line(text);
   }
   char live[160];
   std::snprintf(live, sizeof live, "step %lld/%lld | loss %.4f | %.0f ms/step | step / bound %.2f", (long long)s->step,
                 (long long)steps, s->loss, s->step_s * 1e3, s->step_over_bound());
-  if (s->step < steps) progress.live(s->step, steps, elapsed, live);
+  if (s->step < steps) progress.live(s->step - resume_step, steps - resume_step, elapsed, live);
 }
 
 nlohmann::json Coordinator::Impl::status_json(double now) {
@@ -446,6 +505,11 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"rejected_control_messages", workers->rejected() + cli->rejected()}};
   if (metrics.last_complete()) j["last_step"] = metrics.to_json()["last_step"];
   if (!outcome.is_ok()) j["error"] = outcome.message();
+  if (!resume_dir.empty()) j["resumed_from"] = {{"dir", resume_dir}, {"step", resume_step}};
+  if (!checkpoints->completed().empty()) {
+    const CompletedCheckpoint& c = checkpoints->completed().back();
+    j["last_checkpoint"] = {{"step", c.step}, {"dir", c.dir}, {"bytes", c.bytes}, {"write_s", c.write_s}};
+  }
   return j;
 }
 
@@ -522,12 +586,25 @@ void Coordinator::Impl::write_summary() {
                       {"steps_complete", metrics.complete_steps().size()},
                       {"predicted_step_s", plan.choice().iteration_s}};
   if (!outcome.is_ok()) j["error"] = outcome.message();
-  nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array();
+  nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array(),
+                 step_numbers = nlohmann::json::array();
+  int64_t skipped = 0;
   for (const StepSummary& s : metrics.complete_steps()) {
     losses.push_back(s.loss);
     step_times.push_back(s.step_s);
+    step_numbers.push_back(s.step);
+    skipped += s.skipped;
   }
   j["losses"] = losses;
+  j["steps"] = step_numbers;  // the step each loss belongs to (a resumed run starts after its checkpoint)
+  j["skipped_steps"] = skipped;
+  j["started"] = running_since > 0;
+  if (first_step_wall_s > 0) j["first_step_wall_s"] = first_step_wall_s;
+  if (!resume_dir.empty()) j["resumed_from"] = {{"dir", resume_dir}, {"step", resume_step}};
+  nlohmann::json cks = nlohmann::json::array();
+  for (const CompletedCheckpoint& c : checkpoints->completed())
+    cks.push_back({{"step", c.step}, {"dir", c.dir}, {"bytes", c.bytes}, {"write_s", c.write_s}});
+  j["checkpoints"] = cks;
   j["step_times_s"] = step_times;
   j["plan_changes"] = plan_changes_json();
   // The last fit of each link class (docs/launch.md), bytes/s.

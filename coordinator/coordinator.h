@@ -39,6 +39,10 @@ struct CoordinatorOptions {
   // Re-plan when a shaped link class's measured bandwidth moves far from the
   // plan's (coordinator/replanner.h), switching domains at a step boundary.
   bool replan = true;
+  // Start from a checkpoint: a checkpoint directory, or a directory of
+  // step_<N> checkpoints whose newest complete one is taken (torn or corrupt
+  // ones are skipped, with a warning). Empty: a fresh start.
+  std::string resume;
 };
 
 class Coordinator {

@@ -12,6 +12,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   StepSummary& s = pending_[m.step];
   s.step = m.step;
   s.reporters++;
+  s.skipped = s.skipped || m.skipped;
   // Summed in rank order once every rank reported, so that the mean does not
   // depend on the order the reports arrived in.
   auto& losses = pending_losses_[m.step];

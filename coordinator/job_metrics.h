@@ -20,6 +20,7 @@ namespace xd {
 struct StepSummary {
   int64_t step = 0;
   int reporters = 0;
+  bool skipped = false;                        // the non-finite guard skipped it (every worker does alike)
   double loss = 0, ce_loss = 0, aux_loss = 0;  // mean over workers
   double tokens_per_s = 0;                     // sum over workers
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers

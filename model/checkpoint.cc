@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "model/detail/trainer_state_json.h"
+#include "model/distributed_checkpoint.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 
@@ -108,7 +110,10 @@ Status read_into(const SafetensorsFile& file, const ParamLayout& layout,
   return Status::ok();
 }
 
-json trainer_to_json(const TrainerState& t) {
+}  // namespace
+
+namespace detail {
+json trainer_state_to_json(const TrainerState& t) {
   json j;
   j["step"] = t.step;
   j["data_position"] = t.data_position;
@@ -118,7 +123,7 @@ json trainer_to_json(const TrainerState& t) {
   return j;
 }
 
-Status trainer_from_json(const json& j, const std::string& path, TrainerState* t) {
+Status trainer_state_from_json(const json& j, const std::string& path, TrainerState* t) {
   auto bad = [&](const char* key, const char* want) {
     return Status::corruption(path + ": key \"" + key + "\" " + want);
   };
@@ -143,6 +148,10 @@ Status trainer_from_json(const json& j, const std::string& path, TrainerState* t
                                  : loss->get<double>();
   return Status::ok();
 }
+
+}  // namespace detail
+
+namespace {
 
 // Replaces `dir` with the fully written `tmp`, then drops the old contents.
 Status swap_into_place(const std::string& tmp, const std::string& dir) {
@@ -192,7 +201,7 @@ Status write_all_files(const std::string& tmp, const ParamLayout& layout, const 
     XD_RETURN_IF_ERROR(write_safetensors(join(tmp, kOptimizerFile), opt,
                                          {{"format", "pt"}, {"step", std::to_string(adam_step)}}));
   }
-  XD_RETURN_IF_ERROR(write_json(join(tmp, kTrainerFile), trainer_to_json(trainer)));
+  XD_RETURN_IF_ERROR(write_json(join(tmp, kTrainerFile), detail::trainer_state_to_json(trainer)));
   return fsync_dir(tmp);
 }
 
@@ -235,7 +244,7 @@ Expected<CheckpointData> load_impl(const std::string& dir) {
   const std::string trainer_path = join(dir, kTrainerFile);
   Expected<json> trainer = read_json(trainer_path);
   if (!trainer) return trainer.status();
-  XD_RETURN_IF_ERROR(trainer_from_json(*trainer, trainer_path, &out.trainer));
+  XD_RETURN_IF_ERROR(detail::trainer_state_from_json(*trainer, trainer_path, &out.trainer));
   return out;
 }
 
@@ -282,7 +291,8 @@ Status save_checkpoint(const std::string& dir_in, const ParamLayout& layout, con
 
 Expected<CheckpointData> load_checkpoint(const std::string& dir_in) {
   const std::string dir = strip_trailing_slashes(dir_in);
-  Expected<CheckpointData> out = load_impl(dir);
+  Expected<CheckpointData> out =
+      is_distributed_checkpoint(dir) ? load_distributed_checkpoint(dir) : load_impl(dir);
   if (!out) return out.status().with_context("loading checkpoint " + dir);
   return out;
 }
@@ -315,8 +325,10 @@ Expected<std::string> latest_checkpoint(const std::string& root) {
     if (err != std::errc() || end != e || step < 0) continue;
     if (!it->is_directory(ec) || ec) continue;
     // Complete means the files load_checkpoint requires are there.
-    if (!is_file(it->path() / kModelFile) || !is_file(it->path() / kConfigFile) ||
-        !is_file(it->path() / kTrainerFile))
+    // (or a distributed run's manifest, model/distributed_checkpoint.h).
+    if ((!is_file(it->path() / kModelFile) || !is_file(it->path() / kConfigFile) ||
+         !is_file(it->path() / kTrainerFile)) &&
+        !is_file(it->path() / kManifestFile))
       continue;
     if (step > best_step) {
       best_step = step;

@@ -1,5 +1,7 @@
 #include "model/param_layout.h"
 
+#include <cmath>
+
 namespace xd {
 
 size_t TensorSlot::numel() const {
@@ -72,6 +74,22 @@ const TensorSlot* ParamLayout::find(const std::string& name) const {
   for (const TensorSlot& s : slots_)
     if (s.name == name) return &s;
   return nullptr;
+}
+
+std::string non_finite_tensors(const ParamLayout& layout, const float* values) {
+  std::string out;
+  int listed = 0, more = 0;
+  for (const TensorSlot& s : layout.slots()) {
+    size_t bad = 0;
+    for (size_t i = s.offset; i < s.offset + s.numel(); ++i) bad += !std::isfinite(values[i]);
+    if (bad == 0) continue;
+    if (listed++ < 4)
+      out += (out.empty() ? "" : ", ") + s.name + " (" + std::to_string(bad) + " of " + std::to_string(s.numel()) + ")";
+    else
+      ++more;
+  }
+  if (more) out += " and " + std::to_string(more) + " more tensors";
+  return out.empty() ? "no tensor" : out;
 }
 
 }  // namespace xd

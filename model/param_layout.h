@@ -94,4 +94,9 @@ ModelWeights<T> ParamLayout::bind(T* base) const {
   return w;
 }
 
+// The slots holding a non-finite value in `values` (layout.size() floats), as
+// "name (count of numel), ..." -- the first four, then how many more; for the
+// non-finite guard's log.
+std::string non_finite_tensors(const ParamLayout& layout, const float* values);
+
 }  // namespace xd

@@ -133,9 +133,10 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }
 
 int64_t TensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
+  // Unsigned: beside a zero dimension the others may multiply past INT64_MAX.
+  uint64_t n = 1;
+  for (int64_t s : shape) n *= static_cast<uint64_t>(s);
+  return static_cast<int64_t>(n);
 }
 
 Status write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,

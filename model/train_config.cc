@@ -49,6 +49,9 @@ Status TrainConfig::validate() const {
   if (eval_every < 0) return bad("train.eval_every", "must be >= 0");
   if (eval_batches <= 0) return bad("train.eval_batches", "must be positive");
   if (checkpoint_every < 0) return bad("train.checkpoint_every", "must be >= 0");
+  if (max_restarts < 0) return bad("train.max_restarts", "must be >= 0");
+  if (nan_policy != "stop" && nan_policy != "skip")
+    return bad("train.nan_policy", "must be stop or skip, not '" + nan_policy + "'");
   if ((farskip.attention_only || farskip.moe_only) && !farskip.enabled)
     return bad(farskip.attention_only ? "farskip.attention_only" : "farskip.moe_only", "needs farskip.enabled: true");
   if (farskip.attention_only && farskip.moe_only)
@@ -184,7 +187,7 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
           "steps", "batch_size", "seq_len", "learning_rate", "min_learning_rate",
           "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed",
           "log_every", "eval_every", "eval_batches", "checkpoint_every", "checkpoint_dir", "trace_steps",
-          "trace_dir"};
+          "trace_dir", "max_restarts", "nan_policy"};
       r.section(v, "train", keys, [&](const std::string& k2, const YAML::Node& v2, const std::string& key) {
         if (k2 == "steps") r.get(v2, key, &c.steps);
         else if (k2 == "batch_size") r.get(v2, key, &c.batch_size);
@@ -203,6 +206,8 @@ Expected<TrainConfig> parse_train_config(const std::string& text, const std::str
         else if (k2 == "eval_batches") r.get(v2, key, &c.eval_batches);
         else if (k2 == "checkpoint_every") r.get(v2, key, &c.checkpoint_every);
         else if (k2 == "trace_dir") r.get(v2, key, &c.trace_dir);
+        else if (k2 == "max_restarts") r.get(v2, key, &c.max_restarts);
+        else if (k2 == "nan_policy") r.get(v2, key, &c.nan_policy);
         else if (k2 == "trace_steps") {
           if (!v2.IsSequence()) return r.fail(v2, key, "must be a list of steps, e.g. [5, 6]");
           c.trace_steps.clear();

@@ -50,6 +50,14 @@ struct TrainConfig {
   int eval_batches = 4;
   int64_t checkpoint_every = 0;  // 0: only at the end
   std::string checkpoint_dir;    // empty: no checkpoints
+  // `xdmoe launch` relaunches a job that lost a worker from its last complete
+  // checkpoint, at most this many times (docs/operations.md).
+  int max_restarts = 0;
+  // A step whose loss or gradient is not finite: "stop" ends the run with an
+  // error naming the tensor; "skip" leaves the weights as they were and goes
+  // on (and stops after kMaxSkippedInARow such steps in a row).
+  std::string nan_policy = "stop";
+  static constexpr int kMaxSkippedInARow = 10;
   // Steps (1-based) whose timeline each worker writes to trace_dir as a
   // Chrome trace (docs/overlap.md); empty: none.
   std::vector<int64_t> trace_steps;

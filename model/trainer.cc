@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "model/byte_tokenizer.h"
+#include "common/log.h"
 #include "model/checkpoint.h"
 #include "model/corpus.h"
 
@@ -89,14 +91,32 @@ Expected<StepStats> Trainer::step() {
   model_->zero_grad();
   StepStats s;
   s.loss = model_->forward(inputs_.data(), targets_.data(), config_.batch_size, config_.seq_len);
-  if (!std::isfinite(s.loss.loss))
-    return Status::internal("loss is " + std::to_string(s.loss.loss) + " at step " +
-                            std::to_string(step_ + 1) + "; stopping before the update");
-  model_->backward();
   s.learning_rate = config_.learning_rate_at(step_);
-  s.grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), s.learning_rate);
-  if (!std::isfinite(s.grad_norm))
-    return Status::internal("gradient norm is not finite at step " + std::to_string(step_ + 1));
+  // The non-finite guard: nothing is updated from a non-finite loss or gradient.
+  std::string why;
+  if (!std::isfinite(s.loss.loss)) {
+    why = "loss is " + std::to_string(s.loss.loss) + "; weights not finite: " +
+          non_finite_tensors(*layout_, model_->params().data());
+  } else {
+    model_->backward();
+    double norm_sq = 0;
+    for (float g : model_->grads()) norm_sq += (double)g * g;
+    if (std::isfinite(norm_sq))
+      s.grad_norm = optimizer_->step(model_->params().data(), model_->grads().data(), s.learning_rate, norm_sq);
+    else
+      why = "gradient not finite in " + non_finite_tensors(*layout_, model_->grads().data());
+  }
+  if (!why.empty()) {
+    why = "step " + std::to_string(step_ + 1) + ": " + why;
+    if (config_.nan_policy != "skip") return Status::internal(why + "; stopping before the update (train.nan_policy: stop)");
+    if (++skipped_in_a_row_ > TrainConfig::kMaxSkippedInARow)
+      return Status::internal(why + "; " + std::to_string(skipped_in_a_row_) + " steps in a row were not finite");
+    XD_LOG_WARN("trainer", "skipped %s (train.nan_policy: skip)", why.c_str());
+    s.skipped = true;
+    s.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    skipped_in_a_row_ = 0;
+  }
   s.step = ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_second = config_.batch_size * config_.seq_len / s.seconds;

@@ -27,6 +27,7 @@ struct StepStats {
   double learning_rate = 0;
   double seconds = 0;
   double tokens_per_second = 0;
+  bool skipped = false;  // not finite, and train.nan_policy "skip": no update
 };
 
 // Loads the token stream a config names (built-in corpus or a file).
@@ -65,6 +66,7 @@ class Trainer {
   std::shared_ptr<const std::vector<int32_t>> train_tokens_, eval_tokens_;
   std::unique_ptr<BatchSampler> sampler_;
   int64_t step_ = 0;
+  int skipped_in_a_row_ = 0;
   double unigram_loss_ = 0;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;

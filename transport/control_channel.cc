@@ -1,5 +1,7 @@
 #include "transport/control_channel.h"
 
+#include <cerrno>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -107,7 +109,8 @@ std::optional<ControlMessage> ControlServer::poll(std::chrono::milliseconds time
     if (m) m->peer = (*frames)[0].to_string();
     return m;
   } catch (const zmq::error_t& e) {
-    XD_LOG_ERROR("control", "receive failed: %s", e.what());
+    // A signal (the launcher's SIGTERM) interrupts the wait: the caller's loop looks at it.
+    if (e.num() != EINTR) XD_LOG_ERROR("control", "receive failed: %s", e.what());
     return std::nullopt;
   }
 }
@@ -171,7 +174,8 @@ std::optional<ControlMessage> ControlClient::poll(std::chrono::milliseconds time
     if (!frames) return std::nullopt;
     return decode(*frames, 0, &impl_->rejected);
   } catch (const zmq::error_t& e) {
-    XD_LOG_ERROR("control", "receive failed: %s", e.what());
+    // A signal (the launcher's SIGTERM) interrupts the wait: the caller's loop looks at it.
+    if (e.num() != EINTR) XD_LOG_ERROR("control", "receive failed: %s", e.what());
     return std::nullopt;
   }
 }
