@@ -41,6 +41,7 @@ class ComputeActor;
 // Everything the actors share; each field is touched by the thread named.
 struct WorkerShared {
   WorkerOptions options;
+  SocketSecurity control_security;         // to the coordinator
   std::unique_ptr<Transport> transport;    // thread-safe
   std::promise<int> exit_code;             // set once, by the control actor
   std::atomic<bool> exit_set{false};
@@ -180,7 +181,7 @@ void ControlActor::on_start() {
   ::gethostname(host, sizeof host - 1);
   const std::string label = s_->options.host_label.empty() ? host : s_->options.host_label;
   auto client = ControlClient::connect(s_->options.coordinator,
-                                       "worker-" + label + "-" + std::to_string(::getpid()));
+                                       "worker-" + label + "-" + std::to_string(::getpid()), s_->control_security);
   if (!client) {
     XD_LOG_ERROR("worker", "%s", client.status().message().c_str());
     s_->finish(2);
@@ -279,7 +280,13 @@ void ControlActor::on_assign(const nlohmann::json& body) {
   }
   // Every link class of the job, shaped as the spec says.
   std::vector<PeerInfo> peers;
-  for (const PeerAssignment& p : a.peers) peers.push_back({p.rank, p.endpoint, p.link_class});
+  std::vector<std::string> peer_keys;
+  for (const PeerAssignment& p : a.peers) {
+    peers.push_back({p.rank, p.endpoint, p.link_class, p.public_key});
+    if (!p.public_key.empty()) peer_keys.push_back(p.public_key);
+  }
+  // Only the job's own workers may open a data link to this one.
+  if (s_->control_security.curve) set_allowed_keys(kZapDomainData, peer_keys);
   const std::vector<LevelSpec>& levels = a.job.cluster.levels;
   for (const LevelSpec& l : levels) level_names_.push_back(l.link.name);
   for (size_t c = 0; c < levels.size(); ++c)
@@ -320,6 +327,22 @@ int run_worker(const WorkerOptions& options) {
   WorkerShared shared;
   shared.options = options;
   TransportOptions t;
+  if (options.key_file.empty() != options.coordinator_key.empty()) {
+    XD_LOG_ERROR("worker", "CURVE needs both --key and --coordinator-key");
+    return 2;
+  }
+  if (!options.key_file.empty()) {
+    auto own = read_secret_key_file(options.key_file);
+    auto server = read_public_key(options.coordinator_key);
+    if (!own || !server) {
+      XD_LOG_ERROR("worker", "%s", (!own ? own.status() : server.status()).message().c_str());
+      return 2;
+    }
+    shared.control_security = {true, *own, *server, ""};
+    t.security = {true, *own, "", kZapDomainData};
+    XD_LOG_INFO("worker", "CURVE: this worker's key %s, the coordinator's %s", key_label(own->public_key).c_str(),
+                key_label(*server).c_str());
+  }
   t.rank = -1;
   t.bind_endpoint = "tcp://" + options.bind_host + ":*";
   t.link_classes.assign(8, LinkShaping{});  // levels of any job; shaped on assignment
@@ -344,6 +367,13 @@ int run_worker(const WorkerOptions& options) {
   compute.join();
   control.stop();
   control.join();
+  // Every link's message and byte counters, for a soak run to check that
+  // what each worker sent its peers is what they received.
+  nlohmann::json links = nlohmann::json::array();
+  for (const LinkStats& l : shared.transport->stats().links)
+    links.push_back({{"peer", l.peer}, {"messages_sent", l.messages_sent}, {"bytes_sent", l.bytes_sent},
+                     {"messages_received", l.messages_received}, {"bytes_received", l.bytes_received}});
+  XD_LOG_INFO("worker", "link counters: %s", links.dump().c_str());
   return code;
 }
 

@@ -27,6 +27,10 @@ struct WorkerOptions {
   bool check_launcher_world = false;
   double heartbeat_interval_s = 1.0;
   int liveness = 3;
+  // CURVE (transport/security.h): this worker's secret key file and the
+  // coordinator's public key (a .pub file or Z85). Both or neither; neither:
+  // plaintext.
+  std::string key_file, coordinator_key;
 };
 
 // The rank a launcher gave this process: OMPI_COMM_WORLD_RANK, PMI_RANK,

@@ -16,7 +16,9 @@
 // % of rate = goodput / configured bandwidth. Target: end-to-end >= 90 %.
 // MB = 10^6 bytes here, so 100 Mbit/s = 12.5 MB/s exactly.
 //
-// usage: goodput_bench [--total-mb 60] [--msg-kb 1024] [--reps 1] [--csv FILE]
+// usage: goodput_bench [--total-mb 60] [--msg-kb 1024] [--reps 1] [--csv FILE] [--curve]
+// --curve: both links CURVE-encrypted and authenticated (transport/security.h),
+// to compare with the plaintext rows of a run without it.
 // Rows: unshaped loopback (reference), 100 Mbit/s, 100 Mbit/s + 5 ms,
 // 1 Gbit/s, 1 Gbit/s + 5 ms, 100 Mbit/s with 64 KiB messages, and two
 // "both ways" rows. The loopback wire itself is far faster than the shaped
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/security.h"
 #include "transport/transport.h"
 
 namespace {
@@ -43,6 +46,7 @@ struct Options {
   int msg_kb = 1024;
   int reps = 1;
   std::string csv;
+  bool curve = false;
 };
 
 [[noreturn]] void usage(const std::string& msg) {
@@ -109,6 +113,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") usage("help");
+    if (k == "--curve") {
+      o.curve = true;
+      continue;
+    }
     if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     if (k == "--total-mb") o.total_mb = std::atof(v.c_str());
@@ -124,11 +132,22 @@ int main(int argc, char** argv) {
   b.rank = 1;
   a.job = b.job = 77;
   a.link_class_names = b.link_class_names = {"shaped"};
+  xd::CurveKeys ka, kb;
+  if (o.curve) {
+    auto x = xd::generate_curve_keys(), y = xd::generate_curve_keys();
+    die_if(x ? xd::Status::ok() : x.status(), "keys");
+    ka = *x;
+    kb = *y;
+    a.security = {true, ka, "", xd::kZapDomainData};
+    b.security = {true, kb, "", xd::kZapDomainData};
+    xd::set_allowed_keys(xd::kZapDomainData, {ka.public_key, kb.public_key});
+  }
   auto ta = xd::Transport::create(a);
   auto tb = xd::Transport::create(b);
   die_if(ta ? xd::Status::ok() : ta.status(), "transport 0");
   die_if(tb ? xd::Status::ok() : tb.status(), "transport 1");
-  const std::vector<xd::PeerInfo> peers = {{0, (*ta)->endpoint(), 0}, {1, (*tb)->endpoint(), 0}};
+  const std::vector<xd::PeerInfo> peers = {{0, (*ta)->endpoint(), 0, ka.public_key},
+                                           {1, (*tb)->endpoint(), 0, kb.public_key}};
   die_if((*ta)->connect(peers), "connect 0");
   die_if((*tb)->connect(peers), "connect 1");
 
@@ -157,8 +176,8 @@ int main(int argc, char** argv) {
   (*ta)->set_shaping(0, xd::LinkShaping{});
   stream(ta->get(), tb->get(), 1, 8 << 20, msg, buf);
 
-  std::printf("goodput_bench: %.0f MB (10^6 B) per direction over loopback TCP, %d rep(s), median\n",
-              o.total_mb, o.reps);
+  std::printf("goodput_bench: %.0f MB (10^6 B) per direction over loopback TCP%s, %d rep(s), median\n",
+              o.total_mb, o.curve ? ", CURVE" : ", plaintext", o.reps);
   std::printf("%-28s %9s %9s %9s %11s %12s %9s %9s\n", "link", "rate MB/s", "lat ms", "msg KiB", "elapsed s",
               "goodput MB/s", "% rate", "steady %");
   std::ofstream csv;

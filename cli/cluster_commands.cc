@@ -1,5 +1,6 @@
 // xdmoe coordinator / worker: the two processes of a distributed job.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -134,6 +135,13 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--advertise-host", o->advertise_host,
                   "The address peers reach this worker at (default: the bound address; needed with 0.0.0.0)");
   cmd->add_option("--host-label", o->host_label, "Name shown by xdmoe status (default: hostname)");
+  if (const char* k = std::getenv("XDMOE_KEY")) o->key_file = k;
+  if (const char* k = std::getenv("XDMOE_COORDINATOR_KEY")) o->coordinator_key = k;
+  cmd->add_option("--key", o->key_file,
+                  "This worker's CURVE secret key file (xdmoe keygen; default $XDMOE_KEY); with --coordinator-key "
+                  "every link is encrypted and authenticated");
+  cmd->add_option("--coordinator-key", o->coordinator_key,
+                  "The coordinator's public key: its .pub file or the Z85 key (default $XDMOE_COORDINATOR_KEY)");
   cmd->add_option("--kernel-shaped", o->kernel_shaped,
                   "Link classes whose bandwidth the kernel shapes (scripts/netns-cluster.sh): only their latency "
                   "is added in the process")

@@ -15,6 +15,7 @@ void add_plan_command(CLI::App& app, int* exit_code);
 void add_coordinator_command(CLI::App& app, int* exit_code);
 void add_worker_command(CLI::App& app, int* exit_code);
 void add_launch_command(CLI::App& app, int* exit_code);
+void add_keygen_command(CLI::App& app, int* exit_code);
 void add_monitor_commands(CLI::App& app, int* exit_code);  // status, top, metrics, stop, throttle
 
 // The CLI endpoint of the coordinator to talk to: --coordinator, else

@@ -266,6 +266,15 @@ int run_launch(const LaunchFlags& f) {
     std::fprintf(stderr, "xdmoe launch: %s\n", placement.status().message().c_str());
     return 2;
   }
+  // CURVE: every worker gets the workers' key and the coordinator's public key.
+  if (const SecuritySpec& s = job.cluster.security; s.curve()) {
+    if (s.worker_key.empty()) {
+      std::fprintf(stderr, "xdmoe launch: cluster.security.worker_key: the workers' secret key file is needed\n");
+      return 2;
+    }
+    placement->worker_args.insert(placement->worker_args.end(),
+                                  {"--key", s.worker_key, "--coordinator-key", s.coordinator_public_key});
+  }
   if (!f.checkpoint_dir.empty()) job.train.checkpoint_dir = f.checkpoint_dir;
   if (f.checkpoint_every >= 0) job.train.checkpoint_every = f.checkpoint_every;
   if (f.max_restarts >= 0) job.train.max_restarts = f.max_restarts;

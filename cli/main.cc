@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   xd::cli::add_coordinator_command(app, &exit_code);
   xd::cli::add_worker_command(app, &exit_code);
   xd::cli::add_launch_command(app, &exit_code);
+  xd::cli::add_keygen_command(app, &exit_code);
   xd::cli::add_monitor_commands(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -25,15 +25,25 @@ namespace {
 
 struct MonitorFlags {
   std::string coordinator;
+  std::string key_file, coordinator_key;  // CURVE (docs/operations.md)
   bool json = false;
   int iterations = 0;     // top: 0 = until interrupted
   double interval = 1.0;  // top
   std::string link, bandwidth, latency;
+  int rank = -1;  // throttle: one worker only
 };
 
 Expected<nlohmann::json> ask(const MonitorFlags& f, const nlohmann::json& request) {
   const std::string ep = coordinator_cli_endpoint(f.coordinator);
-  auto reply = control_request(ep, request, std::chrono::milliseconds(2000));
+  SocketSecurity security;
+  if (!f.key_file.empty() || !f.coordinator_key.empty()) {
+    auto own = read_secret_key_file(f.key_file);
+    if (!own) return own.status().with_context("--key");
+    auto server = read_public_key(f.coordinator_key);
+    if (!server) return server.status().with_context("--coordinator-key");
+    security = {true, *own, *server, ""};
+  }
+  auto reply = control_request(ep, request, std::chrono::milliseconds(2000), security);
   if (!reply)
     return Status::unavailable("no coordinator reachable at " + ep +
                                " (is a job running? pass --coordinator or set XDMOE_COORDINATOR)");
@@ -103,6 +113,22 @@ void print_status(const nlohmann::json& s) {
     std::printf("  why: %s\n", fit(c.value("reason", "?"), 73).c_str());
   }
   if (s.contains("error")) std::printf("error: %s\n", s["error"].get<std::string>().c_str());
+  // Links, checkpoints and who was turned away (docs/operations.md).
+  if (s.contains("security")) {
+    const auto& sec = s["security"];
+    const auto refused = sec.value("refused", nlohmann::json::array());
+    std::printf("links: %s; %zu connection(s) refused\n", sec.value("curve", false) ? "CURVE" : "plaintext",
+                refused.size());
+    for (size_t i = refused.size() > 5 ? refused.size() - 5 : 0; i < refused.size(); ++i)
+      std::printf("  refused key %s from %s (%s)\n", refused[i].value("key", "?").c_str(),
+                  refused[i].value("address", "?").c_str(), refused[i].value("domain", "?").c_str());
+  }
+  if (s.contains("last_checkpoint"))
+    std::printf("last checkpoint: step %s in %s\n", s["last_checkpoint"]["step"].dump().c_str(),
+                s["last_checkpoint"].value("dir", "?").c_str());
+  if (s.contains("resumed_from"))
+    std::printf("resumed from %s (step %s)\n", s["resumed_from"].value("dir", "?").c_str(),
+                s["resumed_from"]["step"].dump().c_str());
   std::printf("%-4s %-9s %-14s %-7s %6s %6s %8s %7s %8s\n", "rank", "state", "host", "pid", "seen",
               "step", "loss", "tok/s", "step ms");
   for (const auto& w : s.value("workers", nlohmann::json::array())) {
@@ -237,7 +263,7 @@ int run_stop(const MonitorFlags& f) {
 int run_throttle(const MonitorFlags& f) {
   auto bw = parse_bandwidth(f.bandwidth);
   if (!bw) return fail("throttle", bw.status());
-  ThrottleRequest req{f.link, *bw, -1};
+  ThrottleRequest req{f.link, *bw, -1, f.rank};
   if (!f.latency.empty()) {
     auto lat = parse_duration(f.latency);
     if (!lat) return fail("throttle", lat.status());
@@ -245,7 +271,8 @@ int run_throttle(const MonitorFlags& f) {
   }
   auto r = ask(f, to_json(req));
   if (!r) return fail("throttle", r.status());
-  std::printf("link class %s: %s%s\n", f.link.c_str(), human_rate(*bw).c_str(),
+  std::printf("link class %s%s: %s%s\n", f.link.c_str(),
+              f.rank >= 0 ? (" from worker " + std::to_string(f.rank)).c_str() : "", human_rate(*bw).c_str(),
               f.latency.empty() ? "" : (", latency " + f.latency).c_str());
   return 0;
 }
@@ -257,6 +284,11 @@ void add_monitor_commands(CLI::App& app, int* exit_code) {
   auto common = [f](CLI::App* cmd, bool json) {
     cmd->add_option("--coordinator", f->coordinator,
                     "Coordinator CLI endpoint (default $XDMOE_COORDINATOR or tcp://127.0.0.1:7370)");
+    if (const char* k = std::getenv("XDMOE_KEY")) f->key_file = k;
+    if (const char* k = std::getenv("XDMOE_COORDINATOR_KEY")) f->coordinator_key = k;
+    cmd->add_option("--key", f->key_file, "Your CURVE secret key file, for a job with keys (default $XDMOE_KEY)");
+    cmd->add_option("--coordinator-key", f->coordinator_key,
+                    "The coordinator's public key: .pub file or Z85 (default $XDMOE_COORDINATOR_KEY)");
     if (json) cmd->add_flag("--json", f->json, "Print JSON instead of a table");
   };
   CLI::App* status = app.add_subcommand("status", "Show the job, its workers, their liveness and the last step");
@@ -282,6 +314,8 @@ void add_monitor_commands(CLI::App& app, int* exit_code) {
   throttle->add_option("--link", f->link, "Link class (level) name, e.g. dc")->required();
   throttle->add_option("--bandwidth", f->bandwidth, "e.g. 50mbit, 1gbit, 10MB/s")->required();
   throttle->add_option("--latency", f->latency, "e.g. 5ms");
+  throttle->add_option("--rank", f->rank,
+                       "Only this worker's sends on the class (the others keep theirs); default: every worker");
   throttle->callback([f, exit_code] { *exit_code = run_throttle(*f); });
 }
 

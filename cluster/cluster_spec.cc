@@ -243,7 +243,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
 
   YamlReader r(source);
   bool levels_given = false, domains_given = false;
-  r.section(node, "cluster", {"levels", "hosts", "expert_parallel"}, {},
+  r.section(node, "cluster", {"levels", "hosts", "expert_parallel", "security"}, {},
             [&](const std::string& key, const YAML::Node& v, const std::string& full) {
     if (key == "levels") {
       levels_given = true;
@@ -257,6 +257,29 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
       }
     } else if (key == "hosts") {
       read_hosts(r, v, &c.hosts);
+    } else if (key == "security") {
+      SecuritySpec& s = c.security;
+      s.configured = true;
+      r.section(v, full, {"insecure", "coordinator_key", "coordinator_public_key", "worker_key", "allowed_keys",
+                          "read_only_any_key"}, {},
+                [&](const std::string& sk, const YAML::Node& sv, const std::string& sfull) {
+        if (sk == "insecure") r.get(sv, sfull, &s.insecure);
+        else if (sk == "coordinator_key") r.get(sv, sfull, &s.coordinator_key);
+        else if (sk == "coordinator_public_key") r.get(sv, sfull, &s.coordinator_public_key);
+        else if (sk == "worker_key") r.get(sv, sfull, &s.worker_key);
+        else if (sk == "read_only_any_key") r.get(sv, sfull, &s.read_only_any_key);
+        else {
+          if (!sv.IsSequence()) return r.fail(sv, sfull, "must be a list of .pub files or Z85 public keys");
+          s.allowed_keys.clear();
+          for (size_t i = 0; i < sv.size() && r.ok(); ++i) {
+            std::string k;
+            r.get(sv[i], sfull + "[" + std::to_string(i) + "]", &k);
+            s.allowed_keys.push_back(k);
+          }
+        }
+      });
+      if (r.ok() && !s.insecure && (s.coordinator_public_key.empty() || s.allowed_keys.empty()))
+        r.fail(v, full, "needs coordinator_public_key and allowed_keys (make them with `xdmoe keygen`), or insecure: true");
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
       r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "pipeline_degree"}, {},

@@ -84,10 +84,26 @@ struct HostSpec {
   int slots = 1;     // workers on this host
 };
 
+// cluster.security: CURVE keys for every link (docs/operations.md). Without
+// the section a job whose coordinator listens on loopback runs in plaintext
+// and says so; one reachable from other hosts must either name keys or say
+// `insecure: true`. Paths only: no secret ever travels in the config.
+struct SecuritySpec {
+  bool configured = false;             // the section is there
+  bool insecure = false;               // plaintext, by explicit choice
+  std::string coordinator_key;         // the coordinator's secret key file (read by the coordinator)
+  std::string coordinator_public_key;  // its .pub file or Z85 key (workers and the CLI check it)
+  std::string worker_key;              // the workers' secret key file, as `xdmoe launch` passes it
+  std::vector<std::string> allowed_keys;  // .pub files or Z85 keys: who may join, stop and throttle
+  bool read_only_any_key = false;      // status/metrics/top for any CURVE client
+  bool curve() const { return configured && !insecure; }
+};
+
 struct ClusterSpec {
   std::vector<LevelSpec> levels;  // outermost first
   std::vector<HostSpec> hosts;    // optional; empty: everything on this machine
   ExpertParallelSpec expert_parallel;
+  SecuritySpec security;
 
   int world_size() const;                // G = prod SF^l
   std::vector<int> level_sizes() const;  // SF^0..SF^{L-1}

@@ -70,8 +70,12 @@ json cluster_to_json(const ClusterSpec& c) {
                                 {"codecs", link_codecs_to_json(l.link.codecs)}}}});
   for (const HostSpec& h : c.hosts) hosts.push_back({{"host", h.host}, {"dc", h.dc}, {"slots", h.slots}});
   const ExpertParallelSpec& ep = c.expert_parallel;
+  const SecuritySpec& s = c.security;
   return {{"levels", levels},
           {"hosts", hosts},
+          {"security", {{"configured", s.configured}, {"insecure", s.insecure}, {"coordinator_key", s.coordinator_key},
+                        {"coordinator_public_key", s.coordinator_public_key}, {"worker_key", s.worker_key},
+                        {"allowed_keys", s.allowed_keys}, {"read_only_any_key", s.read_only_any_key}}},
           {"expert_parallel", {{"mode", ep_mode_name(ep.mode)},
                                {"domain_sizes", ep.domain_sizes},
                                {"base_sync_every", ep.base_sync_every},
@@ -119,6 +123,17 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
     hf.get("dc", &h->dc);
     hf.get("slots", &h->slots);
   });
+  if (const json* sec = f.object("security")) {
+    JsonFields s(*sec, f.name("security"));
+    s.get("configured", &c->security.configured);
+    s.get("insecure", &c->security.insecure);
+    s.get("coordinator_key", &c->security.coordinator_key);
+    s.get("coordinator_public_key", &c->security.coordinator_public_key);
+    s.get("worker_key", &c->security.worker_key);
+    s.get("allowed_keys", &c->security.allowed_keys);
+    s.get("read_only_any_key", &c->security.read_only_any_key);
+    f.fail(s.finish());
+  }
   const json* ep = f.object("expert_parallel");
   if (!ep) return;
   JsonFields e(*ep, f.name("expert_parallel"));

@@ -74,7 +74,8 @@ Status from_json(const json& j, RegisterRequest* out) {
 json to_json(const Assignment& m) {
   json peers = json::array();
   for (const PeerAssignment& p : m.peers)
-    peers.push_back({{"rank", p.rank}, {"endpoint", p.endpoint}, {"link_class", p.link_class}});
+    peers.push_back({{"rank", p.rank}, {"endpoint", p.endpoint}, {"link_class", p.link_class},
+                     {"public_key", p.public_key}});
   return {{"op", op::kAssign},
           {"job_id", m.job_id},
           {"job_name", m.job_name},
@@ -107,6 +108,7 @@ Status from_json(const json& j, Assignment* out) {
         pf.get("rank", &p.rank);
         pf.get("endpoint", &p.endpoint);
         pf.get("link_class", &p.link_class);
+        pf.get("public_key", &p.public_key);
         f.fail(pf.finish());
         a.peers.push_back(p);
       }
@@ -211,7 +213,7 @@ Status from_json(const json& j, StopOrder* out) {
 
 json to_json(const ThrottleRequest& m) {
   return {{"op", op::kThrottle}, {"link", m.link}, {"bandwidth_bytes_per_s", m.bandwidth_bytes_per_s},
-          {"latency_s", m.latency_s}};
+          {"latency_s", m.latency_s}, {"rank", m.rank}};
 }
 
 Status from_json(const json& j, ThrottleRequest* out) {
@@ -220,8 +222,10 @@ Status from_json(const json& j, ThrottleRequest* out) {
     f.get("link", &t.link);
     f.get("bandwidth_bytes_per_s", &t.bandwidth_bytes_per_s);
     f.get("latency_s", &t.latency_s);
+    f.get("rank", &t.rank);
   }));
   if (!(t.bandwidth_bytes_per_s >= 0)) return Status::invalid_argument("throttle: bandwidth must be >= 0");
+  if (t.rank < -1) return Status::invalid_argument("throttle: rank must be >= 0, or -1 for every worker");
   *out = std::move(t);
   return Status::ok();
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,9 +67,12 @@ struct RegisterRequest {
 };
 
 struct PeerAssignment {
+  PeerAssignment(int rank_ = 0, std::string endpoint_ = "", int link_class_ = 0, std::string public_key_ = "")
+      : rank(rank_), endpoint(std::move(endpoint_)), link_class(link_class_), public_key(std::move(public_key_)) {}
   int rank = 0;
   std::string endpoint;  // the peer's data socket
   int link_class = 0;    // the level of the first coordinate where the ranks differ
+  std::string public_key;  // its CURVE key, as it registered with it; empty in plaintext
 };
 
 // coordinator -> worker: everything a worker needs to run its share of the job.
@@ -168,6 +172,7 @@ struct ThrottleRequest {
   std::string link;
   double bandwidth_bytes_per_s = 0;  // 0: unlimited
   double latency_s = -1;             // < 0: keep the current latency
+  int rank = -1;                     // only this worker's sends; -1: the whole class
 };
 
 // coordinator -> worker: the new shaping of one level's link class.

@@ -170,6 +170,8 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
   } catch (const std::exception& e) {
     return bad(std::string("malformed msgpack (") + e.what() + ")");
   }
+  // Rows are bounded even without columns: int8_row keeps 4 bytes per row.
+  if (r.shape.rows > kMaxCodecElements || r.shape.cols > kMaxCodecElements) return bad("shape too large");
   if (r.shape.cols != 0 && r.shape.rows > kMaxCodecElements / r.shape.cols) return bad("shape too large");
   if (r.shape.elements() > kMaxCodecElements) return bad("shape too large");
   if (r.stages.empty() || !is_value_codec(r.stages[0].kind)) return bad("the first stage is not a value codec");

@@ -24,6 +24,7 @@
 #include "coordinator/worker_registry.h"
 #include "transport/control_channel.h"
 #include "transport/endpoint.h"
+#include "transport/security.h"
 
 namespace xd {
 
@@ -75,6 +76,8 @@ class Coordinator::Impl {
   std::string resume_dir;    // the checkpoint the workers start from, or empty
   int64_t resume_step = 0;   // its step
   double first_step_wall_s = 0;  // Unix time the first step of this run completed
+  bool curve = false;            // CURVE on the coordinator's sockets (cluster.security)
+  std::vector<std::string> worker_keys;  // by rank: the public key each registered with
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0, last_replan_step = 0;
   double running_since = 0;  // when the workers were assigned
@@ -87,6 +90,9 @@ class Coordinator::Impl {
   int http_port = -1;
 
  private:
+  // CURVE keys and allow-lists from cluster.security, or plaintext when the
+  // job may have it (docs/operations.md).
+  Status set_up_security(SocketSecurity* control, SocketSecurity* cli);
   void handle_worker(const ControlMessage& m, double now);
   void refuse(const std::string& peer, const std::string& why);
   void handle_cli(const ControlMessage& m);
@@ -155,10 +161,12 @@ Status Coordinator::Impl::run() {
     if (!k) return k.status();
     kernel = std::move(*k);
   }
-  auto w = ControlServer::bind(opts.worker_endpoint);
+  SocketSecurity control_security, cli_security;
+  XD_RETURN_IF_ERROR(set_up_security(&control_security, &cli_security));
+  auto w = ControlServer::bind(opts.worker_endpoint, control_security);
   if (!w) return w.status();
   workers = std::move(*w);
-  auto c = ControlServer::bind(opts.cli_endpoint);
+  auto c = ControlServer::bind(opts.cli_endpoint, cli_security);
   if (!c) return c.status();
   cli = std::move(*c);
   JobPlanOptions po;
@@ -258,6 +266,43 @@ Status Coordinator::Impl::run() {
   return outcome;
 }
 
+Status Coordinator::Impl::set_up_security(SocketSecurity* control, SocketSecurity* cli) {
+  const SecuritySpec& s = job.cluster.security;
+  if (!s.curve()) {
+    auto local = [](const std::string& ep) {
+      return ep.starts_with("ipc://") || ep.starts_with("inproc://") || is_loopback_host(endpoint_host(ep));
+    };
+    const bool loopback = local(opts.worker_endpoint) && local(opts.cli_endpoint);
+    if (!s.configured && !loopback)
+      return Status::invalid_argument(
+          "the coordinator listens beyond this machine (" + opts.worker_endpoint + ", " + opts.cli_endpoint +
+          ") and cluster.security names no keys: make keys with `xdmoe keygen` and list them, or say "
+          "`insecure: true` to run in plaintext (docs/operations.md)");
+    std::printf("security: plaintext links (%s); cluster.security with keys turns CURVE on\n",
+                s.insecure ? "cluster.security.insecure: true" : "every process on this machine, over loopback");
+    std::fflush(stdout);
+    return Status::ok();
+  }
+  if (!curve_available()) return Status::unavailable("cluster.security asks for CURVE, which this libzmq lacks");
+  auto own = read_secret_key_file(s.coordinator_key);
+  if (!own) return own.status().with_context("cluster.security.coordinator_key");
+  std::vector<std::string> allowed;
+  for (const std::string& k : s.allowed_keys) {
+    auto pub = read_public_key(k);
+    if (!pub) return pub.status().with_context("cluster.security.allowed_keys");
+    allowed.push_back(*pub);
+  }
+  set_allowed_keys(kZapDomainControl, allowed);
+  set_allowed_keys(kZapDomainCli, allowed, s.read_only_any_key);
+  *control = {true, *own, "", kZapDomainControl};
+  *cli = {true, *own, "", kZapDomainCli};
+  curve = true;
+  XD_LOG_INFO("coordinator", "CURVE on every link: coordinator key %s, %zu allowed keys%s",
+              key_label(own->public_key).c_str(), allowed.size(),
+              s.read_only_any_key ? "; any key may read status" : "");
+  return Status::ok();
+}
+
 void Coordinator::Impl::refuse(const std::string& peer, const std::string& why) {
   workers->send(peer, MessageKind::kControl, to_json(ErrorReport{why}));
 }
@@ -278,8 +323,10 @@ void Coordinator::Impl::handle_worker(const ControlMessage& m, double now) {
       XD_LOG_WARN("coordinator", "refused a worker from %s: %s", req.host.c_str(), rank.status().message().c_str());
       return refuse(m.peer, rank.status().message());
     }
-    XD_LOG_INFO("coordinator", "worker %d registered (%s pid %d, data %s)", *rank, req.host.c_str(),
-                req.pid, req.data_endpoint.c_str());
+    worker_keys.resize(registry.world_size());
+    worker_keys[*rank] = m.user_id;
+    XD_LOG_INFO("coordinator", "worker %d registered (%s pid %d, data %s%s%s)", *rank, req.host.c_str(),
+                req.pid, req.data_endpoint.c_str(), curve ? ", key " : "", curve ? key_label(m.user_id).c_str() : "");
     return;
   }
   auto rank = registry.touch(m.peer, now);
@@ -343,7 +390,8 @@ void Coordinator::Impl::assign_all() {
     a.rank = e->rank;
     a.peers.clear();
     for (const auto& p : registry.workers())
-      a.peers.push_back({p->rank, p->info.data_endpoint, std::max(0, link_level(sizes, e->rank, p->rank))});
+      a.peers.push_back({p->rank, p->info.data_endpoint, std::max(0, link_level(sizes, e->rank, p->rank)),
+                         p->rank < (int)worker_keys.size() ? worker_keys[p->rank] : ""});
     workers->send(e->peer_id, MessageKind::kControl, to_json(a));
     registry.find(e->rank)->state = WorkerState::kRunning;
   }
@@ -380,7 +428,8 @@ void Coordinator::Impl::stop_all(const std::string& reason) {
     if (e && e->state != WorkerState::kLost)
       workers->send(e->peer_id, MessageKind::kControl, to_json(StopOrder{reason}));
   state = JobState::kFinishing;
-  stop_deadline = steady_seconds() + 2.0;
+  // Told to stop by a signal, the launch stops the workers itself: no need to wait for them.
+  stop_deadline = steady_seconds() + (g_terminate ? 0.3 : 2.0);
 }
 
 void Coordinator::Impl::fail(const Status& st) {
@@ -503,6 +552,10 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
                       // malformed or foreign control messages dropped on either socket
                       {"rejected_control_messages", workers->rejected() + cli->rejected()}};
+  nlohmann::json refused = nlohmann::json::array();
+  for (const Refusal& r : refusals())
+    refused.push_back({{"domain", r.domain}, {"address", r.address}, {"key", r.key}, {"unix_s", r.unix_s}});
+  j["security"] = {{"curve", curve}, {"refused", refused}};
   if (metrics.last_complete()) j["last_step"] = metrics.to_json()["last_step"];
   if (!outcome.is_ok()) j["error"] = outcome.message();
   if (!resume_dir.empty()) j["resumed_from"] = {{"dir", resume_dir}, {"step", resume_step}};
@@ -529,6 +582,12 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
     j["ok"] = true;
     j["links"] = status_json(now)["links"];
     cli->send(m.peer, MessageKind::kControl, j);
+  } else if ((*opname == op::kStop || *opname == op::kThrottle) && curve &&
+             !key_is_allowed(kZapDomainCli, m.user_id)) {
+    XD_LOG_WARN("coordinator", "refused '%s' from key %s: it may read status, not change the job", opname->c_str(),
+                key_label(m.user_id).c_str());
+    reply_error("'" + *opname + "' needs a key listed in cluster.security.allowed_keys; " + key_label(m.user_id) +
+                " may only read");
   } else if (*opname == op::kStop) {
     StopOrder order;
     if (!from_json(m.body, &order).is_ok() || order.reason.empty()) order.reason = "stopped by request";
@@ -543,6 +602,19 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
     for (size_t l = 0; l < job.cluster.levels.size(); ++l)
       if (job.cluster.levels[l].link.name == req.link || job.cluster.levels[l].name == req.link) level = (int)l;
     if (level < 0) return reply_error("no link class named '" + req.link + "'");
+    if (req.rank >= registry.world_size()) return reply_error("no worker " + std::to_string(req.rank));
+    if (req.rank >= 0) {
+      // One worker's egress: the job's spec (and the plan) stay as they are.
+      if (kernel && level == 0) return reply_error("--rank needs in-process shaping; --netns shapes the class in the kernel");
+      const LinkClassSpec& spec = job.cluster.levels[level].link;
+      const ThrottleOrder order{level, req.bandwidth_bytes_per_s, req.latency_s >= 0 ? req.latency_s : spec.latency_s};
+      if (const WorkerEntry* e = registry.find(req.rank); e && e->state == WorkerState::kRunning)
+        workers->send(e->peer_id, MessageKind::kControl, to_json(order));
+      XD_LOG_INFO("coordinator", "throttled link class %s of worker %d to %.3g B/s", req.link.c_str(), req.rank,
+                  req.bandwidth_bytes_per_s);
+      cli->send(m.peer, MessageKind::kControl, {{"ok", true}});
+      return;
+    }
     LinkClassSpec& spec = job.cluster.levels[level].link;
     // In a namespace cluster the kernel's tbf carries the outermost level's
     // bandwidth; the workers add only its latency.

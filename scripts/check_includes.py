@@ -30,6 +30,7 @@ ALLOWED = {
     "cli": {"common", "model", "compression", "transport", "cluster", "coordinator", "actors"},
     "tests": None,  # anything
     "bench": None,
+    "fuzz": None,
 }
 SOURCE_SUFFIXES = (".h", ".cc")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

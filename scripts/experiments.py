@@ -75,6 +75,8 @@ cluster:
     mode: auto
     memory_cap: unlimited
     pipeline_degree: 1
+  security:
+    insecure: true   # network namespaces of this one machine
 """
 
 

@@ -11,6 +11,8 @@ packages=(
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   # tests: googletest; python3 runs the include check; torch the reference model
   libgtest-dev python3 python3-torch
+  # fuzz/: clang, and its libFuzzer and sanitizer runtimes (libclang_rt.*)
+  clang libclang-rt-14-dev
   # bench/: OpenMPI and mpi4py/numpy baselines, gnuplot plots
   openmpi-bin python3-mpi4py python3-numpy gnuplot-nox
   # launchers the tests run for real: Slurm (scripts/slurm-local.sh) and the

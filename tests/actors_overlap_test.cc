@@ -15,6 +15,7 @@
 
 #include "cluster/job_config.h"
 #include "job_runner.h"
+#include "model/distributed_checkpoint.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
 
@@ -77,7 +78,7 @@ double worst_weight_difference(const JobRun& a, const JobRun& b) {
   double worst = 0;
   int tensors = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    const std::string shard = "/ckpt/step_0000" + std::to_string(kSteps) + "/shard-" + std::to_string(rank) + "-of-4.safetensors";
+    const std::string shard = "/ckpt/" + checkpoint_dir_name(kSteps) + "/" + shard_file_name(rank, 4);
     auto fa = SafetensorsFile::open(a.dir + shard);
     auto fb = SafetensorsFile::open(b.dir + shard);
     if (!fa || !fb) {

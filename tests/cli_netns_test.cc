@@ -78,7 +78,8 @@ TEST(NetnsCluster, InterDcGoodputMatchesTheTbfRateAndThrottleChangesItUnderARunn
                         << "cluster:\n  levels:\n    - name: dc\n      size: 2\n"
                            "      link: {bandwidth: 50mbit, latency: 2ms, shape: true}\n"
                            "    - name: worker\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
-                           "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n    pipeline_degree: 1\n";
+                           "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n    pipeline_degree: 1\n"
+                           "  security:\n    insecure: true\n";  // namespaces of one machine
   int fd = -1;
   subprocess::Child launcher = subprocess::spawn_piped(
       {xdmoe_binary(), "launch", "--netns", "--netns-state", "/tmp/xdmoe-netns-test/cluster.json", "--config", config,

@@ -75,6 +75,30 @@ TEST(ZeroCopyAllToAllv, ASilentPeerTimesOutNamingTheRankAndLeavesNoBlocks) {
   EXPECT_EQ(blocks.size(), 0);
 }
 
+TEST(ZeroCopyAllToAllv, APeerThatDiesBetweenTwoExchangesFailsTheNextWithinItsTimeoutNamingIt) {
+  auto transports = linked_pair();
+  Communicator a(transports[0].get(), {0, 1}, std::chrono::milliseconds(500));
+  Communicator b(transports[1].get(), {0, 1}, std::chrono::milliseconds(500));
+  const std::vector<uint8_t> send = {1, 2, 3};
+  {
+    ReceivedBlocks from_b, from_a;
+    auto ha = a.all_to_allv({1, 0, 0}, send.data(), {1, 2}, &from_b);
+    auto hb = b.all_to_allv({1, 0, 0}, send.data(), {2, 1}, &from_a);
+    ASSERT_TRUE(ha.wait().is_ok());
+    ASSERT_TRUE(hb.wait().is_ok());
+  }
+  // Rank 1's process goes away: its sockets close with it.
+  transports[1].reset();
+  ReceivedBlocks blocks;
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = a.all_to_allv({1, 1, 0}, send.data(), {1, 2}, &blocks).wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(st.code(), Status::Code::kTimeout) << st.to_string();
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.to_string();
+  EXPECT_LT(waited, 5.0) << "nothing waits much past its timeout";
+  EXPECT_EQ(blocks.size(), 0);
+}
+
 TEST(ZeroCopyAllToAllv, ASizeListOfTheWrongLengthIsRejected) {
   auto transports = linked_pair();
   Communicator comm(transports[0].get(), {0, 1}, std::chrono::milliseconds(300));

@@ -9,6 +9,8 @@
 #include <zmq.hpp>
 
 #include "common/log.h"
+#include "transport/control_body.h"
+#include "transport/detail/zap_handler.h"
 
 namespace xd {
 
@@ -47,13 +49,9 @@ std::optional<ControlMessage> decode(std::vector<zmq::message_t>& frames, size_t
   if (h.meta_len != frames[first + 1].size() || h.payload_len != 0) return drop("bad lengths");
   ControlMessage m;
   m.kind = h.kind;
-  try {
-    const uint8_t* p = static_cast<const uint8_t*>(frames[first + 1].data());
-    m.body = nlohmann::json::from_msgpack(p, p + frames[first + 1].size());
-  } catch (const std::exception&) {
-    return drop("bad msgpack body");
-  }
-  if (!m.body.is_object()) return drop("body is not a map");
+  auto body = unpack_control_body(frames[first + 1].data(), frames[first + 1].size());
+  if (!body) return drop(body.status().message().c_str());
+  m.body = std::move(*body);
   return m;
 }
 
@@ -84,9 +82,12 @@ class ControlServer::Impl {
 ControlServer::ControlServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ControlServer::~ControlServer() = default;
 
-Expected<std::unique_ptr<ControlServer>> ControlServer::bind(const std::string& endpoint) {
+Expected<std::unique_ptr<ControlServer>> ControlServer::bind(const std::string& endpoint,
+                                                            const SocketSecurity& security) {
   try {
+    if (security.curve) detail::start_control_zap(shared_context());
     auto impl = std::make_unique<Impl>();
+    detail::apply_socket_security(impl->socket, security, /*server=*/true);
     impl->socket.set(zmq::sockopt::linger, 500);  // final stop orders get out
     impl->socket.set(zmq::sockopt::maxmsgsize, int64_t(16) << 20);
     impl->socket.set(zmq::sockopt::router_mandatory, false);
@@ -106,7 +107,10 @@ std::optional<ControlMessage> ControlServer::poll(std::chrono::milliseconds time
     auto frames = receive(impl_->socket, timeout);
     if (!frames) return std::nullopt;
     auto m = decode(*frames, 1, &impl_->rejected);
-    if (m) m->peer = (*frames)[0].to_string();
+    if (m) {
+      m->peer = (*frames)[0].to_string();
+      if (const char* user = zmq_msg_gets((*frames)[1].handle(), "User-Id")) m->user_id = user;
+    }
     return m;
   } catch (const zmq::error_t& e) {
     // A signal (the launcher's SIGTERM) interrupts the wait: the caller's loop looks at it.
@@ -138,9 +142,11 @@ ControlClient::ControlClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 ControlClient::~ControlClient() = default;
 
 Expected<std::unique_ptr<ControlClient>> ControlClient::connect(const std::string& endpoint,
-                                                                const std::string& identity) {
+                                                                const std::string& identity,
+                                                                const SocketSecurity& security) {
   try {
     auto impl = std::make_unique<Impl>();
+    detail::apply_socket_security(impl->socket, security, /*server=*/false);
     impl->socket.set(zmq::sockopt::linger, 200);
     impl->socket.set(zmq::sockopt::routing_id, identity);
     impl->socket.set(zmq::sockopt::maxmsgsize, int64_t(16) << 20);
@@ -181,16 +187,19 @@ std::optional<ControlMessage> ControlClient::poll(std::chrono::milliseconds time
 }
 
 Expected<nlohmann::json> control_request(const std::string& endpoint, const nlohmann::json& request,
-                                         std::chrono::milliseconds timeout) {
+                                         std::chrono::milliseconds timeout, const SocketSecurity& security) {
   std::random_device rd;
   auto client = ControlClient::connect(endpoint, "cli-" + std::to_string(::getpid()) + "-" +
-                                                     std::to_string(rd() % 100000));
+                                                     std::to_string(rd() % 100000), security);
   if (!client) return client.status();
   XD_RETURN_IF_ERROR((*client)->send(MessageKind::kControl, request));
   auto reply = (*client)->poll(timeout);
   if (!reply)
     return Status::unavailable("no coordinator answered at " + endpoint + " within " +
-                               std::to_string(timeout.count()) + " ms");
+                               std::to_string(timeout.count()) + " ms" +
+                               (security.curve ? " (with CURVE: is the coordinator's public key right, and is this key "
+                                                 "allowed? its log names refused keys)"
+                                               : " (a coordinator with CURVE keys ignores plaintext clients)"));
   return reply->body;
 }
 

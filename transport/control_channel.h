@@ -15,19 +15,24 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "transport/security.h"
 #include "transport/wire_format.h"
 
 namespace xd {
 
 struct ControlMessage {
   std::string peer;  // routing id of the sender (server side only)
+  // The sender's CURVE public key, as the ZAP handler admitted it (server
+  // side, CURVE only; transport/security.h); empty on plaintext.
+  std::string user_id;
   MessageKind kind = MessageKind::kControl;
   nlohmann::json body;
 };
 
 class ControlServer {
  public:
-  static Expected<std::unique_ptr<ControlServer>> bind(const std::string& endpoint);
+  static Expected<std::unique_ptr<ControlServer>> bind(const std::string& endpoint,
+                                                       const SocketSecurity& security = {});
   ~ControlServer();
   const std::string& endpoint() const;  // with the real port
   // Waits up to `timeout` for one message.
@@ -46,7 +51,8 @@ class ControlClient {
  public:
   // Connecting never blocks; a missing server shows up as poll() timeouts.
   static Expected<std::unique_ptr<ControlClient>> connect(const std::string& endpoint,
-                                                          const std::string& identity);
+                                                          const std::string& identity,
+                                                          const SocketSecurity& security = {});
   ~ControlClient();
   Status send(MessageKind kind, const nlohmann::json& body);
   std::optional<ControlMessage> poll(std::chrono::milliseconds timeout);
@@ -62,6 +68,6 @@ class ControlClient {
 // Sends `request` and waits for one reply (CLI commands). unavailable when no
 // server answers within `timeout`.
 Expected<nlohmann::json> control_request(const std::string& endpoint, const nlohmann::json& request,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout, const SocketSecurity& security = {});
 
 }  // namespace xd

@@ -74,12 +74,20 @@ Transport::Impl::Impl(const TransportOptions& o)
 
 Transport::Impl::~Impl() {
   stop();
+  zap.reset();  // its socket would hold the context open
   // Terminating the context releases every frame still queued in ZeroMQ,
   // whose callbacks touch the links: do it while they exist.
   context.close();
 }
 
 Status Transport::Impl::start() {
+  if (options.security.curve) {
+    try {
+      zap = std::make_unique<detail::ZapHandler>(context);
+    } catch (const zmq::error_t& e) {
+      return Status::io_error(std::string("cannot start the ZAP handler: ") + e.what());
+    }
+  }
   io_ = std::thread([this] { run(); });
   return started_.get_future().get();
 }
@@ -214,6 +222,7 @@ void Transport::Impl::run() {
     router_->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
     router_->set(zmq::sockopt::rcvhwm, 0);
     router_->set(zmq::sockopt::linger, 0);
+    detail::apply_socket_security(*router_, options.security, /*server=*/true);
     if (options.socket_buffer_bytes > 0) {
       router_->set(zmq::sockopt::sndbuf, options.socket_buffer_bytes);
       router_->set(zmq::sockopt::rcvbuf, options.socket_buffer_bytes);
@@ -327,6 +336,13 @@ Status Transport::Impl::connect_peers(const std::vector<PeerInfo>& peers) {
       link->dealer->set(zmq::sockopt::routing_id, routing_id(options.rank));
       link->dealer->set(zmq::sockopt::sndhwm, 0);  // bounded by our own byte budget
       link->dealer->set(zmq::sockopt::linger, 0);
+      if (options.security.curve) {
+        if (p.public_key.empty())
+          return Status::invalid_argument("CURVE is on, but rank " + std::to_string(p.rank) + " has no public key");
+        SocketSecurity client = options.security;
+        client.server_public_key = p.public_key;
+        detail::apply_socket_security(*link->dealer, client, /*server=*/false);
+      }
       if (options.socket_buffer_bytes > 0) {
         link->send_buffer_bytes = options.socket_buffer_bytes;
         link->dealer->set(zmq::sockopt::rcvbuf, options.socket_buffer_bytes);

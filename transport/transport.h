@@ -19,23 +19,33 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
 #include "transport/link_shaping.h"
+#include "transport/security.h"
 #include "transport/message.h"
 #include "transport/wire_format.h"
 
 namespace xd {
 
 struct PeerInfo {
+  // A constructor, so that {rank, endpoint, link_class} still reads well.
+  PeerInfo(int rank_ = 0, std::string endpoint_ = "", int link_class_ = 0, std::string public_key_ = "")
+      : rank(rank_), endpoint(std::move(endpoint_)), link_class(link_class_), public_key(std::move(public_key_)) {}
   int rank = 0;
   std::string endpoint;  // e.g. tcp://127.0.0.1:5555
   int link_class = 0;    // index into TransportOptions::link_classes
+  std::string public_key;  // the peer's CURVE public key (Z85) when security.curve
 };
 
 struct TransportOptions {
   int rank = 0;  // -1: given later by connect()
+  // CURVE on every data link: this worker's keys serve its socket (ZAP
+  // domain "data"; the allow-list comes with the peers, set_allowed_keys)
+  // and authenticate its connections to peers (PeerInfo::public_key).
+  SocketSecurity security;
   uint32_t job = 0;  // see connect()
   std::string bind_endpoint = "tcp://127.0.0.1:*";  // '*' picks a free port
   std::vector<LinkShaping> link_classes = {LinkShaping{}};

@@ -6,14 +6,47 @@
 #pragma once
 
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
 namespace xd::detail {
+
+// Whether `j` holds a T that nlohmann's get<T>() converts exactly: an integer
+// field only from a JSON integer inside T's range (get<int>() of 1e300 is
+// undefined behaviour, of 2^32 a silent wrap), also inside lists and maps.
+// Other mismatches are left to get<T>(), which throws.
+template <typename T>
+struct JsonFits {
+  static bool check(const nlohmann::json& j) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (!j.is_number_integer()) return false;
+      return j.is_number_unsigned() ? std::in_range<T>(j.get<uint64_t>()) : std::in_range<T>(j.get<int64_t>());
+    }
+    return true;
+  }
+};
+template <typename T>
+struct JsonFits<std::vector<T>> {
+  static bool check(const nlohmann::json& j) {
+    for (const nlohmann::json& e : j) if (!JsonFits<T>::check(e)) return false;
+    return true;
+  }
+};
+template <typename T>
+struct JsonFits<std::map<std::string, T>> {
+  static bool check(const nlohmann::json& j) {
+    for (const nlohmann::json& e : j) if (!JsonFits<T>::check(e)) return false;
+    return true;
+  }
+};
 
 class JsonFields {
  public:
@@ -27,6 +60,7 @@ class JsonFields {
     seen_.insert(key);
     auto it = j_.find(key);
     if (it == j_.end()) return fail(name(key), "missing");
+    if (!JsonFits<T>::check(*it)) return fail(name(key), "has the wrong type");
     try {
       *out = it->template get<T>();
     } catch (const std::exception&) {

@@ -4,6 +4,8 @@
 
 #include <zmq.hpp>
 
+#include "transport/detail/zap_handler.h"
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -84,6 +86,7 @@ class Transport::Impl {
 
   TransportOptions options;
   zmq::context_t context;
+  std::unique_ptr<detail::ZapHandler> zap;  // with CURVE; after `context`, so it goes first
   std::string endpoint;
   Mailbox<Command> mailbox;
 
