@@ -305,7 +305,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
                              "gradient norm not finite; on rank " + std::to_string(opts_.rank) + ": " +
                              non_finite_gradients();
     if (tc.nan_policy != "skip") return Status::internal(what + " (train.nan_policy: stop)");
-    if (++skipped_in_a_row_ > TrainConfig::kMaxSkippedInARow)
+    if (++skipped_in_a_row_ >= TrainConfig::kMaxSkippedInARow)
       return Status::internal(what + "; " + std::to_string(skipped_in_a_row_) + " steps in a row were not finite");
     XD_LOG_WARN("trainer", "skipped %s", what.c_str());
   } else {

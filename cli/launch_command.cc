@@ -276,6 +276,8 @@ int run_launch(const LaunchFlags& f) {
                                   {"--key", s.worker_key, "--coordinator-key", s.coordinator_public_key});
   }
   if (!f.checkpoint_dir.empty()) job.train.checkpoint_dir = f.checkpoint_dir;
+  // Workers started elsewhere (ssh, srun) do not share this working directory.
+  if (!job.train.checkpoint_dir.empty()) job.train.checkpoint_dir = fs::absolute(job.train.checkpoint_dir).string();
   if (f.checkpoint_every >= 0) job.train.checkpoint_every = f.checkpoint_every;
   if (f.max_restarts >= 0) job.train.max_restarts = f.max_restarts;
   std::string resume;
@@ -287,7 +289,7 @@ int run_launch(const LaunchFlags& f) {
       std::fprintf(stderr, "xdmoe launch: --resume: %s\n", dir.status().message().c_str());
       return 2;
     }
-    resume = *dir;
+    resume = fs::absolute(*dir).string();
   }
   if (job.train.max_restarts > 0 && job.train.checkpoint_dir.empty())
     std::printf("xdmoe launch: note: %d restarts allowed but no train.checkpoint_dir: a restart starts from step 0\n",

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -286,7 +287,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
       WorkerProcess& w = *wp;
       if (w.code != kRunning) continue;
       w.code = subprocess::try_wait(w.child);
-      if (w.code != kRunning && w.code != 0 && stop_reason.empty() && coordinator_code == kRunning) {
+      // Exit code 3: the coordinator told the worker to stop; its reason is the coordinator's to give.
+      if (w.code != kRunning && w.code != 0 && w.code != 3 && stop_reason.empty() && coordinator_code == kRunning) {
         stop_reason = w.name + " exited with code " + std::to_string(w.code);
         std::lock_guard<std::mutex> lock(terminal);
         std::fprintf(stderr, "xdmoe launch: %s; stopping the job\n", stop_reason.c_str());
@@ -320,55 +322,70 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     if (w->code == 0) continue;
     ++worker_failures;
     if (w->piped) continue;  // its lines are on the terminal already
-    if (w->code == -SIGTERM && !stop_reason.empty()) continue;  // stopped by us, because of another
+    // Stopped by us or by the coordinator, because of another: its log is not the story.
+    if ((w->code == -SIGTERM && !stop_reason.empty()) || w->code == 3) continue;
     std::fprintf(stderr, "%s exited with %d; last lines of its log:\n", w->name.c_str(), w->code);
     std::string log = subprocess::read_text(w->child.log_path);
     std::fprintf(stderr, "%s\n", log.substr(log.size() > 1500 ? log.size() - 1500 : 0).c_str());
   }
+  r.summary = nlohmann::json::object();
   std::ifstream in(summary);
   if (in) {
     try {
       in >> r.summary;
     } catch (const std::exception&) {
     }
+    if (!r.summary.is_object()) r.summary = nlohmann::json::object();
   }
   r.ok = coordinator_code == 0 && worker_failures == 0 && r.summary.value("ok", false) && stop_reason.empty();
   // What made this launch stop the job says most (the coordinator then only
   // reports that it was stopped); else the coordinator's own account.
+  const bool launch_stopped_it = !stop_reason.empty() && !stop_reason.starts_with("the coordinator exited");
   if (!r.ok)
-    r.error = !stop_reason.empty()          ? stop_reason
+    r.error = launch_stopped_it             ? stop_reason
               : r.summary.contains("error") ? r.summary["error"].get<std::string>()
+              : !stop_reason.empty()        ? stop_reason
                                             : "coordinator exit code " + std::to_string(coordinator_code);
   return r;
 }
+
+namespace {
+// The newest checkpoint this launch wrote that verifies (`written`: every
+// attempt's summary "checkpoints"), else `fallback` (what it resumed from).
+// A directory may hold other jobs' step_<N>: only our own are candidates.
+std::string restart_point(const std::map<int64_t, std::string>& written, const std::string& fallback) {
+  for (auto it = written.rbegin(); it != written.rend(); ++it) {
+    Status st = verify_checkpoint(it->second);
+    if (st.is_ok()) return it->second;
+    std::fprintf(stderr, "xdmoe launch: skipping checkpoint %s\n", st.message().c_str());
+  }
+  return fallback;
+}
+}  // namespace
 
 RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& placement) {
   LaunchRun run = run_in;
   RunResult r = run_job(run, placement);
   nlohmann::json restarts = nlohmann::json::array();
+  std::map<int64_t, std::string> written;  // step -> directory, by this launch
   for (int restart = 1; !r.ok && !r.interrupted && restart <= run.max_restarts; ++restart) {
-    // A run that never got its workers going fails the same way again.
-    if (!r.summary.value("started", false)) break;
+    // A run that never got its workers going (or left no account) fails the same way again.
+    if (!r.summary.is_object() || !r.summary.value("started", false)) break;
+    int64_t failed_after = 0;
+    if (r.summary.contains("steps") && r.summary["steps"].is_array() && !r.summary["steps"].empty())
+      failed_after = r.summary["steps"].back().get<int64_t>();
+    if (r.summary.contains("checkpoints") && r.summary["checkpoints"].is_array())
+      for (const auto& c : r.summary["checkpoints"]) written[c.value("step", int64_t{0})] = c.value("dir", std::string());
     nlohmann::json event = {{"restart", restart}, {"reason", r.error}, {"failed_wall_s", r.failed_wall_s},
-                            {"failed_after_step", r.summary.contains("steps") && !r.summary["steps"].empty()
-                                                      ? r.summary["steps"].back().get<int64_t>()
-                                                      : int64_t{0}}};
-    std::string from = "the start";
-    run.resume.clear();
-    if (!run.checkpoint_dir.empty()) {
-      std::vector<std::string> skipped;
-      auto dir = latest_valid_checkpoint(run.checkpoint_dir, &skipped);
-      for (const std::string& s : skipped) std::fprintf(stderr, "xdmoe launch: skipping checkpoint %s\n", s.c_str());
-      if (dir) {
-        run.resume = *dir;
-        from = *dir;
-        auto state = checkpoint_trainer_state(*dir);
-        event["resumed_step"] = state ? state->step : 0;
-      }
-    }
-    if (run.resume.empty()) event["resumed_step"] = 0;
+                            {"failed_after_step", failed_after}};
+    run.resume = restart_point(written, run_in.resume);
+    int64_t resumed_step = 0;
+    if (!run.resume.empty())
+      if (auto state = checkpoint_trainer_state(run.resume)) resumed_step = state->step;
+    event["resumed_step"] = resumed_step;
     event["resumed_from"] = run.resume;
-    // The plan the failed run had, so that the losses go on exactly as they would have.
+    // The plan in force when the run failed, kept fixed: the losses go on as
+    // they would have (exactly, when it did not change after the checkpoint).
     if (r.summary.contains("domain_sizes")) {
       run.spec.domains = r.summary["domain_sizes"].get<std::vector<int>>();
       bool ep = true;
@@ -377,12 +394,13 @@ RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& plac
       if (run.spec.mode != "hybrid") run.spec.domains.clear();
       run.spec.pipeline_degree = r.summary.value("pipeline_degree", 1);
       run.no_probe = true;
+      run.no_replan = true;
     }
     std::fprintf(stderr, "xdmoe launch: %s failed (%s); restart %d of %d from %s\n", run.name.c_str(),
-                 r.error.c_str(), restart, run.max_restarts, from.c_str());
+                 r.error.c_str(), restart, run.max_restarts, run.resume.empty() ? "the start" : run.resume.c_str());
     run.attempt = restart;
     RunResult next = run_job(run, placement);
-    if (next.summary.contains("first_step_wall_s") && r.failed_wall_s > 0)
+    if (next.summary.is_object() && next.summary.contains("first_step_wall_s") && r.failed_wall_s > 0)
       event["recovery_s"] = next.summary["first_step_wall_s"].get<double>() - r.failed_wall_s;
     restarts.push_back(event);
     r = std::move(next);

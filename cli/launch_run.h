@@ -66,7 +66,7 @@ struct LaunchRun {
 struct RunResult {
   std::string mode;
   bool ok = false, interrupted = false;  // interrupted: Ctrl-C, SIGTERM or SIGHUP
-  nlohmann::json summary;                // the coordinator's, of the last attempt
+  nlohmann::json summary = nlohmann::json::object();  // the coordinator's, of the last attempt
   std::string error;
   double failed_wall_s = 0;              // Unix time the launch saw the run fail
   nlohmann::json restarts = nlohmann::json::array();  // one object per relaunch

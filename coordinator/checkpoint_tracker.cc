@@ -1,15 +1,27 @@
 #include "coordinator/checkpoint_tracker.h"
 
+#include <filesystem>
+
 namespace xd {
 
 Expected<std::optional<CompletedCheckpoint>> CheckpointTracker::record(int rank, const CheckpointSaved& report,
                                                                        double loss) {
   if (rank < 0 || rank >= world_) return Status::invalid_argument("checkpoint report from unknown rank " + std::to_string(rank));
+  // The coordinator writes only where the job's checkpoints belong.
+  const std::string dir = root_ + "/" + checkpoint_dir_name(report.step);
+  if (root_.empty() || report.step < 1 || report.step > steps_ || report.dir != dir ||
+      report.file != shard_file_name(rank, world_))
+    return Status::invalid_argument("worker " + std::to_string(rank) + " reported shard " + report.file + " of step " +
+                                    std::to_string(report.step) + " in " + report.dir + "; expected " +
+                                    shard_file_name(rank, world_) + " in " + dir);
   Pending& p = pending_[report.step];
   if (p.seen.empty()) {
     p.seen.assign(world_, false);
     p.dir = report.dir;
     p.data_position = report.data_position;
+    // A manifest left by an earlier run at this step describes other shards.
+    std::error_code ec;
+    std::filesystem::remove(dir + "/" + kManifestFile, ec);
   }
   if (p.seen[rank]) return Status::invalid_argument("worker " + std::to_string(rank) + " reported its shard of step " +
                                                     std::to_string(report.step) + " twice");

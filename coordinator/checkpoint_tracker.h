@@ -27,7 +27,10 @@ struct CompletedCheckpoint {
 
 class CheckpointTracker {
  public:
-  CheckpointTracker(ModelConfig config, int world, uint64_t seed) : config_(std::move(config)), world_(world), seed_(seed) {}
+  // `root`: train.checkpoint_dir; `steps`: train.steps. A report must name
+  // <root>/step_<N> with 0 < N <= steps and the reporter's own shard file.
+  CheckpointTracker(ModelConfig config, int world, uint64_t seed, std::string root, int64_t steps)
+      : config_(std::move(config)), world_(world), seed_(seed), root_(std::move(root)), steps_(steps) {}
 
   // One worker's report. Returns the checkpoint when this report completed
   // it (manifest written), nothing while shards are missing, or the error
@@ -47,6 +50,8 @@ class CheckpointTracker {
   ModelConfig config_;
   int world_;
   uint64_t seed_;
+  std::string root_;
+  int64_t steps_;
   std::map<int64_t, Pending> pending_;
   std::vector<CompletedCheckpoint> completed_;
 };

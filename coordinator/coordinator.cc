@@ -138,8 +138,21 @@ void Coordinator::Impl::start_http() {
 }
 
 Status Coordinator::Impl::run() {
+  // From the start: a stop during start-up (planning probes take seconds)
+  // still ends with a summary.
+  g_terminate = 0;
+  struct RestoreSignals {
+    using Handler = void (*)(int);
+    Handler term = std::signal(SIGTERM, [](int) { g_terminate = 1; });
+    Handler intr = std::signal(SIGINT, [](int) { g_terminate = 1; });
+    ~RestoreSignals() {
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+    }
+  } restore;
   XD_RETURN_IF_ERROR(job.cluster.validate());
-  checkpoints = std::make_unique<CheckpointTracker>(job.train.model, job.cluster.world_size(), job.train.seed);
+  checkpoints = std::make_unique<CheckpointTracker>(job.train.model, job.cluster.world_size(), job.train.seed,
+                                                    job.train.checkpoint_dir, job.train.steps);
   if (!opts.resume.empty()) {
     std::vector<std::string> skipped;
     auto dir = resolve_checkpoint(opts.resume, &skipped);
@@ -207,16 +220,6 @@ Status Coordinator::Impl::run() {
 
   started = steady_seconds();
   double next_heartbeat = started + opts.heartbeat_interval_s;
-  g_terminate = 0;
-  struct RestoreSignals {
-    using Handler = void (*)(int);
-    Handler term = std::signal(SIGTERM, [](int) { g_terminate = 1; });
-    Handler intr = std::signal(SIGINT, [](int) { g_terminate = 1; });
-    ~RestoreSignals() {
-      std::signal(SIGTERM, term);
-      std::signal(SIGINT, intr);
-    }
-  } restore;
   while (state != JobState::kDone && state != JobState::kFailed) {
     if (g_terminate && state != JobState::kFinishing) fail(Status::unavailable("the coordinator was told to stop (signal)"));
     if (auto m = workers->poll(std::chrono::milliseconds(20))) handle_worker(*m, steady_seconds());

@@ -1,9 +1,11 @@
 #include "model/distributed_checkpoint.h"
 
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +45,19 @@ struct Manifest {
   std::vector<ShardRecord> shards;  // by rank
 };
 
+// An integer field of a manifest within [lo, hi]; anything else throws
+// std::invalid_argument, which read_manifest turns into corruption. (A float or
+// an out-of-range value must not reach a narrowing conversion.)
+int64_t int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+    throw std::invalid_argument(std::string("\"") + key + "\" must be an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw std::invalid_argument(std::string("\"") + key + "\" is out of range");
+  return x;
+}
+
 Expected<Manifest> read_manifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestFile;
   auto text = read_file(path);
@@ -52,17 +67,19 @@ Expected<Manifest> read_manifest(const std::string& dir) {
     const json j = json::parse(*text);
     if (j.at("format").get<std::string>() != kFormat)
       return Status::corruption(path + ": format is not \"" + std::string(kFormat) + "\"");
-    if (j.at("version").get<int>() != kVersion)
+    if (int_field(j, "version", 0, 1 << 30) != kVersion)
       return Status::corruption(path + ": version " + j.at("version").dump() + " (this build reads " +
                                 std::to_string(kVersion) + ")");
-    m.step = j.at("step").get<int64_t>();
-    m.world = j.at("world").get<int>();
+    m.step = int_field(j, "step", 0, INT64_MAX);
+    m.world = static_cast<int>(int_field(j, "world", 1, 65536));
     XD_RETURN_IF_ERROR(detail::trainer_state_from_json(j.at("trainer"), path, &m.trainer));
-    if (m.world < 1 || m.world > 65536) return Status::corruption(path + ": world " + std::to_string(m.world));
+    if (m.trainer.step != m.step)
+      return Status::corruption(path + ": step " + std::to_string(m.step) + " but trainer.step " +
+                                std::to_string(m.trainer.step));
     m.shards.resize(m.world);
     std::vector<bool> seen(m.world, false);
     for (const json& s : j.at("shards")) {
-      const int rank = s.at("rank").get<int>();
+      const int rank = static_cast<int>(int_field(s, "rank", 0, m.world - 1));
       if (rank < 0 || rank >= m.world || seen[rank])
         return Status::corruption(path + ": shard rank " + std::to_string(rank) + " is out of range or repeated");
       seen[rank] = true;
@@ -71,7 +88,7 @@ Expected<Manifest> read_manifest(const std::string& dir) {
       r.file = s.at("file").get<std::string>();
       if (r.file.empty() || r.file.find('/') != std::string::npos || r.file[0] == '.')
         return Status::corruption(path + ": shard file \"" + r.file + "\" must be a plain file name");
-      r.bytes = s.at("bytes").get<uint64_t>();
+      r.bytes = static_cast<uint64_t>(int_field(s, "bytes", 0, INT64_MAX));
       const std::string crc = s.at("crc32c").get<std::string>();
       const char* b = crc.data() + 7;
       if (crc.size() != 15 || crc.compare(0, 7, "crc32c:") != 0 ||
@@ -81,7 +98,7 @@ Expected<Manifest> read_manifest(const std::string& dir) {
     }
     for (int r = 0; r < m.world; ++r)
       if (!seen[r]) return Status::corruption(path + ": no entry for shard " + std::to_string(r));
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {  // json's own, and int_field's
     return Status::corruption(path + ": " + e.what());
   }
   return m;
@@ -122,8 +139,9 @@ Expected<ShardRecord> save_checkpoint_shard(const std::string& dir_in, int rank,
                                             int64_t adam_step, int64_t step, bool include_dense) {
   const std::string dir = strip_trailing_slashes(dir_in);
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  const bool created = fs::create_directories(dir, ec);
   if (ec) return Status::io_error("cannot create " + dir + ": " + ec.message());
+  if (created) XD_RETURN_IF_ERROR(fsync_dir(parent_dir(dir)));  // the step_<N> entry itself survives a crash
   std::vector<SafetensorsEntry> entries;
   const std::pair<const char*, const float*> kinds[] = {{"", params}, {kExpAvg, adam_m}, {kExpAvgSq, adam_v}};
   for (const auto& [prefix, base] : kinds)
@@ -242,7 +260,15 @@ Status verify_checkpoint(const std::string& dir_in) {
     if (!manifest) return manifest.status();
     for (const ShardRecord& r : manifest->shards)
       if (auto bytes = read_shard(dir, r); !bytes) return bytes.status();
-    if (!fs::is_regular_file(dir + "/" + kConfigFile, ec)) return Status::not_found(dir + ": no " + kConfigFile);
+    // config.json has no checksum: it must at least describe a model.
+    auto text = read_file(dir + "/" + kConfigFile);
+    if (!text) return text.status();
+    try {
+      auto config = model_config_from_json(json::parse(*text));
+      if (!config) return config.status().with_context(dir + "/" + kConfigFile);
+    } catch (const json::exception& e) {
+      return Status::corruption(dir + "/" + kConfigFile + ": " + e.what());
+    }
     return Status::ok();
   }
   // A one-process checkpoint is swapped in whole (save_checkpoint); it has no

@@ -55,7 +55,7 @@ struct TrainConfig {
   int max_restarts = 0;
   // A step whose loss or gradient is not finite: "stop" ends the run with an
   // error naming the tensor; "skip" leaves the weights as they were and goes
-  // on (and stops after kMaxSkippedInARow such steps in a row).
+  // on (the kMaxSkippedInARow-th such step in a row stops the run).
   std::string nan_policy = "stop";
   static constexpr int kMaxSkippedInARow = 10;
   // Steps (1-based) whose timeline each worker writes to trace_dir as a

@@ -109,7 +109,7 @@ Expected<StepStats> Trainer::step() {
   if (!why.empty()) {
     why = "step " + std::to_string(step_ + 1) + ": " + why;
     if (config_.nan_policy != "skip") return Status::internal(why + "; stopping before the update (train.nan_policy: stop)");
-    if (++skipped_in_a_row_ > TrainConfig::kMaxSkippedInARow)
+    if (++skipped_in_a_row_ >= TrainConfig::kMaxSkippedInARow)
       return Status::internal(why + "; " + std::to_string(skipped_in_a_row_) + " steps in a row were not finite");
     XD_LOG_WARN("trainer", "skipped %s (train.nan_policy: skip)", why.c_str());
     s.skipped = true;

@@ -68,21 +68,17 @@ def main():
 
     cli = "tcp://127.0.0.1:7390"
     run_dir = args.run_dir + "/run"
+    log = open(args.run_dir + "/launch.log", "w")
     launch = subprocess.Popen([xdmoe, "launch", "--mode", args.mode, "--steps", str(steps), "--run-dir", run_dir,
                                "--cli-bind", cli, "--checkpoint-dir", args.run_dir + "/checkpoints",
                                "--checkpoint-every", "250"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = open(args.run_dir + "/launch.log", "w")
+                              stdout=log, stderr=subprocess.STDOUT)
     samples = []  # (seconds, step, rank, rss)
     start = time.time()
     throttled = restored = False
     total = args.minutes * 60
-    os.set_blocking(launch.stdout.fileno(), False)
     next_sample = start
     while launch.poll() is None:
-        chunk = launch.stdout.read()
-        if chunk:
-            log.write(chunk)
         now = time.time()
         if now >= next_sample:
             next_sample = now + 10
@@ -104,9 +100,6 @@ def main():
             print(f"soak: worker 1's inter-DC link back to 100mbit at {now - start:.0f} s", flush=True)
             restored = True
         time.sleep(0.5)
-    rest = launch.stdout.read()
-    if rest:
-        log.write(rest)
     log.close()
     elapsed = time.time() - start
     code = launch.returncode

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,7 @@ class Recovery : public ::testing::Test {
     reference_ = read_json(root_ + "/reference/ep/summary.json");
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
+  void lose_a_worker(const std::string& name, int signal, uint32_t seed, const std::vector<std::string>& extra);
   void SetUp() override {
     ASSERT_TRUE(reference_.contains("losses") && reference_["losses"].size() == kSteps) << reference_out_;
   }
@@ -92,17 +94,22 @@ TEST_F(Recovery, EveryCheckpointOfTheRunIsCompleteAndVerifies) {
   EXPECT_EQ(read_json(root_ + "/reference/ep/summary.json")["checkpoints"].size(), kSteps / 5u);
 }
 
-TEST_F(Recovery, AWorkerKilledAtARandomStepIsReplacedAndEveryLaterLossEqualsTheUninterruptedRun) {
-  std::mt19937 rng(20261123);
+// Launches the job with one restart allowed, sends `signal` to a worker
+// (rank and step drawn from `seed`) once the job has passed that step, and
+// checks that the job finishes through a restart whose every loss is the
+// uninterrupted run's. `extra`: more launch flags (a hostfile).
+void Recovery::lose_a_worker(const std::string& name, int signal, uint32_t seed, const std::vector<std::string>& extra) {
+  std::mt19937 rng(seed);
   const int kill_after = std::uniform_int_distribution<int>(8, 60)(rng);
   const int victim = std::uniform_int_distribution<int>(0, 3)(rng);
-  const std::string dir = root_ + "/killed";
+  const std::string dir = root_ + "/" + name;
   int fd = -1;
-  subprocess::Child launcher = subprocess::spawn_piped(
-      {xdmoe_binary(), "launch", "--config", root_ + "/job4.yaml", "--mode", "ep", "--steps", std::to_string(kSteps),
-       "--run-dir", dir, "--cli-bind", "tcp://127.0.0.1:*", "--checkpoint-dir", dir + "-ck", "--checkpoint-every", "5",
-       "--max-restarts", "1"},
-      {}, &fd);
+  std::vector<std::string> argv = {xdmoe_binary(), "launch", "--config", root_ + "/job4.yaml", "--mode", "ep",
+                                   "--steps", std::to_string(kSteps), "--run-dir", dir, "--cli-bind",
+                                   "tcp://127.0.0.1:*", "--checkpoint-dir", dir + "-ck", "--checkpoint-every", "5",
+                                   "--max-restarts", "1"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  subprocess::Child launcher = subprocess::spawn_piped(argv, {}, &fd);
   ASSERT_GE(fd, 0);
   FILE* in = ::fdopen(fd, "r");
   std::string out, cli;
@@ -118,7 +125,7 @@ TEST_F(Recovery, AWorkerKilledAtARandomStepIsReplacedAndEveryLaterLossEqualsTheU
       ASSERT_EQ(code, 0) << status;
       const pid_t pid = nlohmann::json::parse(status)["workers"][victim]["pid"].get<int>();
       killed_at = wall_seconds();
-      ASSERT_EQ(::kill(pid, SIGKILL), 0);
+      ASSERT_EQ(::kill(pid, signal), 0);
     }
   }
   std::fclose(in);
@@ -134,8 +141,10 @@ TEST_F(Recovery, AWorkerKilledAtARandomStepIsReplacedAndEveryLaterLossEqualsTheU
   EXPECT_EQ(resumed % 5, 0);
   EXPECT_GE(resumed, 5);
   EXPECT_LE(resumed, failed_after);
-  EXPECT_NE(restart["reason"].get<std::string>().find("worker " + std::to_string(victim) + " exited"), std::string::npos)
-      << restart.dump();
+  // Killed: the launch sees the process end. Hung: the coordinator misses its heartbeats.
+  const std::string why = signal == SIGSTOP ? "worker " + std::to_string(victim) + " was lost"
+                                            : "worker " + std::to_string(victim) + " exited";
+  EXPECT_NE(restart["reason"].get<std::string>().find(why), std::string::npos) << restart.dump() << out;
   // The resumed run's every step, bit for bit the uninterrupted run's.
   ASSERT_EQ(s["steps"].size(), size_t(kSteps - resumed));
   for (size_t i = 0; i < s["steps"].size(); ++i) {
@@ -144,11 +153,25 @@ TEST_F(Recovery, AWorkerKilledAtARandomStepIsReplacedAndEveryLaterLossEqualsTheU
     ASSERT_EQ(s["losses"][i].get<double>(), reference_loss(step)) << "step " << step;
   }
   const double recovery = s["first_step_wall_s"].get<double>() - killed_at;
-  std::printf("killed worker %d after step %d (seen at step %lld); resumed from step %lld; %.2f s from the kill to "
-              "the first step after it (the launcher's own count: %.2f s); %lld steps computed twice\n",
-              victim, kill_after, (long long)failed_after, (long long)resumed, recovery,
+  std::printf("%s: worker %d got signal %d after step %d (seen at step %lld); resumed from step %lld; %.2f s from the "
+              "signal to the first step after it (the launcher's own count: %.2f s); %lld steps computed twice\n",
+              name.c_str(), victim, signal, kill_after, (long long)failed_after, (long long)resumed, recovery,
               restart["recovery_s"].get<double>(), (long long)(failed_after - resumed));
   EXPECT_GT(recovery, 0);
+}
+
+TEST_F(Recovery, AWorkerKilledAtARandomStepIsReplacedAndEveryLaterLossEqualsTheUninterruptedRun) {
+  lose_a_worker("killed", SIGKILL, 20261123, {});
+}
+
+TEST_F(Recovery, AHungWorkerIsDeclaredLostAndTheJobRestartsFromItsCheckpoint) {
+  lose_a_worker("hung", SIGSTOP, 7, {});  // alive, silent: only the heartbeats tell
+}
+
+TEST_F(Recovery, UnderTheHostfileLauncherAKilledWorkerIsRestartedOverSshToo) {
+  const std::string hosts = root_ + "/hosts";
+  std::ofstream(hosts) << "127.0.0.1 slots=4\n";
+  lose_a_worker("ssh", SIGKILL, 99, {"--hostfile", hosts, "--ssh", "sh " + std::string(XD_SOURCE_DIR) + "/tests/tools/fake_ssh.sh"});
 }
 
 TEST_F(Recovery, ACorruptLatestCheckpointIsPassedOverForThePreviousOne) {
@@ -188,6 +211,12 @@ TEST_F(Recovery, ACheckpointOfFourWorkersResumesOnTwoWorkersAndInOneProcessWithT
   std::smatch m;
   ASSERT_TRUE(std::regex_search(tout, m, std::regex("step +11/[0-9]+ \\| loss ([0-9.]+)"))) << tout;
   EXPECT_NEAR(std::stod(m[1]), reference_loss(11), 1e-4);
+  // And `xdmoe forward` scores text with it.
+  std::ofstream(root_ + "/text.txt") << "The quick brown fox jumps over the lazy dog, again and again.";
+  auto [fcode, fout] = run(xdmoe_binary() + " forward --checkpoint " + ck + " --tokens " + root_ + "/text.txt --out " +
+                           root_ + "/logits.safetensors");
+  EXPECT_EQ(fcode, 0) << fout;
+  EXPECT_TRUE(fs::exists(root_ + "/logits.safetensors")) << fout;
 }
 
 TEST_F(Recovery, APoisonedCheckpointWithNanPolicySkipSkipsTheSameStepsOnEveryWorkerAndFinishes) {
@@ -210,7 +239,16 @@ TEST_F(Recovery, APoisonedCheckpointWithNanPolicySkipSkipsTheSameStepsOnEveryWor
   EXPECT_GT(skipped, 0) << out;
   EXPECT_LT(skipped, 30) << out;
   std::string logs;
-  for (int r = 0; r < 4; ++r) logs += subprocess::read_text(root_ + "/skip/ep/worker" + std::to_string(r) + ".log");
+  std::vector<std::set<int>> skipped_by_rank(4);
+  for (int r = 0; r < 4; ++r) {
+    const std::string log = subprocess::read_text(root_ + "/skip/ep/worker" + std::to_string(r) + ".log");
+    logs += log;
+    const std::regex line("skipped step ([0-9]+):");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it)
+      skipped_by_rank[r].insert(std::stoi((*it)[1]));
+  }
+  EXPECT_EQ(skipped_by_rank[0].size(), size_t(skipped)) << logs;
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(skipped_by_rank[r], skipped_by_rank[0]) << "rank " << r << " skipped other steps";
   EXPECT_NE(logs.find("model.embed_tokens.weight"), std::string::npos) << "the log names the tensor: " << logs;
   // The default policy stops at the first such step, naming it.
   auto [scode, sout] = run(xdmoe_binary() + " launch --config " + root_ + "/job4.yaml --mode ep --steps 40 --run-dir " +

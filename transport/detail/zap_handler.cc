@@ -1,5 +1,6 @@
 #include "transport/detail/zap_handler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -57,6 +58,7 @@ std::vector<Refusal> refusals() {
 namespace detail {
 
 ZapHandler::ZapHandler(zmq::context_t& context) : socket_(context, zmq::socket_type::rep) {
+  lists();  // made before this handler, so destroyed after it (a static handler locks it on the way out)
   socket_.set(zmq::sockopt::linger, 0);
   socket_.bind("inproc://zeromq.zap.01");
   thread_ = std::thread([this] { run(); });
@@ -82,7 +84,9 @@ void ZapHandler::run() {
         frames.emplace_back();
         if (!socket_.recv(frames.back())) break;
       } while (frames.back().more());
-      if (frames.size() < 6) continue;  // not ZAP; a REP socket must still answer, but libzmq never sends this
+      // Short requests (libzmq never sends one) still get an answer: a REP
+      // socket that skipped one could never receive again.
+      frames.resize(std::max<size_t>(frames.size(), 6));
       const std::string version = frames[0].to_string(), request_id = frames[1].to_string();
       const std::string domain = frames[2].to_string(), address = frames[3].to_string();
       const std::string mechanism = frames[5].to_string();
@@ -114,6 +118,8 @@ void ZapHandler::run() {
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;
       if (e.num() != EINTR) XD_LOG_ERROR("security", "ZAP handler: %s", e.what());
+    } catch (const std::exception& e) {  // nothing leaves this thread
+      XD_LOG_ERROR("security", "ZAP handler: %s", e.what());
     }
   }
 }
