@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "common/clock.h"
 #include "common/subprocess.h"
 #include "model/distributed_checkpoint.h"
 #include "transport/endpoint.h"
@@ -30,9 +31,6 @@ volatile std::sig_atomic_t g_interrupted = 0;
 
 constexpr int kRunning = -2000;  // subprocess::try_wait() of a live child
 
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // Copies a worker's output to its log file and to the terminal, each line
 // prefixed with its rank ("[rank 3] "), until the worker closes it.
@@ -298,7 +296,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
     if (coordinator_code != kRunning && coordinator_code != 0 && stop_reason.empty())
       stop_reason = "the coordinator exited with code " + std::to_string(coordinator_code);
     if ((!stop_reason.empty() || (coordinator_code != kRunning && coordinator_code != 0)) && r.failed_wall_s == 0)
-      r.failed_wall_s = wall_seconds();
+      r.failed_wall_s = unix_seconds();
     if (!stop_reason.empty() && kill_at == Clock::time_point{}) {
       stop_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(5);

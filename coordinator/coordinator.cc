@@ -352,8 +352,12 @@ void Coordinator::Impl::handle_worker(const ControlMessage& m, double now) {
       return;
     }
     double loss = 0;
-    for (const StepSummary& s : metrics.complete_steps())
-      if (s.step == report.step) loss = s.loss;
+    const std::vector<StepSummary>& steps = metrics.complete_steps();
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+      if (it->step == report.step) {
+        loss = it->loss;
+        break;
+      }
     auto done = checkpoints->record(*rank, report, loss);
     if (!done) return fail(done.status().with_context("checkpoint"));
     if (*done) {
@@ -500,7 +504,7 @@ void Coordinator::Impl::log_progress() {
   if (!s || s->step == last_logged_step) return;
   last_logged_step = s->step;
   if (first_step_wall_s == 0)
-    first_step_wall_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    first_step_wall_s = unix_seconds();
   const int64_t steps = job.train.steps;
   const double elapsed = steady_seconds() - running_since;
   if (s->step % job.train.log_every == 0 || s->step == 1 || s->step == steps) {

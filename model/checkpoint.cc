@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
-#include "model/detail/trainer_state_json.h"
+#include "model/detail/checkpoint_format.h"
 #include "model/distributed_checkpoint.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
@@ -23,18 +23,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using detail::kConfigFile;
+using detail::kExpAvg;
+using detail::kExpAvgSq;
+using detail::strip_trailing_slashes;
 
 constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kConfigFile = "config.json";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kTrainerFile = "trainer_state.json";
-constexpr const char* kExpAvg = "exp_avg.";
-constexpr const char* kExpAvgSq = "exp_avg_sq.";
-
-std::string strip_trailing_slashes(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
-}
 
 std::string join(const std::string& dir, const char* file) { return dir + "/" + file; }
 

@@ -6,12 +6,13 @@
 #include <filesystem>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/checksum.h"
-#include "model/detail/trainer_state_json.h"
+#include "model/detail/checkpoint_format.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
 
@@ -21,17 +22,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using detail::kConfigFile;
+using detail::kExpAvg;
+using detail::kExpAvgSq;
+using detail::strip_trailing_slashes;
 
 constexpr const char* kFormat = "xdmoe-sharded";
 constexpr int kVersion = 1;
-constexpr const char* kConfigFile = "config.json";
-constexpr const char* kExpAvg = "exp_avg.";
-constexpr const char* kExpAvgSq = "exp_avg_sq.";
-
-std::string strip_trailing_slashes(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
-}
 
 Status write_json_file(const std::string& path, const json& j) {
   const std::string text = j.dump(2) + "\n";
@@ -231,7 +228,8 @@ Expected<CheckpointData> load_distributed_checkpoint(const std::string& dir_in) 
     adam_step = a;
     for (const std::string& name : file->names()) {
       const int kind = name.starts_with(kExpAvgSq) ? 2 : name.starts_with(kExpAvg) ? 1 : 0;
-      const std::string slot_name = name.substr(kind == 2 ? 11 : kind == 1 ? 8 : 0);
+      const std::string slot_name =
+          name.substr(kind == 2 ? std::string_view(kExpAvgSq).size() : kind == 1 ? std::string_view(kExpAvg).size() : 0);
       const TensorSlot* slot = layout.find(slot_name);
       if (!slot)
         return Status::invalid_argument(path + ": unexpected tensor \"" + name + "\", not in the layout config.json describes");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/clock.h"
 #include "job_runner.h"
 #include "model/checkpoint.h"
 #include "model/distributed_checkpoint.h"
@@ -51,10 +52,6 @@ nlohmann::json read_json(const std::string& path) {
   nlohmann::json j;
   if (in) in >> j;
   return j;
-}
-
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // One uninterrupted run of kSteps with a checkpoint every 5 steps, shared by
@@ -124,7 +121,7 @@ void Recovery::lose_a_worker(const std::string& name, int signal, uint32_t seed,
       auto [code, status] = run(xdmoe_binary() + " status --json --coordinator " + cli);
       ASSERT_EQ(code, 0) << status;
       const pid_t pid = nlohmann::json::parse(status)["workers"][victim]["pid"].get<int>();
-      killed_at = wall_seconds();
+      killed_at = unix_seconds();
       ASSERT_EQ(::kill(pid, signal), 0);
     }
   }

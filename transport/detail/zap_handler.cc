@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace xd {
@@ -25,10 +26,6 @@ struct AllowLists {
 AllowLists& lists() {
   static AllowLists l;
   return l;
-}
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
