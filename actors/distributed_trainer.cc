@@ -434,8 +434,8 @@ Status DistributedTrainer::resume(const std::string& dir) {
 }
 
 std::string DistributedTrainer::non_finite_gradients() const {
-  const std::string local = non_finite_tensors(*layout_, model_->grads().data());
-  return local == "no tensor" ? "every local gradient is finite (the non-finite values are on other workers)" : local;
+  return non_finite_tensors(*layout_, model_->grads().data(),
+                            "every local gradient is finite (the non-finite values are on other workers)");
 }
 
 }  // namespace xd

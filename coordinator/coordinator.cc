@@ -156,7 +156,6 @@ Status Coordinator::Impl::run() {
   if (!opts.resume.empty()) {
     std::vector<std::string> skipped;
     auto dir = resolve_checkpoint(opts.resume, &skipped);
-    for (const std::string& s : skipped) XD_LOG_WARN("coordinator", "skipped checkpoint %s", s.c_str());
     if (!dir) return dir.status().with_context("--resume");
     auto state = checkpoint_trainer_state(*dir);
     if (!state) return state.status().with_context("--resume");

@@ -76,7 +76,7 @@ const TensorSlot* ParamLayout::find(const std::string& name) const {
   return nullptr;
 }
 
-std::string non_finite_tensors(const ParamLayout& layout, const float* values) {
+std::string non_finite_tensors(const ParamLayout& layout, const float* values, const char* if_none) {
   std::string out;
   int listed = 0, more = 0;
   for (const TensorSlot& s : layout.slots()) {
@@ -89,7 +89,7 @@ std::string non_finite_tensors(const ParamLayout& layout, const float* values) {
       ++more;
   }
   if (more) out += " and " + std::to_string(more) + " more tensors";
-  return out.empty() ? "no tensor" : out;
+  return out.empty() ? if_none : out;
 }
 
 }  // namespace xd

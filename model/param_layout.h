@@ -96,7 +96,7 @@ ModelWeights<T> ParamLayout::bind(T* base) const {
 
 // The slots holding a non-finite value in `values` (layout.size() floats), as
 // "name (count of numel), ..." -- the first four, then how many more; for the
-// non-finite guard's log.
-std::string non_finite_tensors(const ParamLayout& layout, const float* values);
+// non-finite guard's log; `if_none` when every value is finite.
+std::string non_finite_tensors(const ParamLayout& layout, const float* values, const char* if_none = "no tensor");
 
 }  // namespace xd
