@@ -273,6 +273,10 @@ Expected<StepMetrics> DistributedTrainer::step() {
   const bool traced = traces(step_ + 1);
   timeline_.set_enabled(traced);
   exchange_->set_step(static_cast<uint32_t>(step_));
+  // This worker's rows are rank * batch_size.. of the global batch, so the
+  // routing noise is what one process draws for them.
+  model_->set_routing_context(
+      RoutingContext{true, tc.seed, sampler_->position(), static_cast<int64_t>(opts_.rank) * tc.batch_size});
   sampler_->next(&inputs_, &targets_);
   model_->zero_grad();
   comm_->zero_replica_grads();

@@ -11,6 +11,7 @@ namespace xd {
 namespace {
 
 bool is_token_choice(Gating g) { return g != Gating::kExpertChoice; }
+bool is_sigmoid(Gating g) { return g == Gating::kSigmoidTopK; }
 
 // Softmax of one row into `out`; returns log-sum-exp.
 template <typename T>
@@ -53,7 +54,7 @@ void gate_forward(DispatchPlan<T>* plan, GateCache<T>* cache, const T* logits,
     z += lse * lse;
   }
   c.z_loss = N > 0 ? z / N : 0.0;
-  if (cfg.gating == Gating::kSigmoidTopK) {
+  if (is_sigmoid(cfg.gating)) {
     for (size_t j = 0; j < c.scores.size(); ++j)
       c.scores[j] = static_cast<T>(1.0 / (1.0 + std::exp(-(double)logits[j])));
   } else {
@@ -61,7 +62,8 @@ void gate_forward(DispatchPlan<T>* plan, GateCache<T>* cache, const T* logits,
   }
 
   const int capacity = expert_capacity(cfg, N);
-  std::vector<std::vector<std::pair<int, T>>> per_expert(E);  // (token, weight)
+  std::vector<RouteAssignment<T>> kept;
+  std::vector<int> taken(E, 0);
   c.balance_prob.assign(E, 0.0);
   c.balance_frac.assign(E, 0.0);
   c.aux_loss = 0;
@@ -80,15 +82,16 @@ void gate_forward(DispatchPlan<T>* plan, GateCache<T>* cache, const T* logits,
         int e = idx[j];
         c.chosen[(size_t)i * k + j] = e;
         c.balance_frac[e] += 1.0 / ((double)N * k);
-        if ((int)per_expert[e].size() < capacity)
-          per_expert[e].emplace_back(i, static_cast<T>(s[e] / z_i));
-        else
+        if (taken[e] < capacity) {
+          ++taken[e];
+          kept.push_back({e, i, i, static_cast<T>(s[e] / z_i)});
+        } else
           ++plan->dropped;
       }
       // P_e: router probability mass; sigmoid scores are normalised per token first.
       double row_sum = 0;
       for (int e = 0; e < E; ++e) row_sum += s[e];
-      const bool normalise = cfg.gating == Gating::kSigmoidTopK;
+      const bool normalise = is_sigmoid(cfg.gating);
       for (int e = 0; e < E; ++e) c.balance_prob[e] += (normalise ? s[e] / row_sum : s[e]) / N;
     }
     for (int e = 0; e < E; ++e) c.aux_loss += E * c.balance_frac[e] * c.balance_prob[e];
@@ -97,22 +100,11 @@ void gate_forward(DispatchPlan<T>* plan, GateCache<T>* cache, const T* logits,
     for (int e = 0; e < E; ++e) {
       top_indices(&idx, &c.scores[e], N, E, std::min(capacity, N));
       std::sort(idx.begin(), idx.end());
-      for (int i : idx) per_expert[e].emplace_back(i, c.scores[(size_t)i * E + e]);
+      for (int i : idx) kept.push_back({e, i, i, c.scores[(size_t)i * E + e]});
     }
   }
 
-  plan->num_tokens = N;
-  plan->num_experts = E;
-  plan->expert_offsets.assign(E + 1, 0);
-  plan->token.clear();
-  plan->weight.clear();
-  for (int e = 0; e < E; ++e) {
-    for (auto& [tok, w] : per_expert[e]) {
-      plan->token.push_back(tok);
-      plan->weight.push_back(w);
-    }
-    plan->expert_offsets[e + 1] = static_cast<int>(plan->token.size());
-  }
+  order_plan(plan, kept, N, E);
 }
 
 template <typename T>
@@ -138,7 +130,7 @@ void gate_backward(T* dlogits, const std::vector<T>& dweight, const DispatchPlan
   if (is_token_choice(cfg.gating) && cfg.aux_loss_coef > 0) {
     for (int i = 0; i < N; ++i) {
       const T* s = &c.scores[(size_t)i * E];
-      if (cfg.gating == Gating::kSoftmaxTopK) {
+      if (!is_sigmoid(cfg.gating)) {
         for (int e = 0; e < E; ++e)
           dscore[(size_t)i * E + e] += cfg.aux_loss_coef * E * c.balance_frac[e] / N;
       } else {
@@ -156,7 +148,7 @@ void gate_backward(T* dlogits, const std::vector<T>& dweight, const DispatchPlan
     const T* s = &c.scores[(size_t)i * E];
     double* ds = &dscore[(size_t)i * E];
     T* dl = dlogits + (size_t)i * E;
-    if (cfg.gating == Gating::kSigmoidTopK) {
+    if (is_sigmoid(cfg.gating)) {
       for (int e = 0; e < E; ++e) dl[e] += static_cast<T>(loss_scale * ds[e] * s[e] * (1.0 - s[e]));
     } else {
       double dot = 0;

@@ -1,6 +1,8 @@
 // Gate: routes tokens to experts (FSMoE "Gate"). From router logits (N, E) it
-// picks assignments (token, expert, combine weight) under the configured gating
-// function and expert capacity, and computes the router aux and z losses. Its
+// picks assignments (token, expert, combine weight) under the token-choice or
+// expert-choice gating function and expert capacity, hands them to Order
+// (model/order.h), and computes the router aux and z losses. The routers that
+// make the logits (plain, noisy, cosine) live in model/router.h. Its
 // backward turns d(weights) plus the aux/z loss terms into d(logits).
 // Stateless apart from the cache it fills; one Gate per layer call, not shared.
 #pragma once
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "model/order.h"
 
 namespace xd {
 
@@ -22,19 +25,6 @@ struct GateCache {
   std::vector<double> balance_prob;  // (E) P_e of the aux loss
   std::vector<double> balance_frac;  // (E) f_e of the aux loss
   double aux_loss = 0, z_loss = 0;
-};
-
-// Assignments grouped by expert (FSMoE "Order"): expert e owns entries
-// [expert_offsets[e], expert_offsets[e+1]), tokens ascending within an expert.
-template <typename T>
-struct DispatchPlan {
-  int num_tokens = 0, num_experts = 0;
-  std::vector<int> expert_offsets;  // (E+1)
-  std::vector<int> token;           // (A) source token of each assignment
-  std::vector<T> weight;            // (A) combine weight
-  int dropped = 0;                  // assignments lost to capacity
-  int count(int e) const { return expert_offsets[e + 1] - expert_offsets[e]; }
-  int size() const { return static_cast<int>(token.size()); }
 };
 
 template <typename T>

@@ -105,6 +105,8 @@ Status read_xdmoe_keys(const json& j, ModelConfig* cfg) {
   XD_RETURN_IF_ERROR(get_double(j, "initializer_range", false, &cfg->init_std));
   XD_RETURN_IF_ERROR(get_double(j, "xdmoe_init_std", false, &cfg->init_std));
   XD_RETURN_IF_ERROR(get_double(j, "xdmoe_expert_init_spread", false, &cfg->expert_init_spread));
+  XD_RETURN_IF_ERROR(get_int(j, "xdmoe_router_dim", false, &cfg->router_dim));
+  XD_RETURN_IF_ERROR(get_int(j, "xdmoe_soft_moe_slots", false, &cfg->soft_moe_slots));
 
   if (auto it = j.find("xdmoe_connectivity"); it != j.end()) {
     if (!it->is_array()) return ill_typed("xdmoe_connectivity", "a list of names", *it);
@@ -154,6 +156,8 @@ json model_config_to_json(const ModelConfig& cfg) {
   j["xdmoe_shared_intermediate_size"] = cfg.shared_intermediate_size;
   j["xdmoe_init_std"] = cfg.init_std;
   j["xdmoe_expert_init_spread"] = cfg.expert_init_spread;
+  if (cfg.gating == Gating::kXMoe) j["xdmoe_router_dim"] = cfg.resolved_router_dim();
+  if (cfg.gating == Gating::kSoftMoe) j["xdmoe_soft_moe_slots"] = cfg.soft_moe_slots;
   // Written as stored: an empty list keeps meaning "every layer regular".
   json conn = json::array();
   for (Connectivity c : cfg.connectivity) conn.push_back(connectivity_name(c));

@@ -34,6 +34,8 @@ Status ModelConfig::validate() const {
   if (!(rms_norm_eps > 0)) return bad("rms_norm_eps", "must be positive");
   if (!(init_std > 0)) return bad("init_std", "must be positive");
   if (!(expert_init_spread >= 0 && expert_init_spread <= 1)) return bad("expert_init_spread", "must be in [0, 1]");
+  if (router_dim < 0) return bad("router_dim", "must be >= 0 (0 = num_experts / 2)");
+  if (soft_moe_slots <= 0) return bad("soft_moe_slots", "must be positive");
   if (!connectivity.empty() && static_cast<int>(connectivity.size()) != num_layers)
     return bad("connectivity", "needs one entry per layer (" + std::to_string(num_layers) +
                                    "), or a single value for all");
@@ -45,15 +47,20 @@ const char* gating_name(Gating g) {
     case Gating::kSoftmaxTopK: return "softmax_topk";
     case Gating::kSigmoidTopK: return "sigmoid_topk";
     case Gating::kExpertChoice: return "expert_choice";
+    case Gating::kGShardNoisyTopK: return "gshard_noisy_topk";
+    case Gating::kXMoe: return "xmoe";
+    case Gating::kSoftMoe: return "soft_moe";
   }
   return "?";
 }
 
 Expected<Gating> parse_gating(const std::string& s) {
-  for (Gating g : {Gating::kSoftmaxTopK, Gating::kSigmoidTopK, Gating::kExpertChoice})
+  for (Gating g : {Gating::kSoftmaxTopK, Gating::kSigmoidTopK, Gating::kExpertChoice, Gating::kGShardNoisyTopK,
+                   Gating::kXMoe, Gating::kSoftMoe})
     if (s == gating_name(g)) return g;
   return Status::invalid_argument("unknown gating '" + s +
-                                  "' (expected softmax_topk, sigmoid_topk or expert_choice)");
+                                  "' (expected softmax_topk, sigmoid_topk, expert_choice, gshard_noisy_topk, "
+                                  "xmoe or soft_moe)");
 }
 
 const char* connectivity_name(Connectivity c) {

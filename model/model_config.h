@@ -3,6 +3,7 @@
 // config.json (HF Mixtral style) round-trips, see model/checkpoint.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,7 +12,16 @@
 
 namespace xd {
 
-enum class Gating : int { kSoftmaxTopK = 0, kSigmoidTopK = 1, kExpertChoice = 2 };
+// Routing functions (FSMoE's Gate; docs/model.md). Values are stored in
+// checkpoints by name; append only.
+enum class Gating : int {
+  kSoftmaxTopK = 0,
+  kSigmoidTopK = 1,
+  kExpertChoice = 2,
+  kGShardNoisyTopK = 3,  // learned noise on the logits in training (Shazeer et al.)
+  kXMoe = 4,             // cosine routing in a low-rank space (X-MoE)
+  kSoftMoe = 5,          // slots of softly mixed tokens, causal (SoftMoE)
+};
 
 // Which inputs of layer k skip ahead (FarSkip-Collective Sec. 3; docs/model.md). kRegular is pre-norm.
 enum class Connectivity : int {
@@ -48,8 +58,18 @@ struct ModelConfig {
   // (w = std * (sqrt(1 - s^2) shared + s own), so the std stays init_std).
   double expert_init_spread = 1.0;
   std::vector<Connectivity> connectivity;  // one per layer; empty = all regular
+  // X-MoE: dimension d_e of the routing space; 0 = num_experts / 2 (at least 1).
+  int router_dim = 0;
+  // SoftMoE: slots per expert (p); the layer has num_experts * p slots.
+  int soft_moe_slots = 1;
 
   int head_dim() const { return hidden_size / num_heads; }
+  int resolved_router_dim() const { return router_dim > 0 ? router_dim : std::max(1, num_experts / 2); }
+  // Rows of gate.weight: experts, slots (SoftMoE) or routing dimensions (X-MoE).
+  int router_rows() const {
+    return gating == Gating::kSoftMoe ? num_experts * soft_moe_slots
+                                      : gating == Gating::kXMoe ? resolved_router_dim() : num_experts;
+  }
   Connectivity layer_connectivity(int layer) const {
     return connectivity.empty() ? Connectivity::kRegular : connectivity[layer];
   }

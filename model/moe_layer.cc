@@ -9,13 +9,6 @@ namespace xd {
 
 namespace {
 
-template <typename T>
-void gather_rows(std::vector<T>* out, const T* src, const std::vector<int>& rows, int d) {
-  out->resize(rows.size() * (size_t)d);
-  for (size_t a = 0; a < rows.size(); ++a)
-    std::memcpy(out->data() + a * d, src + (size_t)rows[a] * d, sizeof(T) * d);
-}
-
 ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) {
   return ExchangeTag{dm.layer, static_cast<int>(phase), chunk};
 }
@@ -45,19 +38,15 @@ void split_into_chunks(MoeCache<T>* c, int r) {
 template <typename T>
 void moe_route_forward(MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
                        const ModelConfig& cfg, const MoeDims& dm) {
-  const int N = dm.num_tokens, d = dm.hidden, E = cfg.num_experts;
+  const int d = dm.hidden;
   XD_CHECK(dm.chunks >= 1);
-  c->logits.resize((size_t)N * E);
-  linear_forward(c->logits.data(), xn, w.router, N, d, E);
-  gate_forward(&c->plan, &c->gate, c->logits.data(), cfg, N);
+  router_forward(&c->router, &c->plan, xn, w.router, cfg, dm.router_call());
+  const T* source = router_source(c->router, xn, cfg);
   split_into_chunks(c, dm.chunks);
-  std::vector<int> tokens;
   for (int i = 0; i < dm.chunks; ++i) {
     MoeChunk<T>& ch = c->chunks[i];
-    tokens.resize(ch.plan_rows.size());
-    for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = c->plan.token[ch.plan_rows[k]];
     std::vector<T> send;
-    gather_rows(&send, xn, tokens, d);
+    order_gather(&send, source, c->plan, ch.plan_rows, d);
     exchange->start_to_experts(tag_of(dm, ExchangePhase::kDispatch, i), std::move(send), ch.counts, d);
   }
 }
@@ -109,13 +98,7 @@ void moe_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchan
     for (size_t k = 0; k < ch.plan_rows.size(); ++k)
       std::memcpy(c->routed_rows.data() + (size_t)ch.plan_rows[k] * d, back.data() + k * d, sizeof(T) * d);
   }
-  std::fill(routed_out, routed_out + (size_t)dm.num_tokens * d, T(0));
-  for (int a = 0; a < c->plan.size(); ++a) {
-    T* dst = routed_out + (size_t)c->plan.token[a] * d;
-    const T* src = c->routed_rows.data() + (size_t)a * d;
-    const T wa = c->plan.weight[a];
-    for (int j = 0; j < d; ++j) dst[j] += wa * src[j];
-  }
+  order_combine(routed_out, c->routed_rows.data(), c->plan, d);
 }
 
 template <typename T>
@@ -146,11 +129,7 @@ void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange
 template <typename T>
 void moe_router_backward(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
                          const MoeDims& dm, double loss_scale) {
-  const int N = dm.num_tokens, E = cfg.num_experts;
-  XD_CHECK((int)c->dweight.size() == c->plan.size());
-  std::vector<T> dlogits((size_t)N * E, T(0));
-  gate_backward(dlogits.data(), c->dweight, c->plan, c->gate, cfg, loss_scale);
-  linear_backward(dxn, w.drouter, dlogits.data(), xn, w.router, N, dm.hidden, E);
+  router_backward_combine(dxn, w.router, c->router, c->plan, c->dweight, xn, cfg, dm.router_call(), loss_scale);
 }
 
 template <typename T>
@@ -190,19 +169,20 @@ void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* c, const T* xn, 
 }
 
 template <typename T>
-void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* c, ExpertExchange<T>* exchange, const MoeDims& dm) {
+void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T>& w,
+                                  ExpertExchange<T>* exchange, const ModelConfig& cfg, const MoeDims& dm) {
   const int d = dm.hidden;
+  const bool slots = router_mixes_tokens(cfg);
+  if (slots) c->dsource.assign(c->router.slot_inputs.size(), T(0));
+  T* dsource = slots ? c->dsource.data() : dxn;
   std::vector<T> rows;
   for (int i = 0; i < dm.chunks; ++i) {
     const MoeChunk<T>& ch = c->chunks[i];
     exchange->finish_to_sources(tag_of(dm, ExchangePhase::kDispatchBackward, i), &rows);
     XD_CHECK(rows.size() == ch.plan_rows.size() * (size_t)d);
-    for (size_t k = 0; k < ch.plan_rows.size(); ++k) {
-      T* dst = dxn + (size_t)c->plan.token[ch.plan_rows[k]] * d;
-      const T* src = rows.data() + k * d;
-      for (int j = 0; j < d; ++j) dst[j] += src[j];
-    }
+    order_scatter_add(dsource, rows.data(), c->plan, ch.plan_rows, d);
   }
+  if (slots) router_backward_dispatch(dxn, w.router, c->router, c->dsource.data(), xn, cfg, dm.router_call());
 }
 
 template <typename T>
@@ -228,7 +208,8 @@ void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* c, const T* xn, cons
                                         const MoeDims&);                                                      \
   template void moe_shared_backward<T>(T*, const T*, MoeCache<T>*, const T*, const MoeWeights<T>&,            \
                                        const MoeDims&);                                                       \
-  template void moe_dispatch_backward_finish<T>(T*, MoeCache<T>*, ExpertExchange<T>*, const MoeDims&);        \
+  template void moe_dispatch_backward_finish<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&,             \
+                                                ExpertExchange<T>*, const ModelConfig&, const MoeDims&);    \
   template void moe_forward<T>(T*, T*, MoeCache<T>*, const T*, const MoeWeights<T>&, ExpertExchange<T>*,      \
                                const ModelConfig&, const MoeDims&);
 XD_INSTANTIATE_MOE(float)

@@ -1,4 +1,4 @@
-// The MoE block of one layer: Gate -> Order (dispatch plan) -> Dispatch ->
+// The MoE block of one layer: Router/Gate -> Order (dispatch plan) -> Dispatch ->
 // Expert -> Combine, plus shared experts that see every token. Dispatch and
 // Combine go through an ExpertExchange, so the same math runs in one process
 // or across workers. Routed and shared outputs are returned separately because
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "model/expert_exchange.h"
-#include "model/gate.h"
+#include "model/router.h"
 #include "model/model_config.h"
 #include "model/swiglu_expert.h"
 
@@ -24,8 +24,7 @@ namespace xd {
 
 template <typename T>
 struct MoeWeights {
-  const T* router;  // (E, d)
-  T* drouter;       // (E, d)
+  RouterWeights<T> router;
   std::vector<ExpertParams<T>> computed;  // one per exchange->computed_experts()
   std::vector<ExpertParams<T>> shared;    // one per shared expert
 };
@@ -43,19 +42,24 @@ struct MoeChunk {
 
 template <typename T>
 struct MoeCache {
-  std::vector<T> logits;            // (N, E)
-  GateCache<T> gate;
+  RouterCache<T> router;
   DispatchPlan<T> plan;
   std::vector<MoeChunk<T>> chunks;  // r of them
   std::vector<T> routed_rows;       // (A, d) expert outputs back at the source, plan order
   std::vector<T> dweight;           // (A) backward: d loss / d combine weight
+  std::vector<T> dsource;           // SoftMoE backward: d loss / d slot inputs
   std::vector<ExpertCache<T>> shared_cache;
   std::vector<T> shared_scratch;    // (N, d)
 };
 
 struct MoeDims {
   int num_tokens, hidden, expert_ff, shared_ff, layer;
-  int chunks = 1;  // pipeline degree r
+  int chunks = 1;   // pipeline degree r
+  int seq_len = 0;  // 0 = num_tokens (one sequence)
+  RoutingContext routing = {};
+  RouterCall router_call() const {
+    return RouterCall{num_tokens, seq_len > 0 ? seq_len : num_tokens, layer, routing};
+  }
 };
 
 // --- Forward, in schedule order ---
@@ -92,9 +96,11 @@ void moe_experts_backward(MoeCache<T>* cache, const MoeWeights<T>& w, ExpertExch
 template <typename T>
 void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w,
                          const MoeDims& dims);
-// Finishes every chunk's Dispatch backward and adds the rows into dxn.
+// Finishes every chunk's Dispatch backward and adds the rows into dxn
+// (SoftMoE: into the slot inputs' gradient, then through the router).
 template <typename T>
-void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* cache, ExpertExchange<T>* exchange, const MoeDims& dims);
+void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w,
+                                  ExpertExchange<T>* exchange, const ModelConfig& cfg, const MoeDims& dims);
 
 // The whole forward, pieces back to back.
 template <typename T>

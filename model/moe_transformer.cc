@@ -1,6 +1,7 @@
 #include "model/moe_transformer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/check.h"
@@ -25,6 +26,9 @@ struct MoeTransformer<T>::LayerCache {
 };
 
 namespace {
+
+// X-MoE temperature tau at initialisation; the router learns log(1 / tau).
+constexpr double kXMoeInitialTemperature = 0.07;
 bool farskip_attention(Connectivity c) {
   return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipAttention;
 }
@@ -50,6 +54,14 @@ void MoeTransformer<T>::init(uint64_t seed) {
   const double stddev = config().init_std;
   for (const TensorSlot& s : layout_.slots()) {
     T* p = params_.data() + s.offset;
+    if (s.name.size() >= 15 && s.name.compare(s.name.size() - 15, 15, ".gate_log_scale") == 0) {
+      *p = static_cast<T>(std::log(1.0 / kXMoeInitialTemperature));
+      continue;
+    }
+    if (s.name.find(".gate_noise.") != std::string::npos) {  // no signal, some noise (Shazeer et al.)
+      std::fill(p, p + s.numel(), T(0));
+      continue;
+    }
     const bool is_norm = s.shape.size() == 1;
     if (is_norm) {
       std::fill(p, p + s.numel(), T(1));
@@ -86,8 +98,8 @@ MoeWeights<T> MoeTransformer<T>::moe_weights(int l, const ExpertExchange<T>& ex)
   const LayerWeights<T>& W = w_.layers[l];
   const LayerWeights<T>& G = g_.layers[l];
   MoeWeights<T> mw;
-  mw.router = W.router;
-  mw.drouter = G.router;
+  mw.router = RouterWeights<T>{W.router, G.router, W.router_noise, G.router_noise,
+                               W.router_experts, G.router_experts, W.router_log_scale, G.router_log_scale};
   for (int e : ex.computed_experts()) {
     const int j = e - layout_.first_expert();
     if (j >= 0 && j < layout_.num_local_experts()) {
@@ -104,6 +116,16 @@ MoeWeights<T> MoeTransformer<T>::moe_weights(int l, const ExpertExchange<T>& ex)
                          G.shared_w3 + o, G.shared_w2 + o});
   }
   return mw;
+}
+
+template <typename T>
+MoeDims MoeTransformer<T>::moe_dims(int layer) const {
+  const ModelConfig& cfg = config();
+  MoeDims dm{batch_ * seq_, cfg.hidden_size, cfg.expert_intermediate_size, cfg.shared_intermediate_size, layer,
+             chunks_};
+  dm.seq_len = seq_;
+  dm.routing = routing_;
+  return dm;
 }
 
 template <typename T>
@@ -131,9 +153,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   layers_.resize(L);
   embedding_forward(residual_[0].data(), inputs, w_.embed_tokens, N, d);
   LossStats stats;
-  auto dims = [&](int l) {
-    return MoeDims{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l, chunks_};
-  };
+  auto dims = [&](int l) { return moe_dims(l); };
   // Layer l's Combine lands: r_l, then o_l = p_l + r_l.
   auto finish_combine = [&](int l) {
     LayerCache& c = layers_[l];
@@ -202,8 +222,8 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
       for (size_t j = 0; j < Nd; ++j) c.moe_in[j] = o_prev[j] + c.attn_out[j];
       route();
     }
-    stats.aux_loss += c.moe.gate.aux_loss;
-    stats.z_loss += c.moe.gate.z_loss;
+    stats.aux_loss += c.moe.router.gate.aux_loss;
+    stats.z_loss += c.moe.router.gate.z_loss;
     stats.dropped += c.moe.plan.dropped;
     {
       ScopedSpan span(timeline_, "routed experts", l);
@@ -263,7 +283,7 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     const LayerWeights<T>& W = w_.layers[l];
     const LayerWeights<T>& G = g_.layers[l];
     const Connectivity conn = cfg.layer_connectivity(l);
-    const MoeDims dm{N, d, cfg.expert_intermediate_size, cfg.shared_intermediate_size, l, chunks_};
+    const MoeDims dm = moe_dims(l);
     const MoeWeights<T> mw = moe_weights(l, *exchange);
     auto attention_backward_pass = [&](const T* dattn_out) {
       ScopedSpan span(timeline_, "attention backward", l);
@@ -304,7 +324,7 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
       ScopedSpan span(timeline_, "shared experts backward", l);
       moe_shared_backward(dnorm2.data(), dp.data(), &c.moe, c.norm2.data(), mw, dm);  // d s_k = d p_k
     }
-    moe_dispatch_backward_finish(dnorm2.data(), &c.moe, exchange, dm);
+    moe_dispatch_backward_finish(dnorm2.data(), &c.moe, c.norm2.data(), mw, exchange, cfg, dm);
     std::fill(dmoe_in.begin(), dmoe_in.end(), T(0));
     rmsnorm_backward(dmoe_in.data(), G.post_attention_layernorm, dnorm2.data(), c.moe_in.data(),
                      W.post_attention_layernorm, c.rstd2.data(), N, d);

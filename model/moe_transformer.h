@@ -78,12 +78,17 @@ class MoeTransformer {
   // r: each layer's Dispatch and Combine go in r chunks (FSMoE Sec. 4).
   void set_pipeline_degree(int r);
   int pipeline_degree() const { return chunks_; }
+  // How the next forward routes: GShard noise is drawn only when training,
+  // keyed by the context (model/router.h). Default: evaluation, no noise.
+  void set_routing_context(const RoutingContext& ctx) { routing_ = ctx; }
+  const RoutingContext& routing_context() const { return routing_; }
   // Compute spans go here when it records (may be null).
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   struct LayerCache;
   MoeWeights<T> moe_weights(int layer, const ExpertExchange<T>& exchange) const;
+  MoeDims moe_dims(int layer) const;  // of the last forward's batch
 
   ParamLayout layout_;
   std::vector<T> params_, grads_;
@@ -91,6 +96,7 @@ class MoeTransformer {
   ExpertResolver resolver_;
   BackwardHooks hooks_;
   int chunks_ = 1;
+  RoutingContext routing_;
   Timeline* timeline_ = nullptr;
   std::unique_ptr<LocalExpertExchange<T>> local_exchange_;
 

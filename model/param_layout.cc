@@ -37,13 +37,19 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int first_expert, int num_local
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string moe = p + "block_sparse_moe.";
     LayerOffsets o{};
+    for (size_t& f : o.f) f = kAbsent;
     o.f[0] = add(p + "input_layernorm.weight", {d}, l);
     o.f[1] = add(p + "self_attn.q_proj.weight", {q, d}, l);
     o.f[2] = add(p + "self_attn.k_proj.weight", {kv, d}, l);
     o.f[3] = add(p + "self_attn.v_proj.weight", {kv, d}, l);
     o.f[4] = add(p + "self_attn.o_proj.weight", {d, q}, l);
     o.f[5] = add(p + "post_attention_layernorm.weight", {d}, l);
-    o.f[6] = add(moe + "gate.weight", {cfg.num_experts, d}, l);
+    o.f[6] = add(moe + "gate.weight", {cfg.router_rows(), d}, l);
+    if (cfg.gating == Gating::kGShardNoisyTopK) o.f[13] = add(moe + "gate_noise.weight", {cfg.num_experts, d}, l);
+    if (cfg.gating == Gating::kXMoe) {
+      o.f[14] = add(moe + "gate_experts.weight", {cfg.num_experts, cfg.resolved_router_dim()}, l);
+      o.f[15] = add(moe + "gate_log_scale", {1}, l);
+    }
     // Each projection of all local experts is contiguous: (E_local, rows, cols).
     const char* proj[3] = {"w1", "w3", "w2"};
     for (int which = 0; which < 3; ++which) {

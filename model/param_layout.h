@@ -31,7 +31,10 @@ struct LayerWeights {
   T* v_proj;                    // (KVH*hd, d)
   T* o_proj;                    // (d, H*hd)
   T* post_attention_layernorm;  // (d)
-  T* router;                    // (E, d)
+  T* router;                    // (E, d); (E*p, d) SoftMoE slots; (d_e, d) X-MoE projection
+  T* router_noise;              // (E, d) GShard noise weights, else null
+  T* router_experts;            // (E, d_e) X-MoE expert embeddings, else null
+  T* router_log_scale;          // (1) X-MoE log(1/temperature), else null
   T* w1;                        // (E_local, ff, d)  gate projection
   T* w3;                        // (E_local, ff, d)  up projection
   T* w2;                        // (E_local, d, ff)  down projection
@@ -71,7 +74,8 @@ class ParamLayout {
   size_t size_ = 0;
   std::vector<TensorSlot> slots_;
   // Offsets of the bound pointers, same order as LayerWeights fields.
-  struct LayerOffsets { size_t f[13]; };
+  struct LayerOffsets { size_t f[16]; };  // kAbsent when the tensor is not there
+  static constexpr size_t kAbsent = ~size_t{0};
   std::vector<LayerOffsets> layer_offsets_;
   size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
 };
@@ -86,10 +90,11 @@ ModelWeights<T> ParamLayout::bind(T* base) const {
   for (size_t l = 0; l < layer_offsets_.size(); ++l) {
     const size_t* f = layer_offsets_[l].f;
     LayerWeights<T>& L = w.layers[l];
-    T** fields[13] = {&L.input_layernorm, &L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj,
+    T** fields[16] = {&L.input_layernorm, &L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj,
                       &L.post_attention_layernorm, &L.router, &L.w1, &L.w3, &L.w2,
-                      &L.shared_w1, &L.shared_w3, &L.shared_w2};
-    for (int i = 0; i < 13; ++i) *fields[i] = base + f[i];
+                      &L.shared_w1, &L.shared_w3, &L.shared_w2, &L.router_noise, &L.router_experts,
+                      &L.router_log_scale};
+    for (int i = 0; i < 16; ++i) *fields[i] = f[i] == kAbsent ? nullptr : base + f[i];
   }
   return w;
 }

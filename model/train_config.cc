@@ -93,7 +93,8 @@ void read_model(YamlReader& r, const YAML::Node& node, ModelConfig* m) {
       "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len",
       "num_experts", "top_k", "expert_intermediate_size", "num_shared_experts",
       "shared_intermediate_size", "gating", "capacity_factor", "aux_loss_coef", "z_loss_coef",
-      "rope_theta", "rms_norm_eps", "init_std", "expert_init_spread", "connectivity"};
+      "rope_theta", "rms_norm_eps", "init_std", "expert_init_spread", "connectivity", "router_dim",
+      "soft_moe_slots"};
   r.section(node, "model", keys, [&](const std::string& k, const YAML::Node& v, const std::string& key) {
     if (k == "vocab_size") r.get(v, key, &m->vocab_size);
     else if (k == "hidden_size") r.get(v, key, &m->hidden_size);
@@ -113,6 +114,8 @@ void read_model(YamlReader& r, const YAML::Node& node, ModelConfig* m) {
     else if (k == "rms_norm_eps") r.get(v, key, &m->rms_norm_eps);
     else if (k == "init_std") r.get(v, key, &m->init_std);
     else if (k == "expert_init_spread") r.get(v, key, &m->expert_init_spread);
+    else if (k == "router_dim") r.get(v, key, &m->router_dim);
+    else if (k == "soft_moe_slots") r.get(v, key, &m->soft_moe_slots);
     else if (k == "gating") {
       std::string s;
       r.get(v, key, &s);

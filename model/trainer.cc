@@ -87,6 +87,7 @@ Status Trainer::resume(const std::string& dir) {
 
 Expected<StepStats> Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
+  model_->set_routing_context(RoutingContext{true, config_.seed, sampler_->position(), 0});
   sampler_->next(&inputs_, &targets_);
   model_->zero_grad();
   StepStats s;
@@ -129,6 +130,7 @@ double Trainer::evaluate() {
   BatchSampler eval(tokens, config_.batch_size, config_.seq_len, config_.seed ^ 0x5eedull);
   std::vector<int32_t> in, tg;
   double total = 0;
+  model_->set_routing_context(RoutingContext{});  // evaluation: no routing noise
   for (int b = 0; b < config_.eval_batches; ++b) {
     eval.next(&in, &tg);
     total += model_->forward(in.data(), tg.data(), config_.batch_size, config_.seq_len).ce_loss;

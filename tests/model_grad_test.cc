@@ -56,6 +56,8 @@ double model_gradient_error(const ModelConfig& cfg) {
   ParamLayout layout(cfg);
   MoeTransformer<double> model(layout);
   model.init(7);
+  // Training routing: GShard draws its (seeded, so repeatable) noise.
+  model.set_routing_context(RoutingContext{true, 5, 3, 1});
   const int B = 2, T = 6;
   auto in = random_tokens(B * T, cfg.vocab_size, 1), tg = random_tokens(B * T, cfg.vocab_size, 2);
   model.zero_grad();
@@ -79,7 +81,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(
     EveryGatingAndConnectivity, WholeModelGradient,
     ::testing::Combine(::testing::Values(Gating::kSoftmaxTopK, Gating::kSigmoidTopK,
-                                         Gating::kExpertChoice),
+                                         Gating::kExpertChoice, Gating::kGShardNoisyTopK, Gating::kXMoe,
+                                         Gating::kSoftMoe),
                        ::testing::Values(Connectivity::kRegular, Connectivity::kFarSkip,
                                          Connectivity::kFarSkipAttention,
                                          Connectivity::kFarSkipMoe)),
@@ -169,7 +172,7 @@ TEST(MoeBlock, WeightedSumOfSelectedExpertsMatchesADirectComputation) {
   std::vector<double> x(N * d);
   for (auto& v : x) v = rng.normal();
   const LayerWeights<double>& W = model.weights().layers[0];
-  MoeWeights<double> mw{W.router, nullptr, {}, {}};
+  MoeWeights<double> mw{RouterWeights<double>{W.router, nullptr}, {}, {}};
   for (int e = 0; e < cfg.num_experts; ++e) {
     size_t o = (size_t)e * ff * d;
     mw.computed.push_back({W.w1 + o, W.w3 + o, W.w2 + o, nullptr, nullptr, nullptr});

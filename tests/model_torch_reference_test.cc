@@ -115,7 +115,10 @@ double read_scalar(const SafetensorsFile& f, const std::string& name) {
 struct RefCase {
   std::string name;
   ModelConfig cfg;
+  bool training = false;  // routes with the GShard noise of kNoise
 };
+// Rows 3.. of step 4's global batch: exercises the global token index of the noise.
+constexpr RoutingContext kNoise{true, 9, 4, 3};
 void PrintTo(const RefCase& c, std::ostream* os) { *os << c.name; }
 
 ModelConfig small_config() {
@@ -150,6 +153,13 @@ RefCase make_case(std::string name, Gating g, std::vector<Connectivity> conn, do
 std::vector<RefCase> all_cases() {
   using C = Connectivity;
   const std::vector<C> reg = {C::kRegular, C::kRegular};
+  RefCase gshard_training = make_case("GShardNoisyTopKInTraining", Gating::kGShardNoisyTopK, reg);
+  gshard_training.training = true;
+  RefCase xmoe = make_case("XMoeCosineRouting", Gating::kXMoe, reg);
+  xmoe.cfg.router_dim = 3;
+  RefCase soft_moe = make_case("SoftMoeCausalTwoSlotsPerExpert", Gating::kSoftMoe, reg);
+  soft_moe.cfg.soft_moe_slots = 2;
+  RefCase soft_moe_farskip = make_case("SoftMoeOnFarSkipLayers", Gating::kSoftMoe, {C::kFarSkip, C::kFarSkip});
   return {
       make_case("SoftmaxTopKRegularGqaShared", Gating::kSoftmaxTopK, reg),
       make_case("FarSkipOnEveryLayer", Gating::kSoftmaxTopK, {C::kFarSkip, C::kFarSkip}),
@@ -160,6 +170,11 @@ std::vector<RefCase> all_cases() {
       make_case("SigmoidTopK", Gating::kSigmoidTopK, reg),
       make_case("ExpertChoice", Gating::kExpertChoice, reg),
       make_case("SoftmaxTopKWithCapacityFactor075", Gating::kSoftmaxTopK, reg, 0.75),
+      gshard_training,
+      make_case("GShardNoisyTopKAtEvaluationHasNoNoise", Gating::kGShardNoisyTopK, reg),
+      xmoe,
+      soft_moe,
+      soft_moe_farskip,
   };
 }
 
@@ -178,6 +193,13 @@ TEST_P(SmallModel, LogitsLossesAndGradientsMatchTheDocumentedForwardInPyTorch) {
   ParamLayout layout(cfg);
   MoeTransformer<float> model(layout);
   model.init(1234);
+  // The noise weights start at 0 (softplus(0) for every token); random ones
+  // make the check see how the noise scale depends on the token.
+  Rng noise_init(77);
+  for (const TensorSlot& slot : layout.slots())
+    if (slot.name.find(".gate_noise.") != std::string::npos)
+      for (size_t i = 0; i < slot.numel(); ++i) model.params()[slot.offset + i] = (float)(0.5 * noise_init.normal());
+  if (rc.training) model.set_routing_context(kNoise);
   std::vector<int32_t> in = random_tokens(N, V, 11), tg = random_tokens(N, V, 12);
   model.zero_grad();
   LossStats st = model.forward(in.data(), tg.data(), B, T);
@@ -197,8 +219,12 @@ TEST_P(SmallModel, LogitsLossesAndGradientsMatchTheDocumentedForwardInPyTorch) {
                                 {"targets", Dtype::kI64, {B, T}, tg64.data()}});
   ASSERT_TRUE(s.is_ok()) << s.to_string();
 
+  std::string noise_flags;
+  if (rc.training)
+    noise_flags = " --noise-seed " + std::to_string(kNoise.seed) + " --noise-step " + std::to_string(kNoise.step) +
+                  " --noise-first-row " + std::to_string(kNoise.first_row);
   ScriptRun run = run_script("--checkpoint " + quoted(ckpt) + " --batch " + quoted(batch) +
-                                 " --out " + quoted(out),
+                                 " --out " + quoted(out) + noise_flags,
                              tmp / "stderr.txt");
   ASSERT_EQ(run.exit_code, 0) << "mixtral_reference.py failed; its stderr:\n" << run.stderr_text;
   Expected<SafetensorsFile> ref = SafetensorsFile::open(out);
@@ -247,7 +273,7 @@ TEST_P(SmallModel, LogitsLossesAndGradientsMatchTheDocumentedForwardInPyTorch) {
   EXPECT_NEAR(st.ce_loss, ce, 1e-5 * std::abs(ce));
   EXPECT_NEAR(st.aux_loss, aux, 1e-5 * std::max(1.0, std::abs(aux)));
   EXPECT_NEAR(st.z_loss, z, 1e-5 * std::max(1.0, std::abs(z)));
-  if (cfg.gating == Gating::kExpertChoice) {
+  if (cfg.gating == Gating::kExpertChoice || cfg.gating == Gating::kSoftMoe) {
     EXPECT_EQ(aux, 0.0);
   }
 }
