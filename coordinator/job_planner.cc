@@ -45,7 +45,8 @@ std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, in
 
 std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
   const int width = job.train.model.hidden_size;
-  const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len * job.train.model.top_k;
+  const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len *
+                          job.train.model.routed_rows_per_token();
   const int rows = static_cast<int>(std::clamp<long long>(routed, 1, 4096));
   const double slowdown = 1.0 / core_share(job);  // workers here share its cores, as for compute
   std::map<std::string, std::pair<double, double>> measured;

@@ -89,16 +89,16 @@ Workload workload_of(const PlannerInputs& in) {
     pre_flops += 2 * (2 * seqs * m.num_heads * s * s * hd);  // scores and probs x values
     pre_gemms += 2 * seqs * m.num_heads;
   }
-  const double expert_flops = t * m.top_k * 3 * 2 * d * m.expert_intermediate_size;
+  const double expert_flops = t * m.routed_rows_per_token() * 3 * 2 * d * m.expert_intermediate_size;
   const double head_flops = 2 * t * d * m.vocab_size;
 
   Workload w;
   w.num_moe_layers = m.num_layers;
   w.experts_per_worker = double(m.num_experts) / g;
   w.expert_bytes = 3 * d * m.expert_intermediate_size * bytes;
-  w.token_bytes = t * m.top_k * d * bytes;
+  w.token_bytes = t * m.routed_rows_per_token() * d * bytes;
   const double per_layer_dense = 2 * d + d * q_width + 2 * d * kv_width + q_width * d +
-                                 double(m.num_experts) * d +
+                                 double(m.router_rows()) * d + (m.gating == Gating::kGShardNoisyTopK ? double(m.num_experts) * d : 0.0) +
                                  double(m.num_shared_experts) * 3 * d * m.shared_intermediate_size;
   w.dense_param_bytes = (2 * double(m.vocab_size) * d + d + m.num_layers * per_layer_dense) * bytes;
   const double f = in.compute.non_gemm_factor;

@@ -85,8 +85,9 @@ void gate_forward(DispatchPlan<T>* plan, GateCache<T>* cache, const T* logits,
         if (taken[e] < capacity) {
           ++taken[e];
           kept.push_back({e, i, i, static_cast<T>(s[e] / z_i)});
-        } else
+        } else {
           ++plan->dropped;
+        }
       }
       // P_e: router probability mass; sigmoid scores are normalised per token first.
       double row_sum = 0;

@@ -70,6 +70,9 @@ struct ModelConfig {
     return gating == Gating::kSoftMoe ? num_experts * soft_moe_slots
                                       : gating == Gating::kXMoe ? resolved_router_dim() : num_experts;
   }
+  // Routed rows per token that Dispatch moves and experts compute: k, or
+  // every slot for SoftMoE (E * p).
+  int routed_rows_per_token() const { return gating == Gating::kSoftMoe ? num_experts * soft_moe_slots : top_k; }
   Connectivity layer_connectivity(int layer) const {
     return connectivity.empty() ? Connectivity::kRegular : connectivity[layer];
   }

@@ -54,6 +54,43 @@ TEST(HfConfig, EveryFieldRoundTripsExactly) {
   EXPECT_EQ(back->connectivity, c.connectivity);
 }
 
+TEST(HfConfig, EveryRoutersKeysRoundTripAndItsTensorsLoadBack) {
+  for (Gating g : {Gating::kGShardNoisyTopK, Gating::kXMoe, Gating::kSoftMoe}) {
+    ModelConfig c = small_config();
+    c.gating = g;
+    c.router_dim = g == Gating::kXMoe ? 3 : 0;
+    c.soft_moe_slots = g == Gating::kSoftMoe ? 2 : 1;
+    const json j = model_config_to_json(c);
+    EXPECT_EQ(j.contains("xdmoe_router_dim"), g == Gating::kXMoe) << gating_name(g);
+    EXPECT_EQ(j.contains("xdmoe_soft_moe_slots"), g == Gating::kSoftMoe) << gating_name(g);
+    Expected<ModelConfig> back = model_config_from_json(json::parse(j.dump()));
+    ASSERT_TRUE(back) << back.status().to_string();
+    EXPECT_EQ(back->gating, g);
+    EXPECT_EQ(back->router_rows(), c.router_rows()) << gating_name(g);
+    EXPECT_EQ(back->soft_moe_slots, c.soft_moe_slots);
+
+    TempDir tmp;
+    ParamLayout layout(c);
+    std::vector<float> params(layout.size());
+    for (size_t i = 0; i < params.size(); ++i) params[i] = 0.001f * float(i % 997);
+    ASSERT_TRUE(save_checkpoint(tmp / "ck", layout, params.data(), nullptr, nullptr, 0, TrainerState{}).is_ok());
+    Expected<CheckpointData> d = load_checkpoint(tmp / "ck");
+    ASSERT_TRUE(d) << gating_name(g) << ": " << d.status().to_string();
+    EXPECT_EQ(d->config.gating, g);
+    EXPECT_EQ(d->params, params) << gating_name(g);
+    const std::string router_tensor = g == Gating::kGShardNoisyTopK ? "gate_noise.weight"
+                                      : g == Gating::kXMoe          ? "gate_log_scale"
+                                                                    : "gate.weight";
+    EXPECT_NE(layout.find("model.layers.0.block_sparse_moe." + router_tensor), nullptr) << gating_name(g);
+  }
+  ModelConfig bad = small_config();
+  bad.soft_moe_slots = 0;
+  EXPECT_NE(bad.validate().to_string().find("soft_moe_slots"), std::string::npos);
+  bad = small_config();
+  bad.router_dim = -1;
+  EXPECT_NE(bad.validate().to_string().find("router_dim"), std::string::npos);
+}
+
 TEST(HfConfig, UsesMixtralKeys) {
   json j = model_config_to_json(small_config());
   EXPECT_EQ(j["architectures"], json::array({"MixtralForCausalLM"}));
