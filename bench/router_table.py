@@ -3,11 +3,12 @@
 function, the tokens/s of a training step in one process and on 2 DCs x 2
 workers, and the loss after a fixed budget of steps on the default corpus.
 
-The job is examples/2dc.yaml (4 layers, d = 128, 8 experts, top-2, one shared
-expert; inter-DC link 100 Mbit/s and 10 ms, shaped in the process) with only
-`model.gating` changed (SoftMoE: 1 slot per expert, so every token reaches all
+The job is the README demo's (examples/2dc.yaml with 16 sequences of 64
+tokens per worker and experts of intermediate size 128: 4 layers, d = 128, 8
+experts, top-2, one shared expert; inter-DC link 100 Mbit/s and 10 ms, shaped
+in the process) with only `model.gating` changed (SoftMoE: 1 slot per expert, so every token reaches all
 8 experts; X-MoE: routing dimension E/2 = 4).
-  one process   `xdmoe train` on the job's global batch (4 x 8 sequences of 64
+  one process   `xdmoe train` on the job's global batch (4 x 16 sequences of 64
                 tokens per step) for --steps steps: tokens/s (median of the
                 logged steps after the first), the final training loss and
                 cross entropy, and the held-out cross entropy at the end
@@ -20,7 +21,7 @@ expert; inter-DC link 100 Mbit/s and 10 ms, shaped in the process) with only
                 overlapped): tokens/s (the summary's mean), step / bound and
                 overlap % per direction.
 
-usage: python3 bench/router_table.py [--xdmoe build/xdmoe] [--steps 200]
+usage: python3 bench/router_table.py [--xdmoe build/xdmoe] [--steps 120]
            [--dist-steps 30] [--dist-modes auto,auto+farskip]
            [--routers softmax_topk,...] [--out bench/results]
 Writes <out>/router_table.csv and .txt.
@@ -42,6 +43,11 @@ def job_yaml(router, steps):
     with open("examples/2dc.yaml") as f:
         y = f.read()
     y = y.replace("  gating: softmax_topk\n", f"  gating: {router}\n", 1)
+    # The README demo's sizes (cluster/job_config.cc, default_job_config).
+    y = y.replace("  expert_intermediate_size: 256\n", "  expert_intermediate_size: 128\n", 1)
+    y = y.replace("  shared_intermediate_size: 256\n", "  shared_intermediate_size: 128\n", 1)
+    y = re.sub(r"\n  batch_size: \d+ ", "\n  batch_size: 16 ", y, count=1)
+    assert "batch_size: 16 " in y and "expert_intermediate_size: 128" in y
     y = re.sub(r"\n  steps: \d+\n", f"\n  steps: {steps}\n", y, count=1)
     y = re.sub(r"\n  eval_every: \d+\n", f"\n  eval_every: {steps}\n", y, count=1)
     y = re.sub(r"\n  log_every: \d+\n", "\n  log_every: 10\n", y, count=1)
@@ -84,7 +90,7 @@ def distributed(xdmoe, config, run_dir, steps, modes):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
-    p.add_argument("--steps", type=int, default=200, help="one-process budget (steps)")
+    p.add_argument("--steps", type=int, default=120, help="one-process budget (steps)")
     p.add_argument("--dist-steps", type=int, default=30, help="steps of each 2 x 2 run")
     p.add_argument("--dist-modes", default="auto,auto+farskip", help="xdmoe launch runs for the 2 x 2 columns")
     p.add_argument("--routers", default=",".join(ROUTERS))

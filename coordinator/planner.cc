@@ -80,14 +80,20 @@ Workload workload_of(const PlannerInputs& in) {
   // (a, b) x (b, c) is 2abc flops); backward costs twice the forward.
   const double qkv_flops = 2 * t * d * q_width + 2 * t * d * kv_width * 2;  // q_proj, k_proj, v_proj
   const double shared_flops = double(m.num_shared_experts) * 3 * 2 * t * d * m.shared_intermediate_size;
+  double router_flops = 2 * t * d * m.router_rows();  // x gate.weightᵀ
+  if (m.gating == Gating::kGShardNoisyTopK) router_flops *= 2;  // and x gate_noise.weightᵀ
+  if (m.gating == Gating::kXMoe) router_flops += 2 * t * m.router_rows() * m.num_experts;  // cosines
   double pre_flops = qkv_flops + 2 * t * d * q_width  // o_proj
-                     + 2 * t * d * m.num_experts      // router
-                     + shared_flops;
+                     + router_flops + shared_flops;
   double pre_gemms = 4 + 1 + 3.0 * m.num_shared_experts;
   if (in.seq_len > 0) {
     const double seqs = t / in.seq_len, s = in.seq_len;
     pre_flops += 2 * (2 * seqs * m.num_heads * s * s * hd);  // scores and probs x values
     pre_gemms += 2 * seqs * m.num_heads;
+    if (m.gating == Gating::kSoftMoe) {  // causal slot mixing: (T, T) x (T, d) per sequence and slot
+      pre_flops += 2 * seqs * m.router_rows() * s * s * d;
+      pre_gemms += seqs * m.router_rows();
+    }
   }
   const double expert_flops = t * m.routed_rows_per_token() * 3 * 2 * d * m.expert_intermediate_size;
   const double head_flops = 2 * t * d * m.vocab_size;
@@ -99,6 +105,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.token_bytes = t * m.routed_rows_per_token() * d * bytes;
   const double per_layer_dense = 2 * d + d * q_width + 2 * d * kv_width + q_width * d +
                                  double(m.router_rows()) * d + (m.gating == Gating::kGShardNoisyTopK ? double(m.num_experts) * d : 0.0) +
+                                 (m.gating == Gating::kXMoe ? double(m.num_experts) * m.router_rows() + 1 : 0.0) +
                                  double(m.num_shared_experts) * 3 * d * m.shared_intermediate_size;
   w.dense_param_bytes = (2 * double(m.vocab_size) * d + d + m.num_layers * per_layer_dense) * bytes;
   const double f = in.compute.non_gemm_factor;

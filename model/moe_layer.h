@@ -84,7 +84,8 @@ template <typename T>
 void moe_combine_backward_start(MoeCache<T>* cache, const T* drouted, ExpertExchange<T>* exchange,
                                 const MoeDims& dims);
 // Router and gate backward; needs moe_combine_backward_start first.
-// loss_scale multiplies the router aux/z loss gradients (1 for a plain step).
+// loss_scale multiplies the router's logit gradients, aux and z terms included
+// (1 for a plain step).
 template <typename T>
 void moe_router_backward(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
                          const MoeDims& dims, double loss_scale);

@@ -73,7 +73,7 @@ class ParamLayout {
   int num_local_experts_;
   size_t size_ = 0;
   std::vector<TensorSlot> slots_;
-  // Offsets of the bound pointers, same order as LayerWeights fields.
+  // Offsets of the bound pointers, in the order bind() lists the LayerWeights fields.
   struct LayerOffsets { size_t f[16]; };  // kAbsent when the tensor is not there
   static constexpr size_t kAbsent = ~size_t{0};
   std::vector<LayerOffsets> layer_offsets_;

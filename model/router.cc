@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/check.h"
 #include "common/rng.h"
@@ -71,6 +72,7 @@ void soft_moe_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, con
   const int N = call.num_tokens, len = call.seq_len, d = cfg.hidden_size;
   const int E = cfg.num_experts, p = cfg.soft_moe_slots, S = E * p;
   XD_CHECK(len > 0 && N % len == 0);
+  XD_CHECK((int64_t)N * S < (int64_t)INT32_MAX);  // slot rows are indexed by int
   const int B = N / len;
   c->logits.resize((size_t)N * S);
   linear_forward(c->logits.data(), xn, w.gate, N, d, S);
@@ -176,6 +178,7 @@ void router_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, const
   if (cfg.gating == Gating::kSoftMoe) return soft_moe_forward(c, plan, xn, w, cfg, call);
   c->logits.resize((size_t)N * E);
   if (cfg.gating == Gating::kXMoe) {
+    XD_CHECK(w.experts && w.log_scale);
     const int de = cfg.resolved_router_dim();
     std::vector<T> h((size_t)N * de);
     linear_forward(h.data(), xn, w.gate, N, d, de);
@@ -189,6 +192,7 @@ void router_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, const
     linear_forward(c->logits.data(), xn, w.gate, N, d, E);
     c->noisy = cfg.gating == Gating::kGShardNoisyTopK && call.context.training;
     if (c->noisy) {
+      XD_CHECK(w.noise);
       c->noise_raw.resize((size_t)N * E);
       linear_forward(c->noise_raw.data(), xn, w.noise, N, d, E);
       std::vector<double> eps((size_t)N * E);
@@ -248,7 +252,7 @@ void router_backward_combine(T* dxn, const RouterWeights<T>& w, const RouterCach
 template <typename T>
 void router_backward_dispatch(T* dxn, const RouterWeights<T>& w, const RouterCache<T>& c, const T* dsource,
                               const T* xn, const ModelConfig& cfg, const RouterCall& call) {
-  XD_CHECK(router_mixes_tokens(cfg));
+  XD_CHECK(router_mixes_tokens(cfg) && dxn);
   soft_moe_backward_dispatch(dxn, w, c, dsource, xn, cfg, call);
 }
 

@@ -90,7 +90,8 @@ void router_backward_combine(T* dxn, const RouterWeights<T>& w, const RouterCach
                              const DispatchPlan<T>& plan, const std::vector<T>& dweight, const T* xn,
                              const ModelConfig& cfg, const RouterCall& call, double loss_scale);
 
-// SoftMoE only: dsource (N*S, d) is d loss / d slot inputs.
+// SoftMoE only: dsource (N*S, d) is d loss / d slot inputs; it already carries
+// any loss scale (it comes back from the experts), so none is applied here.
 template <typename T>
 void router_backward_dispatch(T* dxn, const RouterWeights<T>& w, const RouterCache<T>& cache, const T* dsource,
                               const T* xn, const ModelConfig& cfg, const RouterCall& call);

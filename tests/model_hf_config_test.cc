@@ -78,10 +78,19 @@ TEST(HfConfig, EveryRoutersKeysRoundTripAndItsTensorsLoadBack) {
     ASSERT_TRUE(d) << gating_name(g) << ": " << d.status().to_string();
     EXPECT_EQ(d->config.gating, g);
     EXPECT_EQ(d->params, params) << gating_name(g);
-    const std::string router_tensor = g == Gating::kGShardNoisyTopK ? "gate_noise.weight"
-                                      : g == Gating::kXMoe          ? "gate_log_scale"
-                                                                    : "gate.weight";
-    EXPECT_NE(layout.find("model.layers.0.block_sparse_moe." + router_tensor), nullptr) << gating_name(g);
+    const std::string moe = "model.layers.0.block_sparse_moe.";
+    const int64_t E = c.num_experts, dim = c.hidden_size;
+    const std::vector<int64_t> gate_shape = g == Gating::kXMoe      ? std::vector<int64_t>{3, dim}
+                                            : g == Gating::kSoftMoe ? std::vector<int64_t>{E * 2, dim}
+                                                                    : std::vector<int64_t>{E, dim};
+    ASSERT_NE(layout.find(moe + "gate.weight"), nullptr);
+    EXPECT_EQ(layout.find(moe + "gate.weight")->shape, gate_shape) << gating_name(g);
+    EXPECT_EQ(layout.find(moe + "gate_noise.weight") != nullptr, g == Gating::kGShardNoisyTopK);
+    EXPECT_EQ(layout.find(moe + "gate_experts.weight") != nullptr, g == Gating::kXMoe);
+    if (g == Gating::kXMoe) {
+      EXPECT_EQ(layout.find(moe + "gate_experts.weight")->shape, (std::vector<int64_t>{E, 3}));
+      EXPECT_EQ(layout.find(moe + "gate_log_scale")->shape, (std::vector<int64_t>{1}));
+    }
   }
   ModelConfig bad = small_config();
   bad.soft_moe_slots = 0;

@@ -3,6 +3,7 @@
 // model_grad_test.cc and against PyTorch in model_torch_reference_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -67,6 +68,10 @@ TEST(GShardNoisyTopK, NoiseOnlyInTrainingAndTheSameNoiseForTheSameStep) {
   ParamLayout layout(cfg);
   MoeTransformer<double> model(layout);
   model.init(3);
+  Rng noise_weights(8);
+  for (const TensorSlot& s : layout.slots())
+    if (s.name.find(".gate_noise.") != std::string::npos)
+      for (size_t i = 0; i < s.numel(); ++i) model.params()[s.offset + i] = noise_weights.normal();
   const auto in = tokens(2 * 8, cfg.vocab_size, 1), tg = tokens(2 * 8, cfg.vocab_size, 2);
   const double eval_a = model.forward(in.data(), tg.data(), 2, 8).loss;
   model.set_routing_context(RoutingContext{true, 5, 1, 0});
@@ -77,6 +82,17 @@ TEST(GShardNoisyTopK, NoiseOnlyInTrainingAndTheSameNoiseForTheSameStep) {
   model.set_routing_context(RoutingContext{});
   const double eval_b = model.forward(in.data(), tg.data(), 2, 8).loss;
   EXPECT_EQ(eval_a, eval_b);
+  // At evaluation it is softmax top-k on gate.weight, whatever the noise weights hold.
+  ModelConfig plain_cfg = cfg;
+  plain_cfg.gating = Gating::kSoftmaxTopK;
+  ParamLayout plain_layout(plain_cfg);
+  MoeTransformer<double> plain(plain_layout);
+  for (const TensorSlot& s : plain_layout.slots()) {
+    const TensorSlot* from = layout.find(s.name);
+    ASSERT_NE(from, nullptr) << s.name;
+    std::copy_n(model.params().data() + from->offset, s.numel(), plain.params().data() + s.offset);
+  }
+  EXPECT_EQ(plain.forward(in.data(), tg.data(), 2, 8).loss, eval_a);
   EXPECT_EQ(step1_a, step1_b) << "the noise is a function of the step, not a running generator";
   EXPECT_NE(step1_a, eval_a);
   EXPECT_NE(step1_a, step2);

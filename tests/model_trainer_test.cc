@@ -82,8 +82,13 @@ TEST(Checkpoint, SaveThenLoadGivesABitIdenticalForward) {
   fs::remove_all(dir);
 }
 
-TEST(Checkpoint, ResumingGivesTheSameNextLossesAsAnUninterruptedRun) {
+class ResumeWithGating : public ::testing::TestWithParam<Gating> {};
+
+// GShard's noise is keyed by the batch index, so a resumed run draws what the
+// uninterrupted one drew; every other router has no state beyond the weights.
+TEST_P(ResumeWithGating, ResumingGivesTheSameNextLossesAsAnUninterruptedRun) {
   TrainConfig c = small_config();
+  c.model.gating = GetParam();
   c.steps = 12;
   auto straight = Trainer::create(c);
   ASSERT_TRUE(straight);
@@ -100,8 +105,16 @@ TEST(Checkpoint, ResumingGivesTheSameNextLossesAsAnUninterruptedRun) {
   ASSERT_TRUE((*resumed)->resume(dir.string()).is_ok());
   EXPECT_EQ((*resumed)->current_step(), 6);
   for (int i = 6; i < 12; ++i) EXPECT_EQ((*resumed)->step()->loss.loss, expected[i]) << "step " << i + 1;
+  EXPECT_EQ((*resumed)->model().routing_context().training, true) << "a training step routes as in training";
+  (*resumed)->evaluate();
+  EXPECT_EQ((*resumed)->model().routing_context().training, false) << "evaluation routes without noise";
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, ResumeWithGating,
+                         ::testing::Values(Gating::kSoftmaxTopK, Gating::kGShardNoisyTopK, Gating::kXMoe,
+                                           Gating::kSoftMoe),
+                         [](const auto& info) { return std::string(gating_name(info.param)); });
 
 TEST(Training, NonFiniteLossStopsBeforeTheUpdateWithAClearError) {
   TrainConfig c = small_config();
