@@ -233,6 +233,8 @@ def moe(x, P, pre, cfg, layer, B, T, noise=None):
             raw = x @ P[pre + "gate_noise.weight"].T
             logits = logits + router_noise(noise, layer, B, T, E) * torch.nn.functional.softplus(raw)
     z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+    if gating == "xmoe":  # bounded cosine logits: no z-loss (X-MoE has none)
+        z = torch.zeros((), dtype=x.dtype)
     if gating in ("gshard_noisy_topk", "xmoe"):
         gating = "softmax_topk"  # the same top-k routing on these logits
     factor = cfg.get("xdmoe_capacity_factor", 0.0)
