@@ -29,6 +29,7 @@ namespace {
 
 // X-MoE temperature tau at initialisation; the router learns log(1 / tau).
 constexpr double kXMoeInitialTemperature = 0.07;
+
 bool farskip_attention(Connectivity c) {
   return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipAttention;
 }
@@ -54,7 +55,7 @@ void MoeTransformer<T>::init(uint64_t seed) {
   const double stddev = config().init_std;
   for (const TensorSlot& s : layout_.slots()) {
     T* p = params_.data() + s.offset;
-    if (s.name.size() >= 15 && s.name.compare(s.name.size() - 15, 15, ".gate_log_scale") == 0) {
+    if (s.name.ends_with(".gate_log_scale")) {
       *p = static_cast<T>(std::log(1.0 / kXMoeInitialTemperature));
       continue;
     }

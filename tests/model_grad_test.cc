@@ -10,9 +10,12 @@
 #include "common/rng.h"
 #include "model/moe_layer.h"
 #include "model/moe_transformer.h"
+#include "test_util.h"
 
 namespace xd {
 namespace {
+
+using test_util::random_tokens;
 
 ModelConfig tiny_config(Gating gating, Connectivity conn) {
   ModelConfig c;
@@ -33,13 +36,6 @@ ModelConfig tiny_config(Gating gating, Connectivity conn) {
   c.init_std = 0.3;       // sharper routing: fewer near-ties for the finite differences
   c.connectivity.assign(c.num_layers, conn);
   return c;
-}
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
-  return t;
 }
 
 // The worst per-tensor relative error over a few entries of every tensor: a

@@ -12,6 +12,7 @@
 #include "model/moe_transformer.h"
 #include "model/order.h"
 #include "model/router.h"
+#include "test_util.h"
 
 namespace xd {
 namespace {
@@ -32,12 +33,7 @@ ModelConfig router_config(Gating gating) {
   return c;
 }
 
-std::vector<int32_t> tokens(int n, int vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
-  return t;
-}
+using test_util::random_tokens;
 
 TEST(RoutingNoise, IsTheGeneratorDocumentedInTheModelSpec) {
   // docs/model.md, "Router noise": seed 1, step 2, layer 0, global token 5, E = 4.
@@ -72,7 +68,7 @@ TEST(GShardNoisyTopK, NoiseOnlyInTrainingAndTheSameNoiseForTheSameStep) {
   for (const TensorSlot& s : layout.slots())
     if (s.name.find(".gate_noise.") != std::string::npos)
       for (size_t i = 0; i < s.numel(); ++i) model.params()[s.offset + i] = noise_weights.normal();
-  const auto in = tokens(2 * 8, cfg.vocab_size, 1), tg = tokens(2 * 8, cfg.vocab_size, 2);
+  const auto in = random_tokens(2 * 8, cfg.vocab_size, 1), tg = random_tokens(2 * 8, cfg.vocab_size, 2);
   const double eval_a = model.forward(in.data(), tg.data(), 2, 8).loss;
   model.set_routing_context(RoutingContext{true, 5, 1, 0});
   const double step1_a = model.forward(in.data(), tg.data(), 2, 8).loss;
@@ -128,7 +124,7 @@ TEST(SoftMoe, NoPositionSeesTheFuture) {
   MoeTransformer<double> model(layout);
   model.init(4);
   const int B = 2, T = 10, V = cfg.vocab_size;
-  auto in = tokens(B * T, V, 5);
+  auto in = random_tokens(B * T, V, 5);
   model.forward(in.data(), nullptr, B, T);
   const std::vector<double> before = model.logits();
   for (int cut : {0, 4, 8}) {

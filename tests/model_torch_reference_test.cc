@@ -28,6 +28,8 @@
 namespace xd {
 namespace {
 
+using test_util::random_tokens;
+
 namespace fs = std::filesystem;
 
 constexpr const char* kPython = "/usr/bin/python3";
@@ -74,13 +76,6 @@ ScriptRun run_script(const std::string& args, const std::string& err_path) {
   r.exit_code = (rc != -1 && WIFEXITED(rc)) ? WEXITSTATUS(rc) : -1;
   r.stderr_text = slurp(err_path);
   return r;
-}
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
-  return t;
 }
 
 // Reads tensor `name` of `dtype` and shape `shape` from `f` as doubles.

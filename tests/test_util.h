@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/rng.h"
 #include "common/status.h"
 #include "model/model_config.h"
 
@@ -89,6 +90,14 @@ inline ModelConfig small_config() {
   c.init_std = 0.017;
   c.connectivity = {Connectivity::kRegular, Connectivity::kFarSkip};
   return c;
+}
+
+// n byte-level tokens below `vocab`, seeded.
+inline std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
+  return t;
 }
 
 // Random values plus the awkward ones: -0, denormals, inf, a NaN payload.
