@@ -207,9 +207,9 @@ void router_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, const
       std::vector<double> eps((size_t)N * E);
       const int64_t first_token = call.context.first_row * call.seq_len;
       routing_noise(eps.data(), call.context, call.layer, first_token, N, E);
-      c->noise.assign(eps.begin(), eps.end());
+      c->noise.assign(eps.begin(), eps.end());  // the backward reads the same (rounded) draws
       for (size_t i = 0; i < c->logits.size(); ++i)
-        c->logits[i] = static_cast<T>(c->logits[i] + eps[i] * softplus(c->noise_raw[i]));
+        c->logits[i] = static_cast<T>(c->logits[i] + c->noise[i] * softplus(c->noise_raw[i]));
     }
   }
   gate_forward(plan, &c->gate, c->logits.data(), cfg, N);
