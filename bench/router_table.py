@@ -34,7 +34,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-import json
+
+from farskip_overlap import launch  # runs `xdmoe launch` and reads each run's summary
 
 ROUTERS = ["softmax_topk", "sigmoid_topk", "expert_choice", "gshard_noisy_topk", "xmoe", "soft_moe"]
 
@@ -72,21 +73,6 @@ def one_process(xdmoe, config):
             "ce": float(done.group(2)), "held_out_ce": float(held[-1])}
 
 
-def distributed(xdmoe, config, run_dir, steps, modes):
-    cmd = [xdmoe, "launch", "--config", config, "--run-dir", run_dir, "--steps", str(steps)]
-    for m in modes:
-        cmd += ["--mode", m]
-    print("$", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"launch failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    summaries = {}
-    for m in modes:
-        with open(os.path.join(run_dir, m, "summary.json")) as f:
-            summaries[m] = json.load(f)
-    return summaries
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
@@ -107,7 +93,7 @@ def main():
             f.write(job_yaml(router, a.steps))
         single = one_process(a.xdmoe, config)
         modes = a.dist_modes.split(",")
-        dist = distributed(a.xdmoe, config, os.path.join(run_dir, "launch"), a.dist_steps, modes)
+        dist = launch(a.xdmoe, config, modes, a.dist_steps, os.path.join(run_dir, "launch"), None)
         for m in modes:
             j = dist[m]
             rows.append({

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "model/ops.h"
 
 namespace xd {
 
@@ -12,18 +13,6 @@ namespace {
 
 bool is_token_choice(Gating g) { return g != Gating::kExpertChoice; }
 bool is_sigmoid(Gating g) { return g == Gating::kSigmoidTopK; }
-
-// Softmax of one row into `out`; returns log-sum-exp.
-template <typename T>
-double softmax_row(T* out, const T* in, int n) {
-  double mx = in[0];
-  for (int j = 1; j < n; ++j) mx = std::max<double>(mx, in[j]);
-  double sum = 0;
-  for (int j = 0; j < n; ++j) sum += std::exp(in[j] - mx);
-  double lse = mx + std::log(sum);
-  for (int j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(in[j] - lse));
-  return lse;
-}
 
 // Indices of the `k` largest of `values` (stride apart), ties to the lower index.
 template <typename T>

@@ -252,7 +252,19 @@ double cross_entropy_forward_backward(T* dlogits, const T* logits, const int32_t
   return total / n;
 }
 
+template <typename T>
+double softmax_row(T* out, const T* in, int n) {
+  double mx = in[0];
+  for (int j = 1; j < n; ++j) mx = std::max<double>(mx, in[j]);
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += std::exp(in[j] - mx);
+  const double lse = mx + std::log(sum);
+  for (int j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(in[j] - lse));
+  return lse;
+}
+
 #define XD_INSTANTIATE_OPS(T)                                                                  \
+  template double softmax_row<T>(T*, const T*, int);                                           \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int, int);                  \
   template void embedding_backward<T>(T*, const T*, const int32_t*, int, int);                 \
   template void linear_forward<T>(T*, const T*, const T*, int, int, int);                      \

@@ -61,6 +61,10 @@ void swiglu_forward(T* out, const T* a, const T* b, int64_t count);
 template <typename T>
 void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
 
+// Softmax of one row of n values into `out`; returns the row's log-sum-exp.
+template <typename T>
+double softmax_row(T* out, const T* in, int n);
+
 // Mean cross-entropy over N rows of logits (N, V). Returns the loss; `dlogits`
 // (nullable) is OVERWRITTEN with scale * d(loss)/d(logits).
 template <typename T>

@@ -48,23 +48,6 @@ void unit_rows_backward(T* dm, const T* du, const std::vector<T>& unit, const st
   }
 }
 
-// Softmax of each row (n, k) into out; returns the sum of squared log-sum-exps.
-template <typename T>
-double softmax_rows(T* out, const T* in, int n, int k) {
-  double z = 0;
-  for (int i = 0; i < n; ++i) {
-    const T* x = in + (size_t)i * k;
-    double mx = x[0];
-    for (int j = 1; j < k; ++j) mx = std::max<double>(mx, x[j]);
-    double sum = 0;
-    for (int j = 0; j < k; ++j) sum += std::exp(x[j] - mx);
-    const double lse = mx + std::log(sum);
-    for (int j = 0; j < k; ++j) out[(size_t)i * k + j] = static_cast<T>(std::exp(x[j] - lse));
-    z += lse * lse;
-  }
-  return z;
-}
-
 // --- SoftMoE (causal): slot s at position t mixes tokens 0..t of its sequence.
 template <typename T>
 void soft_moe_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, const RouterWeights<T>& w,
@@ -77,7 +60,12 @@ void soft_moe_forward(RouterCache<T>* c, DispatchPlan<T>* plan, const T* xn, con
   c->logits.resize((size_t)N * S);
   linear_forward(c->logits.data(), xn, w.gate, N, d, S);
   c->combine.resize((size_t)N * S);
-  const double z = softmax_rows(c->combine.data(), c->logits.data(), N, S);
+  c->slot_lse.resize(N);
+  double z = 0;
+  for (int n = 0; n < N; ++n) {
+    c->slot_lse[n] = softmax_row(c->combine.data() + (size_t)n * S, c->logits.data() + (size_t)n * S, S);
+    z += c->slot_lse[n] * c->slot_lse[n];
+  }
   c->gate = GateCache<T>{};
   c->gate.num_tokens = N;
   c->gate.z_loss = N > 0 ? z / N : 0.0;
@@ -119,12 +107,9 @@ void soft_moe_backward_combine(T* dxn, const RouterWeights<T>& w, const RouterCa
   std::vector<T> dlogits((size_t)N * S);
   for (int n = 0; n < N; ++n) {
     const T* C = c.combine.data() + (size_t)n * S;
-    const T* l = c.logits.data() + (size_t)n * S;
-    double dot = 0, mx = l[0], sum = 0;
+    const double lse = c.slot_lse[n];
+    double dot = 0;
     for (int s = 0; s < S; ++s) dot += dc[(size_t)n * S + s] * C[s];
-    for (int s = 1; s < S; ++s) mx = std::max<double>(mx, l[s]);
-    for (int s = 0; s < S; ++s) sum += std::exp(l[s] - mx);
-    const double lse = mx + std::log(sum);
     for (int s = 0; s < S; ++s)
       dlogits[(size_t)n * S + s] = static_cast<T>(
           loss_scale * (C[s] * (dc[(size_t)n * S + s] - dot) + cfg.z_loss_coef * 2.0 * lse * C[s] / N));

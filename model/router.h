@@ -67,6 +67,7 @@ struct RouterCache {
   std::vector<T> expert_norm; // (E)
   std::vector<T> cosine;      // (N, E)
   std::vector<T> combine;     // SoftMoE (N, S) combine weights
+  std::vector<double> slot_lse;  // SoftMoE (N) log-sum-exp of each row of logits (z-loss)
   std::vector<T> dispatch;    // SoftMoE (B, S, T, T) causal dispatch weights
   std::vector<T> slot_inputs; // SoftMoE (N*S, d), row n*S + s
 };

@@ -48,10 +48,7 @@ double model_gradient_error(const ModelConfig& cfg, std::string* worst_tensor = 
   // Training routing: GShard draws its (seeded, so repeatable) noise.
   model.set_routing_context(RoutingContext{true, 5, 3, 1});
   // GShard's noise weights start at 0; other values exercise the softplus.
-  Rng noise_init(13);
-  for (const TensorSlot& s : layout.slots())
-    if (s.name.find(".gate_noise.") != std::string::npos)
-      for (size_t i = 0; i < s.numel(); ++i) model.params()[s.offset + i] = 0.5 * noise_init.normal();
+  test_util::randomise_tensors(layout, model.params().data(), ".gate_noise.", 0.5, 13);
   const int B = 2, T = 6;
   auto in = random_tokens(B * T, cfg.vocab_size, 1), tg = random_tokens(B * T, cfg.vocab_size, 2);
   model.zero_grad();

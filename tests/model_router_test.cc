@@ -64,10 +64,7 @@ TEST(GShardNoisyTopK, NoiseOnlyInTrainingAndTheSameNoiseForTheSameStep) {
   ParamLayout layout(cfg);
   MoeTransformer<double> model(layout);
   model.init(3);
-  Rng noise_weights(8);
-  for (const TensorSlot& s : layout.slots())
-    if (s.name.find(".gate_noise.") != std::string::npos)
-      for (size_t i = 0; i < s.numel(); ++i) model.params()[s.offset + i] = noise_weights.normal();
+  test_util::randomise_tensors(layout, model.params().data(), ".gate_noise.", 1.0, 8);
   const auto in = random_tokens(2 * 8, cfg.vocab_size, 1), tg = random_tokens(2 * 8, cfg.vocab_size, 2);
   const double eval_a = model.forward(in.data(), tg.data(), 2, 8).loss;
   model.set_routing_context(RoutingContext{true, 5, 1, 0});

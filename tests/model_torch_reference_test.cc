@@ -190,10 +190,7 @@ TEST_P(SmallModel, LogitsLossesAndGradientsMatchTheDocumentedForwardInPyTorch) {
   model.init(1234);
   // The noise weights start at 0 (softplus(0) for every token); random ones
   // make the check see how the noise scale depends on the token.
-  Rng noise_init(77);
-  for (const TensorSlot& slot : layout.slots())
-    if (slot.name.find(".gate_noise.") != std::string::npos)
-      for (size_t i = 0; i < slot.numel(); ++i) model.params()[slot.offset + i] = (float)(0.5 * noise_init.normal());
+  test_util::randomise_tensors(layout, model.params().data(), ".gate_noise.", 0.5, 77);
   if (rc.training) model.set_routing_context(kNoise);
   std::vector<int32_t> in = random_tokens(N, V, 11), tg = random_tokens(N, V, 12);
   model.zero_grad();

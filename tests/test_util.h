@@ -20,6 +20,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "model/model_config.h"
+#include "model/param_layout.h"
 
 namespace xd::test_util {
 
@@ -98,6 +99,17 @@ inline std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % vocab);
   return t;
+}
+
+// Overwrites every tensor whose name contains `part` with scale * N(0, 1)
+// draws, seeded (e.g. GShard's noise weights, which start at 0).
+template <typename T>
+void randomise_tensors(const ParamLayout& layout, T* params, const std::string& part, double scale,
+                       uint64_t seed) {
+  Rng rng(seed);
+  for (const TensorSlot& s : layout.slots())
+    if (s.name.find(part) != std::string::npos)
+      for (size_t i = 0; i < s.numel(); ++i) params[s.offset + i] = static_cast<T>(scale * rng.normal());
 }
 
 // Random values plus the awkward ones: -0, denormals, inf, a NaN payload.
