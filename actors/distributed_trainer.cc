@@ -83,17 +83,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   for (int l = 0; l < L; ++l)
     if (job.cluster.levels[l].link.codecs.dense_grad == "bf16")
       (l == L - 1 ? precision.inner_bf16 : precision.outer_bf16) = true;
-  // Buckets in the order backward finishes them: LM head and final norm,
-  // layers last to first, the embedding (which carries the expert norm).
-  const int layers = mc.num_layers;
-  std::vector<detail::GradientBuckets::Ranges> buckets(layers + 2);
-  for (const TensorSlot& s : t->layout_->slots()) {
-    if (s.is_routed_expert()) continue;
-    const bool embedding = s.layer < 0 && s.name.find("embed_tokens") != std::string::npos;
-    auto& ranges = buckets[s.layer >= 0 ? layers - s.layer : embedding ? layers + 1 : 0];
-    if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.numel();
-    else ranges.emplace_back(s.offset, s.offset + s.numel());
-  }
+  std::vector<detail::GradientBuckets::Ranges> buckets = dense_gradient_buckets(*t->layout_);
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
                                                           std::move(buckets), 1, overlapped, &t->timeline_);

@@ -12,6 +12,7 @@ void add_train_command(CLI::App& app, int* exit_code);
 void add_forward_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app, int* exit_code);
 void add_plan_command(CLI::App& app, int* exit_code);
+void add_simulate_command(CLI::App& app, int* exit_code);
 void add_coordinator_command(CLI::App& app, int* exit_code);
 void add_worker_command(CLI::App& app, int* exit_code);
 void add_launch_command(CLI::App& app, int* exit_code);

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   xd::cli::add_forward_command(app, &exit_code);
   xd::cli::add_topology_command(app, &exit_code);
   xd::cli::add_plan_command(app, &exit_code);
+  xd::cli::add_simulate_command(app, &exit_code);
   xd::cli::add_coordinator_command(app, &exit_code);
   xd::cli::add_worker_command(app, &exit_code);
   xd::cli::add_launch_command(app, &exit_code);

@@ -113,6 +113,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.pre_expert_bwd_s = f * (2 * pre_flops / rate + 2 * pre_gemms * ovh);
   w.attention_qkv_fwd_s = f * (qkv_flops / rate + 3 * ovh);
   w.shared_fwd_s = f * (shared_flops / rate + 3.0 * m.num_shared_experts * ovh);
+  w.router_fwd_s = f * (router_flops / rate + ovh);
   w.overlapped = in.overlapped;
   w.pipeline_degree = in.expert_parallel.pipeline_degree;
   w.connectivity = m.connectivity;
@@ -127,7 +128,7 @@ Workload workload_of(const PlannerInputs& in) {
 
 Workload with_compute_scaled(Workload w, double factor) {
   for (double* t : {&w.pre_expert_fwd_s, &w.pre_expert_bwd_s, &w.expert_fwd_s, &w.expert_bwd_s, &w.post_s,
-                    &w.gemm_overhead_s, &w.attention_qkv_fwd_s, &w.shared_fwd_s})
+                    &w.gemm_overhead_s, &w.attention_qkv_fwd_s, &w.shared_fwd_s, &w.router_fwd_s})
     *t *= factor;
   return w;
 }

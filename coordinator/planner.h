@@ -115,6 +115,7 @@ struct Workload {
   // router); backward parts scale alike (pre_expert_bwd_s / pre_expert_fwd_s).
   double attention_qkv_fwd_s = 0;  // norm and q/k/v projections: FarSkip's part (a)
   double shared_fwd_s = 0;         // shared experts
+  double router_fwd_s = 0;         // the router's GEMMs (the simulator's "router" span)
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8

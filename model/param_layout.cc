@@ -98,4 +98,17 @@ std::string non_finite_tensors(const ParamLayout& layout, const float* values, c
   return out.empty() ? if_none : out;
 }
 
+std::vector<std::vector<std::pair<size_t, size_t>>> dense_gradient_buckets(const ParamLayout& layout) {
+  const int layers = layout.config().num_layers;
+  std::vector<std::vector<std::pair<size_t, size_t>>> buckets(layers + 2);
+  for (const TensorSlot& s : layout.slots()) {
+    if (s.is_routed_expert()) continue;
+    const bool embedding = s.layer < 0 && s.name.find("embed_tokens") != std::string::npos;
+    auto& ranges = buckets[s.layer >= 0 ? layers - s.layer : embedding ? layers + 1 : 0];
+    if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.numel();
+    else ranges.emplace_back(s.offset, s.offset + s.numel());
+  }
+  return buckets;
+}
+
 }  // namespace xd

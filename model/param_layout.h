@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_config.h"
@@ -50,6 +51,17 @@ struct ModelWeights {
   T* final_norm;    // (d)
   T* lm_head;       // (V, d)
 };
+
+class ParamLayout;
+
+// The dense gradients (every tensor but the routed experts) in the buckets the
+// all-reduce moves them in, in the order backward finishes them: LM head and
+// final norm, layers last to first, then the token embedding. Bucket b of L + 2
+// is a list of [begin, end) element ranges. The trainer all-reduces these and
+// the simulator (simulation/) prices them, so both see the same buckets.
+std::vector<std::vector<std::pair<size_t, size_t>>> dense_gradient_buckets(const ParamLayout& layout);
+// Overlapped, bucket b moves on thread b mod kDenseBucketThreads.
+constexpr int kDenseBucketThreads = 3;
 
 class ParamLayout {
  public:

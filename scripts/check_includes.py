@@ -27,7 +27,8 @@ ALLOWED = {
     "cluster": {"common", "model", "compression"},
     "coordinator": {"common", "model", "compression", "transport", "cluster"},
     "actors": {"common", "model", "compression", "transport", "cluster"},
-    "cli": {"common", "model", "compression", "transport", "cluster", "coordinator", "actors"},
+    "simulation": {"common", "model", "compression", "transport", "cluster", "coordinator"},
+    "cli": {"common", "model", "compression", "transport", "cluster", "coordinator", "actors", "simulation"},
     "tests": None,  # anything
     "bench": None,
     "fuzz": None,

@@ -9,6 +9,8 @@ packages=(
   # libraries the code links or includes (CMakeLists.txt)
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libzstd-dev libopenblas-dev libspdlog-dev libfmt-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
+  # simulation/: SimGrid's flow-level network model
+  libsimgrid-dev
   # tests: googletest; python3 runs the include check; torch the reference model
   libgtest-dev python3 python3-torch
   # fuzz/: clang, and its libFuzzer and sanitizer runtimes (libclang_rt.*)

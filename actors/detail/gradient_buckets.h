@@ -20,6 +20,7 @@
 #include "actors/detail/dense_all_reduce.h"
 #include "common/status.h"
 #include "common/timeline.h"
+#include "model/param_layout.h"
 #include "transport/communicator.h"
 
 namespace xd::detail {
@@ -66,7 +67,7 @@ class GradientBuckets {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Bucket> buckets_;
-  static constexpr int kThreads = 3;
+  static constexpr int kThreads = kDenseBucketThreads;
   std::vector<std::unique_ptr<WorkThread>> threads_;  // last: stopped first; empty when not overlapped
 };
 

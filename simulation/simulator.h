@@ -1,0 +1,83 @@
+// simulate_steps: replays a job's training steps on SimGrid's flow-level
+// network model (docs/simulation.md).
+//
+// The platform has one host per worker and level (its network interface for
+// that level's link class) with an egress link of the level's bandwidth, an
+// optional uplink per outermost group (a datacenter; one link each way) and
+// an optional backbone that every inter-DC flow crosses. Ingress is not
+// limited, as with the runtime's sender-side shaping. Each worker runs the
+// StepSchedule recorded from the model (simulation/step_schedule.h): a
+// compute actor sleeps through compute spans priced by the planner's
+// Workload and starts and waits for communications; one actor per comm
+// stream moves its communications first in, first out, phase by phase (the
+// levels of a hierarchical A2A, AG or RS; the reduce-scatter and all-gather
+// phases of a dense bucket, ring rounds from the Communicator's ring
+// threshold); one actor per egress link sends a phase's messages first in,
+// first out, like the runtime's per-class token bucket, with the level's
+// latency added on arrival. Who sends to whom comes from Topology, so every
+// level's traffic stays on its link class as in the runtime.
+//
+// Flows: kPairs sends one SimGrid flow per message (what the runtime sends);
+// kAggregate sends one flow per worker and phase carrying all its messages,
+// and a phase completes when every member of the group has sent. The two are
+// the same while the bottleneck is a sender's egress or an uplink; kAggregate
+// does not see a receiver's downlink and exists so that 1000 datacenters fit
+// in a minute. kAuto takes kPairs up to kMaxPairFlows flows per exchange.
+//
+// SimGrid's engine is a process-wide singleton: simulate_steps runs at most
+// once per process (a second call returns an error). Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/planner.h"
+#include "simulation/step_schedule.h"
+
+namespace xd {
+
+enum class FlowGranularity : int { kAuto = 0, kPairs = 1, kAggregate = 2 };
+const char* flow_granularity_name(FlowGranularity f);  // "auto", "pairs", "aggregate"
+Expected<FlowGranularity> parse_flow_granularity(const std::string& s);
+
+struct SimulationInputs {
+  Workload workload;                       // durations and bytes per worker (planner)
+  std::vector<int> level_sizes;            // SF^0..
+  std::vector<int> domain_sizes;           // S^0..
+  std::vector<LinkModel> links;            // per level: latency, 1 / egress bandwidth
+  std::vector<LinkCodecCost> link_codecs;  // per level, or empty: raw
+  std::vector<double> dense_bucket_bytes;  // per bucket of the dense all-reduce (fp32)
+  double uplink_bytes_per_s = 0;           // per outermost group and direction; 0: unlimited
+  double backbone_bytes_per_s = 0;         // shared by all inter-group flows; 0: unlimited
+  int steps = 1;
+  FlowGranularity flows = FlowGranularity::kAuto;
+  std::vector<std::string> simgrid_config;  // extra --cfg=key:value settings
+  static constexpr int64_t kMaxPairFlows = 200000;
+
+  Status validate(const StepSchedule& schedule) const;
+};
+
+struct SimulatedStep {
+  double step_s = 0;
+  double compute_s = 0;       // the busiest worker's compute
+  double busiest_link_s = 0;  // transmit time of the busiest egress link, uplink or backbone
+  double bound_s = 0;         // max(compute, busiest link)
+  double fwd_exposed_s = 0, bwd_exposed_s = 0;  // mean over workers: compute waiting on communication
+  double overlap_percent = 0;  // 1 - exposed / max(busiest link, exposed)
+};
+
+struct SimulationResult {
+  std::vector<SimulatedStep> steps;
+  FlowGranularity flows = FlowGranularity::kPairs;
+  int64_t flow_count = 0;  // SimGrid flows created
+  int64_t actors = 0;
+  double wall_s = 0;        // the simulation's own run time
+  double peak_rss_bytes = 0;
+  double mean_step_s() const;  // after the first step when there are several
+};
+
+Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const SimulationInputs& in);
+
+}  // namespace xd
