@@ -26,7 +26,7 @@ namespace {
 struct SimulateOptions {
   std::string config, mode, flows = "auto", uplink, backbone;
   std::vector<int> domains;
-  int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3;
+  int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0;
   std::vector<std::string> bandwidths, latencies, simgrid_config;
   double flops_per_s = 0, compute_scale = 1;
   bool json = false, show_schedule = false, probe_links = false;
@@ -151,9 +151,10 @@ int run_simulate(const SimulateOptions& o) {
   }
   si.steps = o.steps;
   si.flows = *flows;
+  si.simulated_dcs = o.simulated_dcs;
   si.simgrid_config = o.simgrid_config;
   if (!o.json)
-    std::fprintf(stderr, "simulating %d step(s) of %d workers (levels %s) ...\n", o.steps, in.level_sizes.empty() ? 0 : job.cluster.world_size(),
+    std::fprintf(stderr, "simulating %d step(s) of %d workers (%s) ...\n", o.steps, in.level_sizes.empty() ? 0 : job.cluster.world_size(),
                  Topology(in.level_sizes, choice.domain_sizes).describe().c_str());
   auto result = simulate_steps(*schedule, si);
   if (!result) return fail(result.status().message());
@@ -173,6 +174,8 @@ int run_simulate(const SimulateOptions& o) {
     j["planner_step_s"] = choice.iteration_s;
     j["simulated_step_s"] = r.mean_step_s();
     j["flows"] = flow_granularity_name(r.flows);
+    j["simulated_dcs"] = r.simulated_dcs;
+    j["simulated_workers"] = r.simulated_workers;
     j["flow_count"] = r.flow_count;
     j["actors"] = r.actors;
     j["wall_s"] = r.wall_s;
@@ -201,7 +204,9 @@ int run_simulate(const SimulateOptions& o) {
   }
   std::printf("simulated step %.1f ms (mean after the first), planner %.1f ms; step/bound %.2f\n",
               r.mean_step_s() * 1e3, choice.iteration_s * 1e3, last.bound_s > 0 ? r.mean_step_s() / last.bound_s : 0.0);
-  std::printf("simulator: %s flows (%lld), %lld actors, %.2f s, peak memory %.0f MB\n", flow_granularity_name(r.flows),
+  std::printf("simulator: %d of %d datacenters simulated (%d workers; the rest by symmetry), %s flows (%lld), "
+              "%lld actors, %.2f s, peak memory %.0f MB\n",
+              r.simulated_dcs, in.level_sizes[0], r.simulated_workers, flow_granularity_name(r.flows),
               (long long)r.flow_count, (long long)r.actors, r.wall_s, r.peak_rss_bytes / 1e6);
   return 0;
 }
@@ -228,6 +233,8 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--backbone", o->backbone, "one backbone all inter-DC flows share (default: unlimited)");
   cmd->add_option("--steps", o->steps, "steps to simulate (default 3; the mean skips the first)");
   cmd->add_option("--flows", o->flows, "auto | pairs (a flow per message) | aggregate (a flow per worker and phase)");
+  cmd->add_option("--simulated-dcs", o->simulated_dcs,
+                  "datacenters simulated, the rest being identical by symmetry (default: all up to 64, else 16)");
   cmd->add_option("--flops-per-s", o->flops_per_s,
                   "compute model: GEMM flop/s, without probing this machine (default: probe as `xdmoe plan` does)");
   cmd->add_option("--compute-scale", o->compute_scale,

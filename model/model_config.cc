@@ -35,8 +35,8 @@ Status ModelConfig::validate() const {
   if (!(init_std > 0)) return bad("init_std", "must be positive");
   if (!(expert_init_spread >= 0 && expert_init_spread <= 1)) return bad("expert_init_spread", "must be in [0, 1]");
   if (router_dim < 0) return bad("router_dim", "must be >= 0 (0 = num_experts / 2)");
-  if (soft_moe_slots <= 0 || (int64_t)soft_moe_slots * num_experts > 4096)
-    return bad("soft_moe_slots", "must be positive, with num_experts * soft_moe_slots at most 4096");
+  if (soft_moe_slots <= 0 || (gating == Gating::kSoftMoe && (int64_t)soft_moe_slots * num_experts > 4096))
+    return bad("soft_moe_slots", "must be positive, and under soft_moe num_experts * soft_moe_slots at most 4096");
   if (router_dim > 65536) return bad("router_dim", "must be at most 65536");
   if (!connectivity.empty() && static_cast<int>(connectivity.size()) != num_layers)
     return bad("connectivity", "needs one entry per layer (" + std::to_string(num_layers) +

@@ -44,6 +44,10 @@ Status SimulationInputs::validate(const StepSchedule& schedule) const {
       return bad("link latency must be >= 0 and bandwidth positive and finite");
   if (!(uplink_bytes_per_s >= 0) || !(backbone_bytes_per_s >= 0)) return bad("uplink and backbone rates must be >= 0");
   if (steps < 1) return bad("steps must be >= 1");
+  if (simulated_dcs < 0 || (!level_sizes.empty() && simulated_dcs > level_sizes[0]))
+    return bad("simulated datacenters must be between 1 and the outermost level's size (0: auto)");
+  if (flows == FlowGranularity::kPairs && simulated_dcs > 0 && !level_sizes.empty() && simulated_dcs < level_sizes[0])
+    return bad("flows: pairs needs every datacenter simulated (a message to one not simulated has nowhere to go)");
   for (const ScheduledComm& c : schedule.comms)
     if (c.kind == CommKind::kDenseBucket && (c.chunk < 0 || c.chunk >= (int)dense_bucket_bytes.size()))
       return bad("the schedule has dense bucket " + std::to_string(c.chunk) + " but its bytes were not given");
@@ -65,6 +69,7 @@ using detail::CommPhase;
 // One phase's messages queued on one egress link.
 struct Batch {
   int worker = 0;
+  int stream = 0;  // whose stream waits for it
   uint64_t key = 0;  // (communication sequence number, phase)
   CommPhase phase;
   bool sent = false;
@@ -77,8 +82,11 @@ struct Arrivals {
 };
 
 struct Worker {
+  // One mutex; a condition variable per actor, so that an event wakes only
+  // the actor it concerns.
   sg4::MutexPtr mu;
-  sg4::ConditionVariablePtr cv;
+  sg4::ConditionVariablePtr compute_cv, stream_cv[kNumCommStreams];
+  std::vector<sg4::ConditionVariablePtr> link_cv;  // per level
   std::vector<char> done;                         // per communication sequence number
   std::deque<int> streams[kNumCommStreams];       // sequence numbers, first in first out
   std::unordered_map<int, BatchPtr> first_phase;  // sent when started (expert streams)
@@ -90,7 +98,7 @@ struct Worker {
 
 struct Group {
   Arrivals arrivals;
-  std::vector<int> waiters;
+  std::vector<std::pair<int, int>> waiters;  // (worker, stream)
   int consumed = 0;
 };
 
@@ -102,18 +110,27 @@ uint64_t group_key(const Batch& b) {
 
 class Simulation {
  public:
-  Simulation(const StepSchedule& s, const SimulationInputs& in, bool aggregate)
-      : s_(s), in_(in), traffic_(in, s), aggregate_(aggregate) {}
+  Simulation(const StepSchedule& s, const SimulationInputs& in, bool aggregate, int dcs)
+      : s_(s), in_(in), traffic_(in, s), aggregate_(aggregate), dcs_(dcs) {
+    workers_count_ = dcs * (traffic_.topology().world_size() / traffic_.topology().level_sizes()[0]);
+  }
 
   void build();
   void run();
   SimulationResult result() const;
 
  private:
-  int world() const { return traffic_.topology().world_size(); }
+  int world() const { return workers_count_; }  // simulated: ranks 0.. of the first dcs_ groups
+  // Of a phase's group, the members simulated (by symmetry the others act alike).
+  int simulated_members(const CommPhase& p) const {
+    if (p.level != 0 || dcs_ == traffic_.topology().level_sizes()[0]) return p.group_size;
+    int n = 0;
+    for (int i = 0; i < p.group_size && p.group_first + i * p.group_stride < dcs_; ++i) ++n;
+    return n;
+  }
   int levels() const { return traffic_.topology().num_levels(); }
   int comms() const { return static_cast<int>(s_.comms.size()); }
-  void notify(int m) { workers_[m].cv->notify_all(); }
+
   void start(int m, int seq);
   BatchPtr queue_batch(int m, int seq, int p, CommPhase phase);
   void compute_actor(int m);
@@ -126,6 +143,7 @@ class Simulation {
   const SimulationInputs& in_;
   detail::StepTraffic traffic_;
   bool aggregate_;
+  int dcs_ = 1, workers_count_ = 1;
   std::vector<Worker> workers_;
   std::vector<std::vector<sg4::Host*>> nic_;  // [worker][level]
   std::vector<sg4::Host*> sink_;              // per level (aggregate flows)
@@ -137,17 +155,18 @@ class Simulation {
 void Simulation::build() {
   const Topology& topo = traffic_.topology();
   sg4::NetZone* zone = sg4::create_star_zone("world");
-  // Down routes cross a fat pipe: ingress is not limited.
-  sg4::Link* fat = zone->create_link("ingress", 1e15)->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)->seal();
-  const int dcs = topo.level_sizes()[0];
+  // Down routes are empty: ingress is not limited.
+  const int dcs = dcs_;
   std::vector<sg4::Link*> up(dcs, nullptr), down(dcs, nullptr);
   if (in_.uplink_bytes_per_s > 0)
     for (int g = 0; g < dcs; ++g) {
       up[g] = zone->create_link("uplink-" + std::to_string(g), in_.uplink_bytes_per_s)->seal();
       down[g] = zone->create_link("downlink-" + std::to_string(g), in_.uplink_bytes_per_s)->seal();
     }
-  sg4::Link* backbone =
-      in_.backbone_bytes_per_s > 0 ? zone->create_link("backbone", in_.backbone_bytes_per_s)->seal() : nullptr;
+  const double backbone_share = double(dcs_) / topo.level_sizes()[0];
+  sg4::Link* backbone = in_.backbone_bytes_per_s > 0
+                            ? zone->create_link("backbone", in_.backbone_bytes_per_s * backbone_share)->seal()
+                            : nullptr;
   nic_.assign(world(), std::vector<sg4::Host*>(levels(), nullptr));
   for (int m = 0; m < world(); ++m)
     for (int l = 0; l < levels(); ++l) {
@@ -156,7 +175,7 @@ void Simulation::build() {
       // Latency is added on arrival (Simulation::deliver), so that messages
       // queued behind each other pay it once, as behind a token bucket.
       sg4::Link* egress = zone->create_link("egress-" + name, 1.0 / in_.links[l].beta_s_per_byte)->seal();
-      std::vector<sg4::LinkInRoute> out{sg4::LinkInRoute(egress)}, in{sg4::LinkInRoute(fat)};
+      std::vector<sg4::LinkInRoute> out{sg4::LinkInRoute(egress)}, in;
       const int dc = topo.coordinate(m, 0);
       if (l == 0 && up[dc]) {
         out.emplace_back(up[dc]);
@@ -169,8 +188,8 @@ void Simulation::build() {
     }
   for (int l = 0; l < levels(); ++l) {
     sg4::Host* h = zone->create_host("sink-l" + std::to_string(l), 1e9)->seal();
-    zone->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {sg4::LinkInRoute(fat)}, false);
-    zone->add_route(nullptr, h->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(fat)}, false);
+    zone->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {}, false);
+    zone->add_route(nullptr, h->get_netpoint(), nullptr, nullptr, {}, false);
     sink_.push_back(h);
   }
   zone->seal();
@@ -180,7 +199,9 @@ void Simulation::build() {
   for (int m = 0; m < world(); ++m) {
     Worker& w = workers_[m];
     w.mu = sg4::Mutex::create();
-    w.cv = sg4::ConditionVariable::create();
+    w.compute_cv = sg4::ConditionVariable::create();
+    for (auto& cv : w.stream_cv) cv = sg4::ConditionVariable::create();
+    for (int l = 0; l < levels(); ++l) w.link_cv.push_back(sg4::ConditionVariable::create());
     w.done.assign(size_t(in_.steps) * comms(), 0);
     w.links.resize(levels());
     w.compute_s.assign(in_.steps, 0);
@@ -200,15 +221,16 @@ void Simulation::build() {
 BatchPtr Simulation::queue_batch(int m, int seq, int p, CommPhase phase) {
   auto b = std::make_shared<Batch>();
   b->worker = m;
+  b->stream = s_.comms[seq % comms()].stream;
   b->key = phase_key(seq, p);
   const int step = seq / comms();
   workers_[m].link_bytes[step][phase.level] += phase.bytes;
   if (phase.level == 0 && in_.uplink_bytes_per_s > 0)
-    uplink_bytes_[size_t(step) * traffic_.topology().level_sizes()[0] + traffic_.topology().coordinate(m, 0)] +=
+    uplink_bytes_[size_t(step) * dcs_ + traffic_.topology().coordinate(m, 0)] +=
         phase.bytes;
   b->phase = std::move(phase);
   workers_[m].links[b->phase.level].push_back(b);
-  notify(m);
+  workers_[m].link_cv[b->phase.level]->notify_one();
   return b;
 }
 
@@ -222,7 +244,7 @@ void Simulation::start(int m, int seq) {
     if (!phases.empty()) workers_[m].first_phase[seq] = queue_batch(m, seq, 0, std::move(phases[0]));
   }
   workers_[m].streams[c.stream].push_back(seq);
-  notify(m);
+  workers_[m].stream_cv[c.stream]->notify_one();
 }
 
 void Simulation::compute_actor(int m) {
@@ -241,7 +263,7 @@ void Simulation::compute_actor(int m) {
         const int seq = step * comms() + op.comm;
         const double t0 = sg4::Engine::get_clock();
         std::unique_lock<sg4::Mutex> lock(*w.mu);
-        while (!w.done[seq]) w.cv->wait(lock);
+        while (!w.done[seq]) w.compute_cv->wait(lock);
         (backward ? w.bwd_exposed_s : w.fwd_exposed_s)[step] += sg4::Engine::get_clock() - t0;
       }
     }
@@ -252,7 +274,7 @@ void Simulation::compute_actor(int m) {
 bool Simulation::arrived(int m, const Batch& b) {
   if (aggregate_) {
     Group& g = groups_[group_key(b)];
-    return g.arrivals.got >= b.phase.group_size;
+    return g.arrivals.got >= simulated_members(b.phase);
   }
   auto it = workers_[m].arrivals.find(b.key);
   return it != workers_[m].arrivals.end() && it->second.got >= (int)b.phase.sends.size();
@@ -262,7 +284,7 @@ void Simulation::stream_actor(int m, int stream) {
   Worker& w = workers_[m];
   std::unique_lock<sg4::Mutex> lock(*w.mu);
   for (;;) {
-    while (w.streams[stream].empty()) w.cv->wait(lock);
+    while (w.streams[stream].empty()) w.stream_cv[stream]->wait(lock);
     const int seq = w.streams[stream].front();
     w.streams[stream].pop_front();
     std::vector<CommPhase> phases = traffic_.phases(s_.comms[seq % comms()], m);
@@ -277,14 +299,14 @@ void Simulation::stream_actor(int m, int stream) {
       uint64_t gk = 0;
       if (aggregate_) {
         gk = group_key(*b);
-        groups_[gk].waiters.push_back(m);
+        groups_[gk].waiters.emplace_back(m, stream);
       }
-      while (!b->sent || !arrived(m, *b)) w.cv->wait(lock);
+      while (!b->sent || !arrived(m, *b)) w.stream_cv[stream]->wait(lock);
       double due;
       if (aggregate_) {
         Group& g = groups_[gk];
         due = g.arrivals.due;
-        if (++g.consumed == b->phase.group_size) groups_.erase(gk);
+        if (++g.consumed == simulated_members(b->phase)) groups_.erase(gk);
       } else {
         due = w.arrivals[b->key].due;
         w.arrivals.erase(b->key);
@@ -296,25 +318,26 @@ void Simulation::stream_actor(int m, int stream) {
       }
     }
     w.done[seq] = 1;
-    w.cv->notify_all();
+    w.compute_cv->notify_one();
   }
 }
 
 void Simulation::deliver(const Batch& b, double now) {
+  const int stream = b.stream;
   const double due = now + in_.links[b.phase.level].alpha_s;
   if (aggregate_) {
     Group& g = groups_[group_key(b)];
     g.arrivals.got++;
     g.arrivals.due = std::max(g.arrivals.due, due);
-    if (g.arrivals.got >= b.phase.group_size)
-      for (int waiter : g.waiters) notify(waiter);
+    if (g.arrivals.got >= simulated_members(b.phase))
+      for (auto [worker, stream] : g.waiters) workers_[worker].stream_cv[stream]->notify_one();
     return;
   }
   for (const auto& [peer, bytes] : b.phase.sends) {
     Arrivals& a = workers_[peer].arrivals[b.key];
     a.got++;
     a.due = std::max(a.due, due);
-    notify(peer);
+    workers_[peer].stream_cv[stream]->notify_one();
   }
 }
 
@@ -322,7 +345,7 @@ void Simulation::link_actor(int m, int level) {
   Worker& w = workers_[m];
   std::unique_lock<sg4::Mutex> lock(*w.mu);
   for (;;) {
-    while (w.links[level].empty()) w.cv->wait(lock);
+    while (w.links[level].empty()) w.link_cv[level]->wait(lock);
     BatchPtr b = w.links[level].front();
     w.links[level].pop_front();
     lock.unlock();
@@ -339,7 +362,7 @@ void Simulation::link_actor(int m, int level) {
     lock.lock();
     deliver(*b, sg4::Engine::get_clock());
     b->sent = true;
-    w.cv->notify_all();
+    w.stream_cv[b->stream]->notify_one();
   }
 }
 
@@ -350,7 +373,9 @@ SimulationResult Simulation::result() const {
   r.flows = aggregate_ ? FlowGranularity::kAggregate : FlowGranularity::kPairs;
   r.flow_count = flows_;
   r.actors = actors_;
-  const int dcs = traffic_.topology().level_sizes()[0];
+  r.simulated_dcs = dcs_;
+  r.simulated_workers = world();
+  const int dcs = dcs_;
   double last_end = 0;
   for (int step = 0; step < in_.steps; ++step) {
     SimulatedStep st;
@@ -408,18 +433,26 @@ Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const Si
   sg4::Engine::set_config("network/latency-factor:1");
   sg4::Engine::set_config("network/bandwidth-factor:1");
   sg4::Engine::set_config("network/crosstraffic:0");
-  sg4::Engine::set_config("contexts/stack-size:64");
+  // Many small actors: small stacks, and no guard pages (each costs a memory
+  // mapping; Linux allows 65536 by default).
+  sg4::Engine::set_config("contexts/stack-size:32");
+  sg4::Engine::set_config("contexts/guard-size:0");
   for (const std::string& c : in.simgrid_config) sg4::Engine::set_config(c);
 
-  // One flow per message unless an exchange would need too many.
-  bool aggregate = in.flows == FlowGranularity::kAggregate;
-  if (in.flows == FlowGranularity::kAuto) {
-    const Topology topo(in.level_sizes, in.domain_sizes);
+  const Topology topo(in.level_sizes, in.domain_sizes);
+  const int all_dcs = topo.level_sizes()[0];
+  const int dcs = in.simulated_dcs > 0 ? in.simulated_dcs
+                  : all_dcs <= SimulationInputs::kMaxFullDcs ? all_dcs
+                                                              : SimulationInputs::kAutoSimulatedDcs;
+  // One flow per message unless an exchange would need too many, or some
+  // datacenters are left to symmetry.
+  bool aggregate = in.flows == FlowGranularity::kAggregate || dcs < all_dcs;
+  if (in.flows == FlowGranularity::kAuto && !aggregate) {
     int64_t widest = 0;
     for (int l = 0; l < topo.num_levels(); ++l) widest = std::max<int64_t>(widest, topo.level_sizes()[l] - 1);
     aggregate = int64_t(topo.world_size()) * widest > SimulationInputs::kMaxPairFlows;
   }
-  Simulation sim(schedule, in, aggregate);
+  Simulation sim(schedule, in, aggregate, dcs);
   sim.build();
   sim.run();
   SimulationResult r = sim.result();

@@ -96,6 +96,8 @@ void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool disp
     for (int peer : peers) p.sends.emplace_back(peer, per_peer);
     p.group_root = topo_.with_coordinate(rank, l, topo_.offset(rank, l));
     p.group_size = sf / s;
+    p.group_first = topo_.offset(rank, l);
+    p.group_stride = s;
     out->push_back(std::move(p));
   }
 }
@@ -116,6 +118,7 @@ void StepTraffic::expert_phases(int rank, bool gather, std::vector<CommPhase>* o
       for (int peer : topo_.ag_peers(rank, l)) p.sends.emplace_back(peer, per_peer);
       p.group_root = topo_.with_coordinate(rank, l, topo_.domain(rank, l) * s);
       p.group_size = s;
+      p.group_first = topo_.domain(rank, l) * s;
       by_level.push_back(std::move(p));
     }
     held *= s;

@@ -25,7 +25,10 @@ struct CommPhase {
   double bytes = 0;                           // their sum
   // The peers that exchange in this phase, as one group: its lowest rank
   // and its size (this worker included); aggregate flows complete by group.
+  // Along the phase's level the members' coordinates are
+  // group_first + i * group_stride, i < group_size.
   int group_root = 0, group_size = 1;
+  int group_first = 0, group_stride = 1;
 };
 
 class StepTraffic {
