@@ -28,7 +28,7 @@ struct SimulateOptions {
   std::vector<int> domains;
   int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0;
   std::vector<std::string> bandwidths, latencies, simgrid_config;
-  double flops_per_s = 0, compute_scale = 1;
+  double flops_per_s = 0, compute_scale = 1, measured_compute_s = 0;
   bool json = false, show_schedule = false, probe_links = false;
   ScheduleOverrides schedule;
 };
@@ -82,13 +82,13 @@ int run_simulate(const SimulateOptions& o) {
   ComputeModel compute{o.flops_per_s, 0, 1};
   std::vector<LinkCodecCost> codecs;
   std::vector<LinkModel> links = spec_link_models(job.cluster);
-  if (o.flops_per_s <= 0) {
+  if (o.flops_per_s <= 0 || o.probe_links) {
     JobPlanOptions po;
     po.probe_links = o.probe_links;
     if (!o.json) po.progress = [](const std::string& what) { std::fprintf(stderr, "%s ...\n", what.c_str()); };
     auto planned = plan_job(job, po);
     if (!planned) return fail(source + ": " + planned.status().message());
-    compute = planned->compute;
+    if (o.flops_per_s <= 0) compute = planned->compute;
     links = planned->inputs.links;
     codecs = planned->inputs.link_codecs;
   }
@@ -110,7 +110,22 @@ int run_simulate(const SimulateOptions& o) {
   PlannerInputs in = planner_inputs_for(job, links, compute);
   if (!codecs.empty() && o.dcs <= 0 && o.workers_per_dc <= 0) in.link_codecs = codecs;
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
-  const Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
+  Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
+  const Plan first_plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
+  if (o.measured_compute_s > 0) {
+    // Scale every span so that a step computes what the run measured (the
+    // domains and r of the plan fix what a step computes).
+    auto s = record_step_schedule(ScheduleShape{job.train.model, first_plan.choice().pipeline_degree,
+                                                job.train.farskip.overlapped, first_plan.choice().domain_sizes !=
+                                                                                  std::vector<int>(L, 1)});
+    if (!s) return fail(s.status().message());
+    SimulationInputs probe;
+    probe.workload = workload;
+    probe.level_sizes = in.level_sizes;
+    probe.domain_sizes = first_plan.choice().domain_sizes;
+    const double c = schedule_compute_seconds(*s, probe);
+    if (c > 0) workload = with_compute_scaled(workload, o.measured_compute_s / c);
+  }
   const Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
   const PlanCandidate& choice = plan.choice();
 
@@ -239,6 +254,9 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
                   "compute model: GEMM flop/s, without probing this machine (default: probe as `xdmoe plan` does)");
   cmd->add_option("--compute-scale", o->compute_scale,
                   "multiply every compute span (for example measured / probed compute of a real run)");
+  cmd->add_option("--measured-compute-s", o->measured_compute_s,
+                  "scale every compute span so that a step computes this many seconds (a real run's measured "
+                  "compute), leaving the network and the schedule to the simulation");
   cmd->add_flag("--probe-links", o->probe_links, "probe shaped link classes instead of taking the spec's figures");
   cmd->add_option("--cfg", o->simgrid_config, "a SimGrid setting key:value (e.g. network/model:LV08)");
   cmd->add_flag("--show-schedule", o->show_schedule, "print one worker's recorded step schedule first");

@@ -415,6 +415,14 @@ double peak_rss() {
 
 }  // namespace
 
+double schedule_compute_seconds(const StepSchedule& schedule, const SimulationInputs& in) {
+  const detail::StepTraffic traffic(in, schedule);
+  double total = 0;
+  for (const StepOp& op : schedule.ops)
+    if (op.type == StepOp::Type::kCompute) total += traffic.compute_seconds(op.compute);
+  return total;
+}
+
 Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const SimulationInputs& in) {
   static bool ran = false;
   if (ran) return Status::internal("simulate: SimGrid runs once per process");

@@ -91,6 +91,10 @@ struct SimulationResult {
   double mean_step_s() const;  // after the first step when there are several
 };
 
+// The compute of one step of one worker: the sum of the schedule's compute
+// spans as the simulator prices them (no SimGrid; callable any number of times).
+double schedule_compute_seconds(const StepSchedule& schedule, const SimulationInputs& in);
+
 Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const SimulationInputs& in);
 
 }  // namespace xd

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The simulator against real runs (docs/simulation.md, "Validation").
+
+For 2 DC x 2 and 4 DC x 2 workers, EP and every HybridEP domain candidate
+runs for real (`xdmoe launch`, FarSkip overlapped, the README demo's model and
+links), then `xdmoe simulate` replays the same job with the same domains and
+pipeline degree, twice: with the compute model of a fixed GEMM rate scaled
+so that its compute equals the run's measured compute (as the planner's
+"predicted with measured compute" figure does), which leaves the network and
+the schedule to the simulator. The planner's stream model with the same
+compute stands beside it. Writes bench/results/simulate_validation.{csv,txt}.
+
+usage: python3 bench/simulate_validation.py [--xdmoe build/xdmoe] [--steps 12] [--layouts 2x2,4x2]
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+MODEL = """model:
+  expert_intermediate_size: 128
+  shared_intermediate_size: 128
+train:
+  steps: {steps}
+  log_every: 100
+  eval_every: 0
+cluster:
+  levels:
+    - name: dc
+      size: {dcs}
+      link: {{bandwidth: 100mbit, latency: 10ms, shape: true}}
+    - name: worker
+      size: 2
+      link: {{bandwidth: 1gbit, latency: 0.2ms, shape: true}}
+  expert_parallel:
+    memory_cap: unlimited
+"""
+FLOPS = 1e10  # any rate: the compute is scaled to the measured one
+
+
+def candidates(dcs):
+    out = []
+    for a in range(1, dcs + 1):
+        if dcs % a:
+            continue
+        for b in (1, 2):
+            out.append((a, b))
+    return out
+
+
+def run_name(d):
+    return "ep+farskip" if d == (1, 1) else f"hybrid+farskip+d{d[0]}x{d[1]}"
+
+
+def simulate(xdmoe, config, d, r, scale):
+    cmd = [xdmoe, "simulate", "--config", config, "--mode", "hybrid", "--domains", f"{d[0]},{d[1]}", "--farskip",
+           "--pipeline-degree", str(r), "--flops-per-s", str(FLOPS), "--compute-scale", repr(scale), "--steps", "3",
+           "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"simulate failed: {' '.join(cmd)}\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--xdmoe", default="build/xdmoe")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--layouts", default="2x2,4x2")
+    p.add_argument("--out", default="bench/results")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    for layout in a.layouts.split(","):
+        dcs = int(layout.split("x")[0])
+        run_dir = os.path.join("runs", "bench_simulate", layout)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(run_dir)
+        config = os.path.join(run_dir, "job.yaml")
+        with open(config, "w") as f:
+            f.write(MODEL.format(steps=a.steps, dcs=dcs))
+        cands = candidates(dcs)
+        cmd = [a.xdmoe, "launch", "--config", config, "--run-dir", run_dir, "--steps", str(a.steps), "--no-replan"]
+        for d in cands:
+            cmd += ["--mode", run_name(d)]
+        print("$", " ".join(cmd), flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"launch failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        for d in cands:
+            with open(os.path.join(run_dir, run_name(d), "summary.json")) as f:
+                j = json.load(f)
+            r = j["pipeline_degree"]
+            base = simulate(a.xdmoe, config, d, r, 1.0)
+            sim_compute = sum(s["compute_s"] for s in base["steps"][1:]) / max(1, len(base["steps"]) - 1)
+            scale = j["mean_compute_s"] / sim_compute
+            s = simulate(a.xdmoe, config, d, r, scale)
+            measured, simulated, planner = j["mean_step_s"], s["simulated_step_s"], s["planner_step_s"]
+            rows.append({
+                "layout": layout,
+                "domains": f"{d[0]}x{d[1]}",
+                "pipeline_degree": r,
+                "measured_ms": round(measured * 1e3, 1),
+                "simulated_ms": round(simulated * 1e3, 1),
+                "simulated_err_pct": round(100 * (simulated / measured - 1), 1),
+                "planner_ms": round(planner * 1e3, 1),
+                "planner_err_pct": round(100 * (planner / measured - 1), 1),
+                "planner_startup_ms": round(j["predicted_step_s"] * 1e3, 1),
+                "measured_compute_ms": round(j["mean_compute_s"] * 1e3, 1),
+                "measured_step_over_bound": round(j["step_over_bound"], 3),
+                "measured_overlap_pct": round(j["overlap_percent"], 1),
+                "simulated_overlap_pct": round(s["steps"][-1]["overlap_percent"], 1),
+                "simulated_step_over_bound": round(simulated / s["steps"][-1]["bound_s"], 3),
+            })
+            print(rows[-1], flush=True)
+    with open(os.path.join(a.out, "simulate_validation.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["layout domains r | measured ms | simulated ms (err) | planner ms (err) | overlap meas/sim | step/bound meas/sim"]
+    for layout in a.layouts.split(","):
+        sub = [x for x in rows if x["layout"] == layout]
+        for x in sub:
+            lines.append(f"{x['layout']} {x['domains']} r={x['pipeline_degree']} | {x['measured_ms']} | "
+                         f"{x['simulated_ms']} ({x['simulated_err_pct']:+}%) | {x['planner_ms']} ({x['planner_err_pct']:+}%) | "
+                         f"{x['measured_overlap_pct']}/{x['simulated_overlap_pct']} | "
+                         f"{x['measured_step_over_bound']}/{x['simulated_step_over_bound']}")
+        best = {k: min(sub, key=lambda x: x[k])["domains"] for k in ("measured_ms", "simulated_ms", "planner_ms")}
+        lines.append(f"{layout} best: measured {best['measured_ms']}, simulated {best['simulated_ms']}, "
+                     f"planner {best['planner_ms']}")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "simulate_validation.txt"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

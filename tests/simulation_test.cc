@@ -1,0 +1,255 @@
+// The step schedule recorded from the model, and `xdmoe simulate` on SimGrid
+// (one engine per process, so every simulation runs as its own process).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cluster/job_config.h"
+#include "simulation/step_schedule.h"
+#include "tests/job_runner.h"
+#include "tests/test_util.h"
+
+namespace xd {
+namespace {
+
+namespace fs = std::filesystem;
+
+ScheduleShape shape(Connectivity c, bool overlapped, int r, bool gathers) {
+  ScheduleShape s;
+  s.model = test_util::small_config();
+  s.model.num_layers = 3;
+  s.model.num_shared_experts = 1;
+  s.model.connectivity.assign(3, c);
+  s.pipeline_degree = r;
+  s.overlapped = overlapped;
+  s.gathers_experts = gathers;
+  return s;
+}
+
+// Index of the first op matching `pred`, or -1.
+template <typename P>
+int find_op(const StepSchedule& s, P pred) {
+  for (size_t i = 0; i < s.ops.size(); ++i)
+    if (pred(s.ops[i])) return static_cast<int>(i);
+  return -1;
+}
+
+TEST(StepSchedule, EveryCommunicationStartsOnceAndIsWaitedForOnceAfterwards) {
+  for (Connectivity c : {Connectivity::kRegular, Connectivity::kFarSkip})
+    for (bool overlapped : {false, true})
+      for (int r : {1, 4})
+        for (bool gathers : {false, true}) {
+          auto s = record_step_schedule(shape(c, overlapped, r, gathers));
+          ASSERT_TRUE(s.has_value()) << s.status().to_string();
+          std::vector<int> started(s->comms.size(), -1), waited(s->comms.size(), -1);
+          for (size_t i = 0; i < s->ops.size(); ++i) {
+            const StepOp& op = s->ops[i];
+            if (op.type == StepOp::Type::kCompute) continue;
+            auto& at = op.type == StepOp::Type::kStart ? started : waited;
+            EXPECT_EQ(at[op.comm], -1) << "communication " << op.comm << " twice\n" << s->describe();
+            at[op.comm] = static_cast<int>(i);
+          }
+          for (size_t k = 0; k < s->comms.size(); ++k) {
+            EXPECT_GE(started[k], 0) << comm_kind_name(s->comms[k].kind) << " never started";
+            EXPECT_GT(waited[k], started[k]) << comm_kind_name(s->comms[k].kind) << " waited before it started";
+          }
+          // Per layer: 4 exchanges of r chunks; with replicas an AG and its
+          // gradients; L + 2 dense buckets.
+          const int L = 3;
+          const size_t expected = 4 * L * r + (gathers ? 2 * L : 0) + (L + 2);
+          EXPECT_EQ(s->comms.size(), expected);
+        }
+}
+
+TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
+  auto s = record_step_schedule(shape(Connectivity::kFarSkip, false, 2, true));
+  ASSERT_TRUE(s.has_value());
+  for (size_t i = 0; i + 1 < s->ops.size(); ++i) {
+    const StepOp& op = s->ops[i];
+    if (op.type != StepOp::Type::kStart || s->comms[op.comm].kind > CommKind::kDispatchBackward) continue;
+    EXPECT_EQ(s->ops[i + 1].type, StepOp::Type::kWait) << s->describe();
+    EXPECT_EQ(s->ops[i + 1].comm, op.comm);
+  }
+}
+
+TEST(StepSchedule, FarSkipStartsDispatchBeforeAttentionPartBAndRegularAfter) {
+  for (Connectivity c : {Connectivity::kRegular, Connectivity::kFarSkip}) {
+    auto s = record_step_schedule(shape(c, true, 1, false));
+    ASSERT_TRUE(s.has_value());
+    for (int layer = 0; layer < 3; ++layer) {
+      const int dispatch = find_op(*s, [&](const StepOp& op) {
+        return op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kDispatch && op.layer == layer;
+      });
+      const int part_b = find_op(*s, [&](const StepOp& op) {
+        return op.type == StepOp::Type::kCompute && op.compute == ComputeKind::kAttentionB && op.layer == layer;
+      });
+      ASSERT_GE(dispatch, 0);
+      ASSERT_GE(part_b, 0);
+      if (c == Connectivity::kFarSkip) EXPECT_LT(dispatch, part_b) << "layer " << layer << "\n" << s->describe();
+      else EXPECT_GT(dispatch, part_b) << "layer " << layer;
+    }
+  }
+}
+
+TEST(StepSchedule, EachChunkComputesItsExpertsOnceItsRowsAreIn) {
+  const int r = 3;
+  auto s = record_step_schedule(shape(Connectivity::kFarSkip, true, r, true));
+  ASSERT_TRUE(s.has_value());
+  std::map<ComputeKind, int> per_layer0;
+  for (const StepOp& op : s->ops)
+    if (op.type == StepOp::Type::kCompute && op.layer == 0) per_layer0[op.compute]++;
+  EXPECT_EQ(per_layer0[ComputeKind::kRoutedExperts], r);
+  EXPECT_EQ(per_layer0[ComputeKind::kExpertsInputBackward], r);
+  EXPECT_EQ(per_layer0[ComputeKind::kExpertsWeightBackward], r);
+  EXPECT_EQ(per_layer0[ComputeKind::kAttentionA], 1);
+  // Chunk i's experts run right after its Dispatch is waited for, and the
+  // layer's gathered experts are waited for before the first.
+  for (size_t i = 0; i < s->ops.size(); ++i)
+    if (s->ops[i].type == StepOp::Type::kCompute && s->ops[i].compute == ComputeKind::kRoutedExperts) {
+      ASSERT_GT(i, 0u);
+      const StepOp& before = s->ops[i - 1];
+      EXPECT_EQ(before.type, StepOp::Type::kWait);
+      EXPECT_EQ(s->comms[before.comm].kind, CommKind::kDispatch);
+    }
+  const int gather0 = find_op(*s, [&](const StepOp& op) {
+    return op.type == StepOp::Type::kWait && s->comms[op.comm].kind == CommKind::kExpertGather && op.layer == 0;
+  });
+  const int experts0 = find_op(*s, [&](const StepOp& op) {
+    return op.type == StepOp::Type::kCompute && op.compute == ComputeKind::kRoutedExperts && op.layer == 0;
+  });
+  EXPECT_GE(gather0, 0);
+  EXPECT_LT(gather0, experts0);
+}
+
+// The compute spans a traced real run makes, in order, are the schedule's:
+// the schedule is the runtime's, not a copy of it.
+TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
+  const std::string dir = (fs::temp_directory_path() / ("xdmoe_schedule_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  std::string yaml = testing::model_yaml();
+  yaml.replace(yaml.find("  steps: 20\n"), 12, "  steps: 3\n");
+  yaml.replace(yaml.find("  eval_every: 0\n"), 16,
+               "  eval_every: 0\n  trace_steps: [2]\n  trace_dir: " + dir + "/trace\n");
+  yaml += "farskip:\n  enabled: true\n  overlapped: true\n"
+          "cluster:\n  levels:\n    - name: dc\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: true}\n"
+          "    - name: worker\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
+          "  expert_parallel:\n    mode: hybrid\n    domain_sizes: [1, 2]\n    memory_cap: unlimited\n"
+          "    pipeline_degree: 2\n";
+  auto job = testing::run_job(dir, yaml, 4, {});
+  ASSERT_TRUE(job.ok()) << job.logs();
+  auto cfg = parse_job_config(yaml, "<test>");
+  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
+  auto s = record_step_schedule(ScheduleShape{cfg->train.model, 2, true, true});
+  ASSERT_TRUE(s.has_value());
+  // The schedule's compute, chunks of one span merged into one.
+  auto span_of = [](ComputeKind k) -> std::string {
+    if (k == ComputeKind::kExpertsInputBackward || k == ComputeKind::kExpertsWeightBackward)
+      return "routed experts backward";
+    return compute_kind_name(k);
+  };
+  std::vector<std::string> expected;
+  for (const StepOp& op : s->ops) {
+    if (op.type != StepOp::Type::kCompute) continue;
+    const std::string e = span_of(op.compute) + " " + std::to_string(op.layer);
+    if (expected.empty() || expected.back() != e || e.rfind("routed experts", 0) != 0) expected.push_back(e);
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir + "/trace/trace-step2-rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    std::vector<std::pair<double, std::string>> spans;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e["cat"] != "compute" || e["name"] == "optimizer") continue;
+      const int layer = e.contains("args") ? e["args"]["layer"].get<int>() : -1;
+      spans.emplace_back(e["ts"].get<double>(), e["name"].get<std::string>() + " " + std::to_string(layer));
+    }
+    std::sort(spans.begin(), spans.end());
+    std::vector<std::string> got;
+    for (auto& [t, name] : spans) got.push_back(name);
+    EXPECT_EQ(got, expected) << "rank " << rank << "\nschedule:\n" << s->describe();
+  }
+  fs::remove_all(dir);
+}
+
+// `xdmoe simulate --json` with these arguments.
+nlohmann::json simulate(const std::string& args) {
+  auto [code, out] = testing::run(testing::xdmoe_binary() + " simulate --json --flops-per-s 2e10 " + args);
+  EXPECT_EQ(code, 0) << out;
+  const size_t brace = out.find('{');
+  if (code != 0 || brace == std::string::npos) return nlohmann::json::object();
+  return nlohmann::json::parse(out.substr(brace));
+}
+
+TEST(Simulator, LeavingDatacentersToSymmetryGivesTheWholePlatformsAnswer) {
+  const std::string job = "--dcs 8 --workers-per-dc 2 --experts-per-worker 1 --mode hybrid --domains 2,1 "
+                          "--uplink 200mbit --backbone 1gbit --farskip --steps 2 --flows aggregate";
+  const nlohmann::json all = simulate(job + " --simulated-dcs 8");
+  ASSERT_TRUE(all.contains("simulated_step_s"));
+  EXPECT_EQ(all["simulated_workers"], 16);
+  for (int k : {1, 2}) {
+    const nlohmann::json part = simulate(job + " --simulated-dcs " + std::to_string(k));
+    ASSERT_TRUE(part.contains("simulated_step_s"));
+    EXPECT_EQ(part["simulated_workers"], 2 * k);
+    EXPECT_NEAR(part["simulated_step_s"].get<double>(), all["simulated_step_s"].get<double>(),
+                1e-9 * all["simulated_step_s"].get<double>())
+        << k << " of 8 datacenters";
+  }
+}
+
+TEST(Simulator, AFlowPerMessageAndAFlowPerWorkerAgreeWhenSendersAreTheBottleneck) {
+  const std::string job = "--dcs 4 --workers-per-dc 2 --experts-per-worker 1 --mode hybrid --domains 1,2 --steps 2";
+  const nlohmann::json pairs = simulate(job + " --flows pairs");
+  const nlohmann::json aggregate = simulate(job + " --flows aggregate");
+  ASSERT_TRUE(pairs.contains("simulated_step_s") && aggregate.contains("simulated_step_s"));
+  EXPECT_EQ(pairs["flows"], "pairs");
+  EXPECT_GT(pairs["flow_count"].get<int64_t>(), aggregate["flow_count"].get<int64_t>());
+  EXPECT_NEAR(pairs["simulated_step_s"].get<double>(), aggregate["simulated_step_s"].get<double>(),
+              1e-6 * pairs["simulated_step_s"].get<double>());
+}
+
+TEST(Simulator, AnOversubscribedUplinkSlowsTheStepTheStreamModelDoesNotSee) {
+  const std::string job = "--dcs 4 --workers-per-dc 4 --experts-per-worker 1 --mode ep --steps 2 --bandwidth dc=1gbit "
+                          "--bandwidth worker=100gbit";
+  const nlohmann::json free = simulate(job);
+  const nlohmann::json shared = simulate(job + " --uplink 1gbit");  // 4 workers' 1gbit into one 1gbit uplink
+  ASSERT_TRUE(free.contains("simulated_step_s") && shared.contains("simulated_step_s"));
+  EXPECT_EQ(free["planner_step_s"], shared["planner_step_s"]) << "the planner has no uplinks";
+  EXPECT_GT(shared["simulated_step_s"].get<double>(), 1.2 * free["simulated_step_s"].get<double>());
+  // The uplink is the busiest link: it carries four workers' inter-DC bytes.
+  EXPECT_GT(shared["steps"][1]["busiest_link_s"].get<double>(), 3.9 * free["steps"][1]["busiest_link_s"].get<double>());
+}
+
+TEST(Simulator, EveryStepTakesAtLeastItsBound) {
+  for (const char* mode : {"--mode ep", "--mode hybrid --domains 2,1", "--mode hybrid --domains 2,2 --farskip"}) {
+    const nlohmann::json r = simulate(std::string(mode) + " --steps 3");
+    ASSERT_TRUE(r.contains("steps")) << mode;
+    for (const auto& st : r["steps"]) {
+      EXPECT_GE(st["step_s"].get<double>(), st["bound_s"].get<double>() * (1 - 1e-9)) << mode;
+      EXPECT_GE(st["overlap_percent"].get<double>(), 0.0);
+      EXPECT_LE(st["overlap_percent"].get<double>(), 100.0);
+    }
+  }
+}
+
+TEST(Simulator, BadArgumentsAreRefusedByName) {
+  auto [code, out] = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --dcs 3");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("num_experts"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --bandwidth moon=1gbit");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("no level named 'moon'"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() +
+                                     " simulate --flops-per-s 2e10 --dcs 8 --experts-per-worker 1 --simulated-dcs 2 --flows pairs");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("pairs needs every datacenter"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace xd
