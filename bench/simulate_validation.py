@@ -4,13 +4,18 @@
 For 2 DC x 2 and 4 DC x 2 workers, EP and every HybridEP domain candidate
 runs for real (`xdmoe launch`, FarSkip overlapped, the README demo's model and
 links), then `xdmoe simulate` replays the same job with the same domains and
-pipeline degree, twice: with the compute model of a fixed GEMM rate scaled
-so that its compute equals the run's measured compute (as the planner's
-"predicted with measured compute" figure does), which leaves the network and
-the schedule to the simulator. The planner's stream model with the same
-compute stands beside it. Writes bench/results/simulate_validation.{csv,txt}.
+pipeline degree, two ways:
+  measured compute: the compute spans scaled so that a step computes what
+      the run measured (--measured-compute-s, as the planner's "predicted
+      with measured compute"), leaving the network and the schedule to the
+      simulator; the planner's stream model with the same compute beside it;
+  machine: the compute model calibrated on this machine (`xdmoe plan`'s
+      probes) with every worker computing on this machine's cores, shared
+      (--machine-cores), so SimGrid's CPU model slows concurrent spans.
+Writes bench/results/simulate_validation.{csv,txt}. --reuse simulates the
+runs of an earlier call again without launching them.
 
-usage: python3 bench/simulate_validation.py [--xdmoe build/xdmoe] [--steps 12] [--layouts 2x2,4x2]
+usage: python3 bench/simulate_validation.py [--xdmoe build/xdmoe] [--steps 12] [--layouts 2x2,4x2] [--reuse]
 """
 import argparse
 import csv
@@ -55,10 +60,9 @@ def run_name(d):
     return "ep+farskip" if d == (1, 1) else f"hybrid+farskip+d{d[0]}x{d[1]}"
 
 
-def simulate(xdmoe, config, d, r, scale):
+def simulate(xdmoe, config, d, r, extra):
     cmd = [xdmoe, "simulate", "--config", config, "--mode", "hybrid", "--domains", f"{d[0]},{d[1]}", "--farskip",
-           "--pipeline-degree", str(r), "--flops-per-s", str(FLOPS), "--compute-scale", repr(scale), "--steps", "3",
-           "--json"]
+           "--pipeline-degree", str(r), "--steps", "3", "--json"] + extra
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"simulate failed: {' '.join(cmd)}\n{out.stderr}")
@@ -71,34 +75,37 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--layouts", default="2x2,4x2")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--reuse", action="store_true", help="simulate the runs of an earlier call again")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for layout in a.layouts.split(","):
         dcs = int(layout.split("x")[0])
         run_dir = os.path.join("runs", "bench_simulate", layout)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        os.makedirs(run_dir)
         config = os.path.join(run_dir, "job.yaml")
-        with open(config, "w") as f:
-            f.write(MODEL.format(steps=a.steps, dcs=dcs))
         cands = candidates(dcs)
+        if not a.reuse:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            os.makedirs(run_dir)
+            with open(config, "w") as f:
+                f.write(MODEL.format(steps=a.steps, dcs=dcs))
         cmd = [a.xdmoe, "launch", "--config", config, "--run-dir", run_dir, "--steps", str(a.steps), "--no-replan"]
         for d in cands:
             cmd += ["--mode", run_name(d)]
-        print("$", " ".join(cmd), flush=True)
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"launch failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        if not a.reuse:
+            print("$", " ".join(cmd), flush=True)
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(f"launch failed ({out.returncode}):\n{out.stderr[-3000:]}")
         for d in cands:
             with open(os.path.join(run_dir, run_name(d), "summary.json")) as f:
                 j = json.load(f)
             r = j["pipeline_degree"]
-            base = simulate(a.xdmoe, config, d, r, 1.0)
-            sim_compute = sum(s["compute_s"] for s in base["steps"][1:]) / max(1, len(base["steps"]) - 1)
-            scale = j["mean_compute_s"] / sim_compute
-            s = simulate(a.xdmoe, config, d, r, scale)
+            s = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
+                                                  repr(j["mean_compute_s"])])
+            m = simulate(a.xdmoe, config, d, r, ["--machine-cores", str(os.cpu_count())])
             measured, simulated, planner = j["mean_step_s"], s["simulated_step_s"], s["planner_step_s"]
+            machine = m["simulated_step_s"]
             rows.append({
                 "layout": layout,
                 "domains": f"{d[0]}x{d[1]}",
@@ -108,6 +115,8 @@ def main():
                 "simulated_err_pct": round(100 * (simulated / measured - 1), 1),
                 "planner_ms": round(planner * 1e3, 1),
                 "planner_err_pct": round(100 * (planner / measured - 1), 1),
+                "machine_sim_ms": round(machine * 1e3, 1),
+                "machine_sim_err_pct": round(100 * (machine / measured - 1), 1),
                 "planner_startup_ms": round(j["predicted_step_s"] * 1e3, 1),
                 "measured_compute_ms": round(j["mean_compute_s"] * 1e3, 1),
                 "measured_step_over_bound": round(j["step_over_bound"], 3),
@@ -120,17 +129,20 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    lines = ["layout domains r | measured ms | simulated ms (err) | planner ms (err) | overlap meas/sim | step/bound meas/sim"]
+    lines = ["layout domains r | measured ms | simulated ms (err) | planner ms (err) | machine sim ms (err) | "
+             "overlap meas/sim | step/bound meas/sim"]
     for layout in a.layouts.split(","):
         sub = [x for x in rows if x["layout"] == layout]
         for x in sub:
             lines.append(f"{x['layout']} {x['domains']} r={x['pipeline_degree']} | {x['measured_ms']} | "
                          f"{x['simulated_ms']} ({x['simulated_err_pct']:+}%) | {x['planner_ms']} ({x['planner_err_pct']:+}%) | "
+                         f"{x['machine_sim_ms']} ({x['machine_sim_err_pct']:+}%) | "
                          f"{x['measured_overlap_pct']}/{x['simulated_overlap_pct']} | "
                          f"{x['measured_step_over_bound']}/{x['simulated_step_over_bound']}")
-        best = {k: min(sub, key=lambda x: x[k])["domains"] for k in ("measured_ms", "simulated_ms", "planner_ms")}
+        best = {k: min(sub, key=lambda x: x[k])["domains"]
+                for k in ("measured_ms", "simulated_ms", "planner_ms", "machine_sim_ms")}
         lines.append(f"{layout} best: measured {best['measured_ms']}, simulated {best['simulated_ms']}, "
-                     f"planner {best['planner_ms']}")
+                     f"planner {best['planner_ms']}, machine sim {best['machine_sim_ms']}")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "simulate_validation.txt"), "w") as f:
         f.write(text)

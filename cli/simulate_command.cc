@@ -26,7 +26,7 @@ namespace {
 struct SimulateOptions {
   std::string config, mode, flows = "auto", uplink, backbone;
   std::vector<int> domains;
-  int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0;
+  int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0, machine_cores = 0;
   std::vector<std::string> bandwidths, latencies, simgrid_config;
   double flops_per_s = 0, compute_scale = 1, measured_compute_s = 0;
   bool json = false, show_schedule = false, probe_links = false;
@@ -167,6 +167,7 @@ int run_simulate(const SimulateOptions& o) {
   si.steps = o.steps;
   si.flows = *flows;
   si.simulated_dcs = o.simulated_dcs;
+  si.machine_cores = o.machine_cores;
   si.simgrid_config = o.simgrid_config;
   if (!o.json)
     std::fprintf(stderr, "simulating %d step(s) of %d workers (%s) ...\n", o.steps, in.level_sizes.empty() ? 0 : job.cluster.world_size(),
@@ -250,6 +251,9 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--flows", o->flows, "auto | pairs (a flow per message) | aggregate (a flow per worker and phase)");
   cmd->add_option("--simulated-dcs", o->simulated_dcs,
                   "datacenters simulated, the rest being identical by symmetry (default: all up to 64, else 16)");
+  cmd->add_option("--machine-cores", o->machine_cores,
+                  "every worker computes on one machine with this many cores, shared (as when a job runs on one "
+                  "machine; default: each worker computes on its own)");
   cmd->add_option("--flops-per-s", o->flops_per_s,
                   "compute model: GEMM flop/s, without probing this machine (default: probe as `xdmoe plan` does)");
   cmd->add_option("--compute-scale", o->compute_scale,

@@ -63,6 +63,11 @@ struct SimulationInputs {
   int steps = 1;
   FlowGranularity flows = FlowGranularity::kAuto;
   int simulated_dcs = 0;  // outermost groups simulated; 0: auto
+  // > 0: every worker computes on one machine with this many cores (all the
+  // workers on one host, as in a test on one machine): SimGrid shares the
+  // cores among the compute spans that run at once. 0: each worker has its
+  // own accelerator.
+  int machine_cores = 0;
   static constexpr int kMaxFullDcs = 64, kAutoSimulatedDcs = 16;
   std::vector<std::string> simgrid_config;  // extra --cfg=key:value settings
   static constexpr int64_t kMaxPairFlows = 200000;

@@ -178,6 +178,45 @@ TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
   fs::remove_all(dir);
 }
 
+nlohmann::json simulate(const std::string& args);
+
+// One small validation case (bench/simulate_validation.py has the full
+// table): on the demo's 2 DC x 2 links, EP and HybridEP [2, 1] run for real;
+// the simulator, given each run's measured compute, ranks them as the runs do.
+// EP is about twice as slow there, so the ranking is robust to a noisy machine.
+TEST(Simulator, RanksEpAndHybridEpAsRealRunsDo) {
+  const std::string dir = (fs::temp_directory_path() / ("xdmoe_simval_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string config = dir + "/job.yaml";
+  test_util::spit(config,
+                  "model:\n  expert_intermediate_size: 128\n  shared_intermediate_size: 128\n"
+                  "train:\n  steps: 6\n  log_every: 100\n  eval_every: 0\n"
+                  "cluster:\n  expert_parallel:\n    memory_cap: unlimited\n");
+  auto [code, out] = testing::run(testing::xdmoe_binary() + " launch --config " + config + " --run-dir " + dir +
+                                  " --no-replan --no-probe --mode ep+farskip+r1 --mode hybrid+farskip+r1+d2x1");
+  ASSERT_EQ(code, 0) << out;
+  std::map<std::string, double> measured, simulated;
+  for (const std::string run : {"ep+farskip+r1", "hybrid+farskip+r1+d2x1"}) {
+    std::ifstream in(dir + "/" + run + "/summary.json");
+    ASSERT_TRUE(in) << run;
+    const nlohmann::json j = nlohmann::json::parse(in);
+    measured[run] = j["mean_step_s"].get<double>();
+    const std::string domains = run[0] == 'e' ? "1,1" : "2,1";
+    const nlohmann::json sim = simulate("--config " + config + " --mode hybrid --domains " + domains +
+                                        " --farskip --pipeline-degree 1 --measured-compute-s " +
+                                        std::to_string(j["mean_compute_s"].get<double>()));
+    ASSERT_TRUE(sim.contains("simulated_step_s")) << run;
+    simulated[run] = sim["simulated_step_s"].get<double>();
+    std::printf("[simulate] %s: measured %.1f ms, simulated %.1f ms (%+.1f%%)\n", run.c_str(), measured[run] * 1e3,
+                simulated[run] * 1e3, 100 * (simulated[run] / measured[run] - 1));
+  }
+  const bool measured_hybrid_faster = measured["hybrid+farskip+r1+d2x1"] < measured["ep+farskip+r1"];
+  const bool simulated_hybrid_faster = simulated["hybrid+farskip+r1+d2x1"] < simulated["ep+farskip+r1"];
+  EXPECT_EQ(measured_hybrid_faster, simulated_hybrid_faster);
+  fs::remove_all(dir);
+}
+
 // `xdmoe simulate --json` with these arguments.
 nlohmann::json simulate(const std::string& args) {
   auto [code, out] = testing::run(testing::xdmoe_binary() + " simulate --json --flops-per-s 2e10 " + args);
