@@ -393,11 +393,25 @@ def bandwidth_for_target(suite, args):
     print(f"wrote {csv_path} and {png}")
 
 
+def fig17(suite, args):
+    """HybridEP Fig. 17 by simulation: bench/fig17_simulation.py (xdmoe simulate on SimGrid)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fig17_simulation.py"), "--xdmoe", args.xdmoe,
+                        "--out", args.out], cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"fig17 failed ({r.returncode})")
+    for ext in ("csv", "txt", "png"):
+        src = os.path.join(args.out, f"fig17_simulation.{ext}")
+        if os.path.exists(src):
+            os.replace(src, os.path.join(args.out, f"fig17.{ext}"))
+    print(f"wrote {os.path.join(args.out, 'fig17.csv')} and {os.path.join(args.out, 'fig17.png')}")
+
+
 EXPERIMENTS = {
     "table5": (table5, "EP vs HybridEP over inter-DC bandwidth x token size"),
     "expert-size": (expert_size, "EP vs HybridEP as the experts grow"),
     "planner": (planner, "predicted vs measured step time, every domain candidate"),
     "bandwidth-for-target": (bandwidth_for_target, "the bandwidth a target step time needs, checked"),
+    "fig17": (fig17, "HybridEP over EP from 10 to 1000 DCs, simulated on SimGrid beside the planner"),
 }
 
 
