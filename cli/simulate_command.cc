@@ -111,31 +111,34 @@ int run_simulate(const SimulateOptions& o) {
   if (!codecs.empty() && o.dcs <= 0 && o.workers_per_dc <= 0) in.link_codecs = codecs;
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
   Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
-  const Plan first_plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
+  // The schedule of a plan's choice (its r, whether it gathers experts).
+  auto shape_of = [&](const PlanCandidate& c) {
+    ScheduleShape shape{job.train.model, c.pipeline_degree, job.train.farskip.overlapped, false};
+    for (int s : c.domain_sizes) shape.gathers_experts = shape.gathers_experts || s > 1;
+    return shape;
+  };
+  Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
+  ScheduleShape shape = shape_of(plan.choice());
+  auto schedule = record_step_schedule(shape);
+  if (!schedule) return fail(schedule.status().message());
   if (o.measured_compute_s > 0) {
-    // Scale every span so that a step computes what the run measured (the
-    // domains and r of the plan fix what a step computes).
-    auto s = record_step_schedule(ScheduleShape{job.train.model, first_plan.choice().pipeline_degree,
-                                                job.train.farskip.overlapped, first_plan.choice().domain_sizes !=
-                                                                                  std::vector<int>(L, 1)});
-    if (!s) return fail(s.status().message());
+    // Scale every span so that a step computes what the run measured, then
+    // plan again: in auto mode the choice may move.
     SimulationInputs probe;
     probe.workload = workload;
     probe.level_sizes = in.level_sizes;
-    probe.domain_sizes = first_plan.choice().domain_sizes;
-    const double c = schedule_compute_seconds(*s, probe);
+    probe.domain_sizes = plan.choice().domain_sizes;
+    const double c = schedule_compute_seconds(*schedule, probe);
     if (c > 0) workload = with_compute_scaled(workload, o.measured_compute_s / c);
+    plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
+    const ScheduleShape again = shape_of(plan.choice());
+    if (again.pipeline_degree != shape.pipeline_degree || again.gathers_experts != shape.gathers_experts) {
+      shape = again;
+      schedule = record_step_schedule(shape);
+      if (!schedule) return fail(schedule.status().message());
+    }
   }
-  const Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
   const PlanCandidate& choice = plan.choice();
-
-  ScheduleShape shape;
-  shape.model = job.train.model;
-  shape.pipeline_degree = choice.pipeline_degree;
-  shape.overlapped = job.train.farskip.overlapped;
-  for (int s : choice.domain_sizes) shape.gathers_experts = shape.gathers_experts || s > 1;
-  auto schedule = record_step_schedule(shape);
-  if (!schedule) return fail(schedule.status().message());
   if (o.show_schedule) std::printf("%s", schedule->describe().c_str());
 
   SimulationInputs si;
