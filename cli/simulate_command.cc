@@ -108,7 +108,18 @@ int run_simulate(const SimulateOptions& o) {
       o.dcs > 0 || o.workers_per_dc > 0 ? INFINITY : job.cluster.expert_parallel.memory_cap_bytes;
 
   PlannerInputs in = planner_inputs_for(job, links, compute);
-  if (!codecs.empty() && o.dcs <= 0 && o.workers_per_dc <= 0) in.link_codecs = codecs;
+  // Codec wire fractions are per link class, whatever the scale.
+  if (!codecs.empty()) {
+    in.link_codecs = codecs;
+  } else {
+    bool compressed = false;
+    for (const LevelSpec& l : job.cluster.levels)
+      for (const auto& [kind, spec] : l.link.codecs.by_kind()) compressed = compressed || *spec != "raw";
+    if (compressed)
+      std::fprintf(stderr,
+                   "note: the job's codecs are measured only without --flops-per-s; this simulation sends raw "
+                   "bytes\n");
+  }
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
   Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
   // The schedule of a plan's choice (its r, whether it gathers experts).
@@ -139,7 +150,7 @@ int run_simulate(const SimulateOptions& o) {
     }
   }
   const PlanCandidate& choice = plan.choice();
-  if (o.show_schedule) std::printf("%s", schedule->describe().c_str());
+  if (o.show_schedule) std::fprintf(o.json ? stderr : stdout, "%s", schedule->describe().c_str());
 
   SimulationInputs si;
   si.workload = workload;

@@ -108,13 +108,21 @@ Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const Si
   // mapping; Linux allows 65536 by default).
   sg4::Engine::set_config("contexts/stack-size:32");
   sg4::Engine::set_config("contexts/guard-size:0");
-  for (const std::string& c : in.simgrid_config) sg4::Engine::set_config(c);
+  for (const std::string& c : in.simgrid_config) {
+    try {
+      sg4::Engine::set_config(c);
+    } catch (const std::exception& e) {
+      return Status::invalid_argument("simulate: SimGrid setting '" + c + "': " + e.what());
+    }
+  }
 
   const Topology topo(in.level_sizes, in.domain_sizes);
   const int all_dcs = topo.level_sizes()[0];
+  // Flows per message need every datacenter.
   const int dcs = in.simulated_dcs > 0 ? in.simulated_dcs
-                  : all_dcs <= SimulationInputs::kMaxFullDcs ? all_dcs
-                                                              : SimulationInputs::kAutoSimulatedDcs;
+                  : all_dcs <= SimulationInputs::kMaxFullDcs || in.flows == FlowGranularity::kPairs
+                      ? all_dcs
+                      : SimulationInputs::kAutoSimulatedDcs;
   // One flow per message unless an exchange would need too many, or some
   // datacenters are left to symmetry.
   bool aggregate = in.flows == FlowGranularity::kAggregate || dcs < all_dcs;
@@ -126,6 +134,7 @@ Expected<SimulationResult> simulate_steps(const StepSchedule& schedule, const Si
   detail::Replay sim(schedule, in, aggregate, dcs);
   sim.build();
   sim.run();
+  if (!sim.all_finished()) return Status::internal("simulate: the simulation stopped before every worker finished");
   SimulationResult r = sim.result();
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.peak_rss_bytes = peak_rss();

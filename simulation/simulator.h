@@ -32,7 +32,7 @@
 // to K / DCs of its rate). This is exact for the symmetric jobs xdmoe runs
 // (a test compares it with the whole platform) and is what lets 1000
 // datacenters fit in a minute; kAuto simulates every datacenter up to
-// kMaxFullDcs.
+// kMaxFullDcs (all of them with kPairs).
 //
 // SimGrid's engine is a process-wide singleton: simulate_steps runs at most
 // once per process (a second call returns an error). Not thread-safe.

@@ -244,7 +244,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   // optimizer), so they lead this one.
   if (shape.gathers_experts)
     for (int l = 0; l < L; ++l) rec.start(CommKind::kExpertGather, l, 0);
-  const int batch = 2, seq = 16;
+  const int batch = 2, seq = std::min(16, cfg.max_seq_len);
   std::vector<int32_t> inputs(batch * seq), targets(batch * seq);
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i] = static_cast<int32_t>((i * 7 + 3) % cfg.vocab_size);
@@ -273,6 +273,12 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   std::stable_sort(marks.begin(), marks.end(), [](const Mark& a, const Mark& b) {
     return a.t != b.t ? a.t < b.t : a.order < b.order;
   });
+  // The order is that of the clock: two marks at the same instant could be
+  // either way round, so a clock that coarse is refused.
+  for (size_t i = 1; i < marks.size(); ++i)
+    if (marks[i].t == marks[i - 1].t)
+      return Status::internal("schedule: two events of the miniature step share one clock reading; "
+                              "the steady clock is too coarse to order them");
   const SpanRule* open = nullptr;
   int open_layer = -1;
   for (const Mark& m : marks) {

@@ -82,7 +82,7 @@ BatchPtr Replay::queue_batch(int m, int seq, int p, CommPhase phase) {
   b->key = phase_key(seq, p);
   const int step = seq / comms();
   workers_[m].link_bytes[step][phase.level] += phase.bytes;
-  if (phase.level == 0 && in_.uplink_bytes_per_s > 0)
+  if (phase.level == 0 && (in_.uplink_bytes_per_s > 0 || in_.backbone_bytes_per_s > 0))
     uplink_bytes_[size_t(step) * dcs_ + traffic_.topology().coordinate(m, 0)] +=
         phase.bytes;
   b->phase = std::move(phase);
@@ -128,6 +128,7 @@ void Replay::compute_actor(int m) {
     }
     w.step_end_s[step] = sg4::Engine::get_clock();
   }
+  ++finished_;
 }
 
 bool Replay::arrived(int m, const Batch& b) {
@@ -247,9 +248,16 @@ SimulationResult Replay::result() const {
       for (int l = 0; l < levels(); ++l)
         st.busiest_link_s = std::max(st.busiest_link_s, w.link_bytes[step][l] * in_.links[l].beta_s_per_byte);
     }
+    double inter_dc_bytes = 0;
+    for (int g = 0; g < dcs; ++g) inter_dc_bytes += uplink_bytes_[size_t(step) * dcs + g];
     if (in_.uplink_bytes_per_s > 0)
       for (int g = 0; g < dcs; ++g)
         st.busiest_link_s = std::max(st.busiest_link_s, uplink_bytes_[size_t(step) * dcs + g] / in_.uplink_bytes_per_s);
+    // The backbone carries the simulated DCs' share of it at their share of its rate.
+    if (in_.backbone_bytes_per_s > 0)
+      st.busiest_link_s = std::max(
+          st.busiest_link_s,
+          inter_dc_bytes / (in_.backbone_bytes_per_s * double(dcs_) / traffic_.topology().level_sizes()[0]));
     st.step_s = end - last_end;
     last_end = end;
     st.bound_s = std::max(st.compute_s, st.busiest_link_s);

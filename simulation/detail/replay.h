@@ -109,6 +109,10 @@ class Replay {
   std::vector<double> uplink_bytes_;          // [step * groups + group], outgoing
   std::unordered_map<uint64_t, Group> groups_;
   int64_t flows_ = 0, actors_ = 0;
+  int finished_ = 0;  // compute actors through every step
+
+ public:
+  bool all_finished() const { return finished_ == world(); }
 };
 
 
