@@ -236,6 +236,11 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
     m->bytes[name + "/moe_dispatch_raw"] += raw[p][0];
     m->bytes[name + "/moe_combine_raw"] += raw[p][1];
   }
+  // Each hop as long as its larger side: over the rows sent, the routing's
+  // imbalance on that link class (xdmoe simulate --a2a-imbalance).
+  const std::vector<double> peak = exchange_->take_peak_bytes();
+  for (size_t l = 0; l < peak.size() && l < opts_.link_names.size(); ++l)
+    if (peak[l] > 0) m->bytes[opts_.link_names[l] + "/moe_peak_raw"] += peak[l];
   // The busiest link class's transmit time, over the step and over its
   // forward (until backward began) and backward parts.
   auto at = [](const TransportStats& s, size_t c) {
@@ -375,7 +380,7 @@ void DistributedTrainer::write_trace(int64_t step) {
     events.push_back(std::move(e));
   }
   nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
-                          {"otherData", {{"step", step}, {"rank", pid}}}};
+                          {"otherData", {{"step", step}, {"rank", pid}, {"steady_t0_s", t0}}}};
   std::error_code ec;
   std::filesystem::create_directories(job_.train.trace_dir, ec);
   const std::string path = job_.train.trace_dir + "/trace-step" + std::to_string(step) + "-rank" +

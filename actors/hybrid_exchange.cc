@@ -50,6 +50,7 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   std::sort(computed_.begin(), computed_.end());
   for (size_t i = 0; i < computed_.size(); ++i) computed_index_[computed_[i]] = static_cast<int>(i);
   raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
+  peak_bytes_.assign(topology_.num_levels(), 0.0);
   set_overlapped(true);
 }
 
@@ -92,6 +93,13 @@ std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
   return out;
 }
 
+std::vector<double> HybridExpertExchange::take_peak_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> out = peak_bytes_;
+  std::fill(peak_bytes_.begin(), peak_bytes_.end(), 0.0);
+  return out;
+}
+
 std::array<double, 2> HybridExpertExchange::take_blocked_seconds() {
   const std::array<double, 2> s = blocked_s_;
   blocked_s_ = {0.0, 0.0};
@@ -123,6 +131,12 @@ HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag)
 
 Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forward, bool discover,
                                   int width, std::vector<float>* data, std::vector<int>* ids) {
+  // One span per level's hop inside the exchange's span: a trace shows which
+  // level's transfer takes the time (levels past the fourth are not named).
+  static const char* const kHopNames[] = {"hop, level 0", "hop, level 1", "hop, level 2", "hop, level 3"};
+  ScopedSpan hop_span(level < 4 ? timeline_ : nullptr, level < 4 ? kHopNames[level] : "",
+                      tag.layer == kNoLayer ? -1 : (int)tag.layer,
+                      tag.kind == MessageKind::kMoeDispatch ? Lane::kToExperts : Lane::kToSources);
   const std::vector<int> group = topology_.level_group(rank_, level);
   const int me = topology_.coordinate(rank_, level);
   const int members = static_cast<int>(group.size());
@@ -231,6 +245,13 @@ Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forw
       return Status::corruption("MoE exchange: rank " + std::to_string(group[i]) + " sent " +
                                 std::to_string(nrows) + " rows, expected " + std::to_string(in_counts[i]));
     received[i] = std::move(*m);
+  }
+  {
+    size_t rows_out = 0, rows_in = 0;
+    for (int i = 0; i < members; ++i)
+      if (slots[i]) rows_out += out_counts[i], rows_in += in_counts[i];
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_bytes_[level] += double(std::max(rows_out, rows_in)) * width * sizeof(float);
   }
   in_counts[me] = out_counts[me];
   std::vector<int> in_off(members + 1, 0);

@@ -65,6 +65,11 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // fp32 bytes of the rows sent since the last call, before any codec, per
   // peer rank: [0] toward the experts, [1] back to the sources.
   std::vector<std::array<double, 2>> take_raw_bytes();
+  // Per level since the last call: the sum over this worker's A2A hops of
+  // max(row bytes sent, row bytes received), before any codec. With routing
+  // that is not uniform a hop lasts as long as its larger side; against the
+  // rows sent (take_raw_bytes) it measures the imbalance.
+  std::vector<double> take_peak_bytes();
   // Seconds spent encoding and decoding token rows since the last call.
   double take_codec_seconds();
 
@@ -128,6 +133,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   Transport* transport_;
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
   std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank; under mu_
+  std::vector<double> peak_bytes_;                                 // per level; under mu_
   double codec_s_ = 0;                                              // under mu_
   Topology topology_;
   int rank_;

@@ -9,6 +9,10 @@ pipeline degree, two ways:
       the run measured (--measured-compute-s, as the planner's "predicted
       with measured compute"), leaving the network and the schedule to the
       simulator; the planner's stream model with the same compute beside it;
+  measured compute and routing: the same, with each link's token A2A hops
+      as long as the run measured them (--a2a-imbalance LINK=moe_peak_raw /
+      (moe_dispatch_raw + moe_combine_raw) from its summary): the router does
+      not spread rows evenly, and a hop lasts as long as its larger side;
   machine: the compute model calibrated on this machine (`xdmoe plan`'s
       probes) with every worker computing on this machine's cores, shared
       (--machine-cores), so SimGrid's CPU model slows concurrent spans.
@@ -69,6 +73,18 @@ def simulate(xdmoe, config, d, r, extra):
     return json.loads(out.stdout)
 
 
+def imbalance_args(summary):
+    """--a2a-imbalance per link class from a run's summary (1 where the run
+    sent no token rows on it)."""
+    b = summary["bytes_per_step"]
+    out = []
+    for link in ("dc", "worker"):
+        sent = b.get(link + "/moe_dispatch_raw", 0) + b.get(link + "/moe_combine_raw", 0)
+        if sent > 0 and b.get(link + "/moe_peak_raw", 0) > 0:
+            out += ["--a2a-imbalance", "%s=%.4f" % (link, max(1.0, b[link + "/moe_peak_raw"] / sent))]
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
@@ -103,8 +119,14 @@ def main():
             r = j["pipeline_degree"]
             s = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
                                                   repr(j["mean_compute_s"])])
+            imb = imbalance_args(j)
+            if not imb:
+                sys.exit(f"{run_name(d)}: its summary has no moe_peak_raw bytes (a run of an older build?)")
+            sr = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
+                                                   repr(j["mean_compute_s"])] + imb)
             m = simulate(a.xdmoe, config, d, r, ["--machine-cores", str(os.cpu_count())])
             measured, simulated, planner = j["mean_step_s"], s["simulated_step_s"], s["planner_step_s"]
+            routed = sr["simulated_step_s"]
             machine = m["simulated_step_s"]
             rows.append({
                 "layout": layout,
@@ -113,6 +135,9 @@ def main():
                 "measured_ms": round(measured * 1e3, 1),
                 "simulated_ms": round(simulated * 1e3, 1),
                 "simulated_err_pct": round(100 * (simulated / measured - 1), 1),
+                "a2a_imbalance": " ".join(imb[1::2]),
+                "routed_sim_ms": round(routed * 1e3, 1),
+                "routed_sim_err_pct": round(100 * (routed / measured - 1), 1),
                 "planner_ms": round(planner * 1e3, 1),
                 "planner_err_pct": round(100 * (planner / measured - 1), 1),
                 "machine_sim_ms": round(machine * 1e3, 1),
@@ -123,26 +148,31 @@ def main():
                 "measured_overlap_pct": round(j["overlap_percent"], 1),
                 "simulated_overlap_pct": round(s["steps"][-1]["overlap_percent"], 1),
                 "simulated_step_over_bound": round(simulated / s["steps"][-1]["bound_s"], 3),
+                "routed_sim_step_over_bound": round(routed / sr["steps"][-1]["bound_s"], 3),
             })
             print(rows[-1], flush=True)
     with open(os.path.join(a.out, "simulate_validation.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    lines = ["layout domains r | measured ms | simulated ms (err) | planner ms (err) | machine sim ms (err) | "
-             "overlap meas/sim | step/bound meas/sim"]
+    lines = ["layout domains r | measured ms | simulated ms (err) | + routing ms (err) [imbalance] | planner ms (err) | "
+             "machine sim ms (err) | overlap meas/sim | step/bound meas/sim/+routing"]
     for layout in a.layouts.split(","):
         sub = [x for x in rows if x["layout"] == layout]
         for x in sub:
             lines.append(f"{x['layout']} {x['domains']} r={x['pipeline_degree']} | {x['measured_ms']} | "
-                         f"{x['simulated_ms']} ({x['simulated_err_pct']:+}%) | {x['planner_ms']} ({x['planner_err_pct']:+}%) | "
+                         f"{x['simulated_ms']} ({x['simulated_err_pct']:+}%) | "
+                         f"{x['routed_sim_ms']} ({x['routed_sim_err_pct']:+}%) [{x['a2a_imbalance']}] | "
+                         f"{x['planner_ms']} ({x['planner_err_pct']:+}%) | "
                          f"{x['machine_sim_ms']} ({x['machine_sim_err_pct']:+}%) | "
                          f"{x['measured_overlap_pct']}/{x['simulated_overlap_pct']} | "
-                         f"{x['measured_step_over_bound']}/{x['simulated_step_over_bound']}")
+                         f"{x['measured_step_over_bound']}/{x['simulated_step_over_bound']}/"
+                         f"{x['routed_sim_step_over_bound']}")
         best = {k: min(sub, key=lambda x: x[k])["domains"]
-                for k in ("measured_ms", "simulated_ms", "planner_ms", "machine_sim_ms")}
+                for k in ("measured_ms", "simulated_ms", "routed_sim_ms", "planner_ms", "machine_sim_ms")}
         lines.append(f"{layout} best: measured {best['measured_ms']}, simulated {best['simulated_ms']}, "
-                     f"planner {best['planner_ms']}, machine sim {best['machine_sim_ms']}")
+                     f"+ routing {best['routed_sim_ms']}, planner {best['planner_ms']}, "
+                     f"machine sim {best['machine_sim_ms']}")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "simulate_validation.txt"), "w") as f:
         f.write(text)

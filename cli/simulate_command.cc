@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ struct SimulateOptions {
   std::string config, mode, flows = "auto", uplink, backbone;
   std::vector<int> domains;
   int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0, machine_cores = 0;
-  std::vector<std::string> bandwidths, latencies, simgrid_config;
+  std::vector<std::string> bandwidths, latencies, imbalances, simgrid_config;
   double flops_per_s = 0, compute_scale = 1, measured_compute_s = 0;
   bool json = false, show_schedule = false, probe_links = false;
   ScheduleOverrides schedule;
@@ -38,6 +39,31 @@ int fail(const std::string& what) {
   return 2;
 }
 
+// LEVEL: a level's name or index; -1 if there is none.
+int level_named(const JobConfig& job, const std::string& name) {
+  for (size_t l = 0; l < job.cluster.levels.size(); ++l)
+    if (job.cluster.levels[l].name == name || std::to_string(l) == name) return static_cast<int>(l);
+  return -1;
+}
+
+// "LEVEL=FACTOR" items: the A2A imbalance per level (1 where not given).
+Expected<std::vector<double>> level_imbalances(const JobConfig& job, const std::vector<std::string>& items) {
+  std::vector<double> out;
+  if (items.empty()) return out;
+  out.assign(job.cluster.levels.size(), 1.0);
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    const int level = eq == std::string::npos ? -1 : level_named(job, item.substr(0, eq));
+    if (eq == std::string::npos) return Status::invalid_argument("--a2a-imbalance: expected LEVEL=FACTOR, got '" + item + "'");
+    if (level < 0) return Status::invalid_argument("--a2a-imbalance: no level named '" + item.substr(0, eq) + "'");
+    char* end = nullptr;
+    const std::string value = item.substr(eq + 1);
+    out[level] = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0') return Status::invalid_argument("--a2a-imbalance: '" + value + "' is not a number");
+  }
+  return out;
+}
+
 // "LEVEL=VALUE" with LEVEL a level's name or index.
 Status apply_level_values(const JobConfig& job, const std::vector<std::string>& items, bool bandwidth,
                           std::vector<LinkModel>* links) {
@@ -45,9 +71,7 @@ Status apply_level_values(const JobConfig& job, const std::vector<std::string>& 
     const size_t eq = item.find('=');
     if (eq == std::string::npos) return Status::invalid_argument("expected LEVEL=VALUE, got '" + item + "'");
     const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-    int level = -1;
-    for (size_t l = 0; l < job.cluster.levels.size(); ++l)
-      if (job.cluster.levels[l].name == name || std::to_string(l) == name) level = static_cast<int>(l);
+    const int level = level_named(job, name);
     if (level < 0) return Status::invalid_argument("no level named '" + name + "'");
     if (bandwidth) {
       auto v = parse_bandwidth(value);
@@ -178,6 +202,11 @@ int run_simulate(const SimulateOptions& o) {
     if (!v) return fail(v.status().with_context("--backbone").message());
     si.backbone_bytes_per_s = *v;
   }
+  {
+    auto imbalance = level_imbalances(job, o.imbalances);
+    if (!imbalance) return fail(imbalance.status().message());
+    si.a2a_imbalance = *imbalance;
+  }
   si.steps = o.steps;
   si.flows = *flows;
   si.simulated_dcs = o.simulated_dcs;
@@ -198,6 +227,7 @@ int run_simulate(const SimulateOptions& o) {
     j["config"] = source;
     j["world_size"] = job.cluster.world_size();
     j["level_sizes"] = in.level_sizes;
+    j["a2a_imbalance"] = si.a2a_imbalance;
     j["domain_sizes"] = choice.domain_sizes;
     j["pipeline_degree"] = choice.pipeline_degree;
     j["overlapped"] = shape.overlapped;
@@ -261,6 +291,10 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--latency", o->latencies, "LEVEL=TIME, a level's latency (e.g. dc=20ms)");
   cmd->add_option("--uplink", o->uplink, "each datacenter's uplink, each way (default: unlimited)");
   cmd->add_option("--backbone", o->backbone, "one backbone all inter-DC flows share (default: unlimited)");
+  cmd->add_option("--a2a-imbalance", o->imbalances,
+                  "LEVEL=FACTOR: a real run's token A2A hops on that level last as if every worker moved FACTOR "
+                  "times the mean rows (routing is not uniform; a run's summary gives LINK/moe_peak_raw over "
+                  "LINK/moe_dispatch_raw + LINK/moe_combine_raw). Default 1: uniform routing");
   cmd->add_option("--steps", o->steps, "steps to simulate (default 3; the mean skips the first)");
   cmd->add_option("--flows", o->flows, "auto | pairs (a flow per message) | aggregate (a flow per worker and phase)");
   cmd->add_option("--simulated-dcs", o->simulated_dcs,

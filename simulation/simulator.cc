@@ -41,6 +41,10 @@ Status SimulationInputs::validate(const StepSchedule& schedule) const {
     if (!(l.alpha_s >= 0) || !(l.beta_s_per_byte > 0) || !std::isfinite(l.alpha_s) || !std::isfinite(l.beta_s_per_byte))
       return bad("link latency must be >= 0 and bandwidth positive and finite");
   if (!(uplink_bytes_per_s >= 0) || !(backbone_bytes_per_s >= 0)) return bad("uplink and backbone rates must be >= 0");
+  if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
+    return bad("need one A2A imbalance per level");
+  for (double f : a2a_imbalance)
+    if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
   if (steps < 1) return bad("steps must be >= 1");
   if (machine_cores < 0) return bad("machine cores must be >= 0");
   if (simulated_dcs < 0 || (!level_sizes.empty() && simulated_dcs > level_sizes[0]))

@@ -61,6 +61,14 @@ struct SimulationInputs {
   std::vector<double> dense_bucket_bytes;  // per bucket of the dense all-reduce (fp32)
   double uplink_bytes_per_s = 0;           // per outermost group and direction; 0: unlimited
   double backbone_bytes_per_s = 0;         // shared by all inter-group flows; 0: unlimited
+  // Per level, or empty: 1. Routing is not uniform: at each hop of a token
+  // A2A a worker sends or receives more rows than the mean, and the hop lasts
+  // as long as its larger side. The factor (>= 1) is the mean over hops of
+  // max(rows sent, rows received) / mean rows sent, as a run measures it
+  // (`LINK/moe_peak_raw` over `LINK/moe_dispatch_raw + LINK/moe_combine_raw`
+  // in its summary). Simulated A2A messages carry that many times the mean
+  // bytes; the bound keeps the mean.
+  std::vector<double> a2a_imbalance;
   int steps = 1;
   FlowGranularity flows = FlowGranularity::kAuto;
   int simulated_dcs = 0;  // outermost groups simulated; 0: auto

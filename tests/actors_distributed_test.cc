@@ -109,6 +109,24 @@ TEST(Distributed, Bf16TokensOnTheInterDcLinkHalveItsTokenBytesAndTrainWithinABou
       << "the intra-DC links stay raw";
 }
 
+// Routing is not uniform, so each A2A hop reports its larger side (rows sent
+// or received), which xdmoe simulate takes as the run's imbalance.
+TEST(Distributed, EachA2aHopCountsItsLargerSideBetweenTheRowsSentAndTwiceThem) {
+  auto r = testing::run_job(temp_dir("peak"), model_yaml() + cluster_yaml(2, 2), 4, {"--mode", "ep"});
+  ASSERT_TRUE(r.ok()) << r.logs();
+  const auto& bytes = r.summary["bytes_per_step"];
+  // At least what was sent, at most what was sent and received (the world
+  // receives what it sends).
+  for (const char* link : {"dc", "worker"}) {
+    const std::string l = link;
+    const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
+    ASSERT_GT(sent, 0) << l;
+    ASSERT_TRUE(bytes.contains(l + "/moe_peak_raw")) << l;
+    EXPECT_GE(bytes[l + "/moe_peak_raw"].get<double>(), sent) << l;
+    EXPECT_LE(bytes[l + "/moe_peak_raw"].get<double>(), 2 * sent) << l;
+  }
+}
+
 class HybridDomains : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
 
 TEST_P(HybridDomains, HybridEpMatchesOneProcessForThisDomainChoice) {

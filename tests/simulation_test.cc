@@ -286,6 +286,20 @@ TEST(Simulator, ASharedBackboneIsInTheBound) {
   EXPECT_GE(narrow["steps"][1]["step_s"].get<double>(), narrow["steps"][1]["bound_s"].get<double>() * (1 - 1e-9));
 }
 
+TEST(Simulator, RoutingImbalanceLengthensTheStepButNotItsBound) {
+  const std::string job = "--mode ep --steps 2 --bandwidth dc=100mbit";
+  const nlohmann::json uniform = simulate(job);
+  const nlohmann::json skewed = simulate(job + " --a2a-imbalance dc=1.5");
+  ASSERT_TRUE(uniform.contains("steps") && skewed.contains("steps"));
+  EXPECT_EQ(skewed["a2a_imbalance"][0].get<double>(), 1.5);
+  EXPECT_EQ(skewed["a2a_imbalance"][1].get<double>(), 1.0) << "levels not named stay uniform";
+  // The demo's EP step is mostly token A2As over the DC link: half as many
+  // bytes again on each hop lengthens it by more than a fifth; the bound
+  // counts the bytes uniform routing moves.
+  EXPECT_GT(skewed["simulated_step_s"].get<double>(), 1.2 * uniform["simulated_step_s"].get<double>());
+  EXPECT_DOUBLE_EQ(skewed["steps"][1]["bound_s"].get<double>(), uniform["steps"][1]["bound_s"].get<double>());
+}
+
 TEST(Simulator, BadArgumentsAreRefusedByName) {
   auto [code, out] = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --dcs 3");
   EXPECT_EQ(code, 2);
@@ -297,6 +311,12 @@ TEST(Simulator, BadArgumentsAreRefusedByName) {
                                      " simulate --flops-per-s 2e10 --dcs 8 --experts-per-worker 1 --simulated-dcs 2 --flows pairs");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("pairs needs every datacenter"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=0.5");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("imbalance must be finite and >= 1"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=x");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("'x' is not a number"), std::string::npos) << out;
   std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --cfg no/such:setting");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("no/such"), std::string::npos) << out;

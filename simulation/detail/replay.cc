@@ -81,10 +81,10 @@ BatchPtr Replay::queue_batch(int m, int seq, int p, CommPhase phase) {
   b->stream = s_.comms[seq % comms()].stream;
   b->key = phase_key(seq, p);
   const int step = seq / comms();
-  workers_[m].link_bytes[step][phase.level] += phase.bytes;
+  workers_[m].link_bytes[step][phase.level] += phase.mean_bytes;
   if (phase.level == 0 && (in_.uplink_bytes_per_s > 0 || in_.backbone_bytes_per_s > 0))
     uplink_bytes_[size_t(step) * dcs_ + traffic_.topology().coordinate(m, 0)] +=
-        phase.bytes;
+        phase.mean_bytes;
   b->phase = std::move(phase);
   workers_[m].links[b->phase.level].push_back(b);
   workers_[m].link_cv[b->phase.level]->notify_one();

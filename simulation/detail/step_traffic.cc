@@ -72,8 +72,11 @@ std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) 
       dense_phases(rank, in_.dense_bucket_bytes[comm.chunk], &out);
       break;
   }
-  for (CommPhase& p : out)
+  for (CommPhase& p : out) {
+    const bool a2a = p.mean_bytes > 0;
     for (auto& [peer, bytes] : p.sends) p.bytes += bytes;
+    if (!a2a) p.mean_bytes = p.bytes;
+  }
   return out;
 }
 
@@ -91,9 +94,11 @@ void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool disp
     const int sf = topo_.level_sizes()[l], s = topo_.domain_sizes()[l];
     const double per_peer =
         bytes * s / sf * fraction(l, dispatch_codec ? CommKind::kDispatch : CommKind::kCombine);
+    const double imbalance = l < (int)in_.a2a_imbalance.size() ? in_.a2a_imbalance[l] : 1.0;
     CommPhase p;
     p.level = l;
-    for (int peer : peers) p.sends.emplace_back(peer, per_peer);
+    for (int peer : peers) p.sends.emplace_back(peer, per_peer * imbalance);
+    p.mean_bytes = per_peer * double(peers.size());
     p.group_root = topo_.with_coordinate(rank, l, topo_.offset(rank, l));
     p.group_size = sf / s;
     p.group_first = topo_.offset(rank, l);

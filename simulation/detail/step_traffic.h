@@ -23,6 +23,7 @@ struct CommPhase {
   int level = 0;
   std::vector<std::pair<int, double>> sends;  // (peer rank, bytes)
   double bytes = 0;                           // their sum
+  double mean_bytes = 0;  // the sum at uniform routing: what the bound counts
   // The peers that exchange in this phase, as one group: its lowest rank
   // and its size (this worker included); aggregate flows complete by group.
   // Along the phase's level the members' coordinates are
