@@ -80,8 +80,12 @@ def imbalance_args(summary):
     out = []
     for link in ("dc", "worker"):
         sent = b.get(link + "/moe_dispatch_raw", 0) + b.get(link + "/moe_combine_raw", 0)
-        if sent > 0 and b.get(link + "/moe_peak_raw", 0) > 0:
-            out += ["--a2a-imbalance", "%s=%.4f" % (link, max(1.0, b[link + "/moe_peak_raw"] / sent))]
+        if sent == 0:
+            continue
+        if b.get(link + "/moe_peak_raw", 0) <= 0:
+            sys.exit(f"{summary['job']}: its summary has token rows on {link} but no moe_peak_raw bytes "
+                     "(a run of an older build?)")
+        out += ["--a2a-imbalance", "%s=%.4f" % (link, max(1.0, b[link + "/moe_peak_raw"] / sent))]
     return out
 
 
@@ -120,8 +124,6 @@ def main():
             s = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
                                                   repr(j["mean_compute_s"])])
             imb = imbalance_args(j)
-            if not imb:
-                sys.exit(f"{run_name(d)}: its summary has no moe_peak_raw bytes (a run of an older build?)")
             sr = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
                                                    repr(j["mean_compute_s"])] + imb)
             m = simulate(a.xdmoe, config, d, r, ["--machine-cores", str(os.cpu_count())])
@@ -135,7 +137,7 @@ def main():
                 "measured_ms": round(measured * 1e3, 1),
                 "simulated_ms": round(simulated * 1e3, 1),
                 "simulated_err_pct": round(100 * (simulated / measured - 1), 1),
-                "a2a_imbalance": " ".join(imb[1::2]),
+                "a2a_imbalance": " ".join(imb[1::2]) or "none",
                 "routed_sim_ms": round(routed * 1e3, 1),
                 "routed_sim_err_pct": round(100 * (routed / measured - 1), 1),
                 "planner_ms": round(planner * 1e3, 1),
