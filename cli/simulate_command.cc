@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,11 +40,15 @@ int fail(const std::string& what) {
   return 2;
 }
 
-// LEVEL: a level's name or index; -1 if there is none.
-int level_named(const JobConfig& job, const std::string& name) {
+// "LEVEL=VALUE", LEVEL a level's name or index: the level and the value.
+Expected<std::pair<int, std::string>> level_and_value(const JobConfig& job, const std::string& item) {
+  const size_t eq = item.find('=');
+  if (eq == std::string::npos) return Status::invalid_argument("expected LEVEL=VALUE, got '" + item + "'");
+  const std::string name = item.substr(0, eq);
   for (size_t l = 0; l < job.cluster.levels.size(); ++l)
-    if (job.cluster.levels[l].name == name || std::to_string(l) == name) return static_cast<int>(l);
-  return -1;
+    if (job.cluster.levels[l].name == name || std::to_string(l) == name)
+      return std::make_pair(static_cast<int>(l), item.substr(eq + 1));
+  return Status::invalid_argument("no level named '" + name + "'");
 }
 
 // "LEVEL=FACTOR" items: the A2A imbalance per level (1 where not given).
@@ -52,27 +57,23 @@ Expected<std::vector<double>> level_imbalances(const JobConfig& job, const std::
   if (items.empty()) return out;
   out.assign(job.cluster.levels.size(), 1.0);
   for (const std::string& item : items) {
-    const size_t eq = item.find('=');
-    const int level = eq == std::string::npos ? -1 : level_named(job, item.substr(0, eq));
-    if (eq == std::string::npos) return Status::invalid_argument("--a2a-imbalance: expected LEVEL=FACTOR, got '" + item + "'");
-    if (level < 0) return Status::invalid_argument("--a2a-imbalance: no level named '" + item.substr(0, eq) + "'");
+    auto lv = level_and_value(job, item);
+    if (!lv) return lv.status().with_context("--a2a-imbalance");
+    const std::string& value = lv->second;
     char* end = nullptr;
-    const std::string value = item.substr(eq + 1);
-    out[level] = std::strtod(value.c_str(), &end);
+    out[lv->first] = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0') return Status::invalid_argument("--a2a-imbalance: '" + value + "' is not a number");
   }
   return out;
 }
 
-// "LEVEL=VALUE" with LEVEL a level's name or index.
+// --bandwidth and --latency items onto the links.
 Status apply_level_values(const JobConfig& job, const std::vector<std::string>& items, bool bandwidth,
                           std::vector<LinkModel>* links) {
   for (const std::string& item : items) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) return Status::invalid_argument("expected LEVEL=VALUE, got '" + item + "'");
-    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-    const int level = level_named(job, name);
-    if (level < 0) return Status::invalid_argument("no level named '" + name + "'");
+    auto lv = level_and_value(job, item);
+    if (!lv) return lv.status();
+    auto& [level, value] = *lv;
     if (bandwidth) {
       auto v = parse_bandwidth(value);
       if (!v) return v.status().with_context("--bandwidth " + item);

@@ -73,9 +73,8 @@ std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) 
       break;
   }
   for (CommPhase& p : out) {
-    const bool a2a = p.mean_bytes > 0;
     for (auto& [peer, bytes] : p.sends) p.bytes += bytes;
-    if (!a2a) p.mean_bytes = p.bytes;
+    if (p.mean_bytes == 0) p.mean_bytes = p.bytes;  // not an A2A: no imbalance
   }
   return out;
 }
