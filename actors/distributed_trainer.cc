@@ -138,6 +138,7 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     codec_options.grad.push_back(std::move(*r));
   }
   codec_options.base_sync_every = job_.cluster.expert_parallel.base_sync_every;
+  codec_options.fused_encode = job_.cluster.expert_parallel.fused_encode;
   codec_options.base_inner = inner_.get();
   codec_options.base_outer = outer_.get();
   XD_RETURN_IF_ERROR(comm->set_codecs(codec_options));
@@ -311,7 +312,11 @@ Expected<StepMetrics> DistributedTrainer::step() {
     skipped_in_a_row_ = 0;
     const double lr = tc.learning_rate_at(step_);
     ScopedSpan span(&timeline_, "optimizer");
-    optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq);
+    // The next step's first-level AG rows are packed as the update writes
+    // the weights (empty when there is nothing to pack, or no next step).
+    const auto fused = step_ + 1 < tc.steps ? comm_->fused_encoder(static_cast<uint32_t>(step_ + 1))
+                                            : std::function<void(size_t, size_t)>{};
+    optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq, fused);
   }
   ++step_;
   if (traced) write_trace(step_);

@@ -17,8 +17,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // One layer's tensors (w1, w3, w2) of every expert of `workers`, in worker
 // order: the layout of an expert message.
 template <typename RefOf>
-std::vector<detail::ExpertTensorRef> tensor_refs(const std::vector<int>& workers, int per_worker, RefOf ref_of) {
-  std::vector<detail::ExpertTensorRef> out;
+std::vector<ExpertTensorRef> tensor_refs(const std::vector<int>& workers, int per_worker, RefOf ref_of) {
+  std::vector<ExpertTensorRef> out;
   for (int m : workers)
     for (int j = 0; j < per_worker; ++j)
       for (int which = 0; which < 3; ++which) out.push_back(ref_of(m * per_worker + j, which));
@@ -26,6 +26,11 @@ std::vector<detail::ExpertTensorRef> tensor_refs(const std::vector<int>& workers
 }
 
 }  // namespace
+
+struct ExpertCommunicator::PackedRows {
+  std::vector<float> packed;  // the message's rows: (experts per worker, 3, ff*d)
+  PackSums sums;
+};
 
 ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
                                        MoeTransformer<float>* model, std::chrono::milliseconds timeout)
@@ -74,10 +79,10 @@ Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   for (int l = 0; l < levels; ++l) {
     if (o.grad[l].against_base) return Status::invalid_argument("expert gradients have no base ('sr:')");
     base = base || (o.gather[l].against_base && !topology_.ag_peers(rank_, l).empty());
-    gather_codecs_.push_back(std::make_unique<detail::ExpertWireCodec>(
-        o.gather[l], detail::ExpertWireCodec::Traffic::kWeights, expert_floats_));
-    grad_codecs_.push_back(std::make_unique<detail::ExpertWireCodec>(
-        o.grad[l], detail::ExpertWireCodec::Traffic::kGradients, expert_floats_));
+    gather_codecs_.push_back(std::make_unique<ExpertStreamCodec>(
+        o.gather[l], ExpertStreamCodec::Traffic::kWeights, expert_floats_));
+    grad_codecs_.push_back(std::make_unique<ExpertStreamCodec>(
+        o.grad[l], ExpertStreamCodec::Traffic::kGradients, expert_floats_));
   }
   if (base && o.base_sync_every < 0) return Status::invalid_argument("base_sync_every must be >= 0");
   codec_options_ = o;
@@ -140,6 +145,7 @@ Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
   for (float& v : sums) v *= inv;
   std::lock_guard<std::mutex> lock(mu_);
   base_.swap(sums);
+  ++base_version_;
   return Status::ok();
 }
 size_t ExpertCommunicator::replica_bytes() const { return replica_weights_.size() * sizeof(float); }
@@ -191,31 +197,114 @@ void ExpertCommunicator::finish(int layer, bool gather, const Status& st) {
   cv_.notify_all();
 }
 
+int ExpertCommunicator::first_gather_level() const {
+  for (int l = 0; l < topology_.num_levels(); ++l)
+    if (!topology_.ag_peers(rank_, l).empty()) return l;
+  return -1;
+}
+
+bool ExpertCommunicator::base_due(uint32_t step) const {
+  const int every = codec_options_.base_sync_every;
+  // A communicator made mid-job (a plan switch) has no base yet: its first gather syncs one.
+  return uses_base_ && (first_gather_ || step == 0 || (every > 0 && step % every == 0));
+}
+
+std::vector<float> ExpertCommunicator::base_share() {
+  std::vector<float> sums((size_t)layers_ * 3 * expert_floats_, 0.0f);
+  for (int layer = 0; layer < layers_; ++layer)
+    for (int j = 0; j < experts_per_worker_; ++j)
+      for (int which = 0; which < 3; ++which) {
+        const float* w = weights_of(layer, rank_ * experts_per_worker_ + j, which);
+        float* s = &sums[((size_t)layer * 3 + which) * expert_floats_];
+        for (size_t k = 0; k < expert_floats_; ++k) s[k] += w[k];
+      }
+  return sums;
+}
+
+std::function<void(size_t, size_t)> ExpertCommunicator::fused_encoder(uint32_t next_step) {
+  prepared_ = Prepared{};
+  // Before the first gather the base is synced first, against weights this
+  // update has not written yet: nothing to fuse.
+  if (!holds_replicas() || !codec_options_.fused_encode || first_gather_ || next_step == 0) return {};
+  const bool base = base_due(next_step);
+  const int level = first_gather_level();
+  // Only messages of this worker's own experts can be packed from the update.
+  ExpertStreamCodec* codec =
+      level >= 0 && !gather_codecs_[level]->is_raw() && held_after(rank_, level) == std::vector<int>{rank_}
+          ? gather_codecs_[level].get()
+          : nullptr;
+  if (!base && !codec) return {};
+  prepared_.step = next_step;
+  if (base) prepared_.base_sums = std::make_shared<std::vector<float>>((size_t)layers_ * 3 * expert_floats_, 0.0f);
+  for (int layer = 0; codec && layer < layers_; ++layer) {
+    auto rows = std::make_shared<PackedRows>();
+    rows->packed.assign((size_t)experts_per_worker_ * 3 * expert_floats_, 0.0f);
+    prepared_.rows.push_back(std::move(rows));
+  }
+  // Each (layer, which) block of own experts, (experts per worker, ff*d), as
+  // an offset into the parameters.
+  struct Block {
+    size_t begin;
+    int layer, which;
+  };
+  std::vector<Block> blocks;
+  const float* params = model_->params().data();
+  for (int layer = 0; layer < layers_; ++layer)
+    for (int which = 0; which < 3; ++which)
+      blocks.push_back({(size_t)(weights_of(layer, rank_ * experts_per_worker_, which) - params), layer, which});
+  return [this, blocks = std::move(blocks), codec, prep = &prepared_](size_t begin, size_t end) {
+    const size_t n = expert_floats_, span = (size_t)experts_per_worker_ * n;
+    double pack_s = 0;
+    for (const Block& b : blocks) {
+      const size_t lo = std::max(begin, b.begin), hi = std::min(end, b.begin + span);
+      for (size_t at = lo; at < hi;) {
+        const int j = (int)((at - b.begin) / n);
+        const size_t k = (at - b.begin) % n, count = std::min(hi - at, n - k);
+        const int expert = rank_ * experts_per_worker_ + j;
+        if (prep->base_sums) {
+          // Experts in order per element, as base_share() sums them: the same bits.
+          const float* w = weights_of(b.layer, expert, b.which) + k;
+          float* s = &(*prep->base_sums)[((size_t)b.layer * 3 + b.which) * n + k];
+          for (size_t q = 0; q < count; ++q) s[q] += w[q];
+        }
+        if (codec) {
+          const auto t0 = std::chrono::steady_clock::now();
+          PackedRows& rows = *prep->rows[b.layer];
+          const ExpertTensorRef ref{tensor_key(b.layer, expert, b.which), weights_of(b.layer, expert, b.which),
+                                            base_of(b.layer, b.which)};
+          {
+            std::lock_guard<std::mutex> lock(codec_mu_);
+            codec->pack(ref, k, count, &rows.packed[((size_t)j * 3 + b.which) * n + k], &rows.sums);
+          }
+          pack_s += seconds_since(t0);
+        }
+        at += count;
+      }
+    }
+    if (pack_s > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      codec_s_ += pack_s;
+    }
+  };
+}
+
 void ExpertCommunicator::start_gather(uint32_t step) {
+  Prepared prep = std::move(prepared_);
+  prepared_ = Prepared{};
+  if (prep.step != step) prep = Prepared{};  // packed for another step (or nothing)
   if (!holds_replicas()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& s : state_) s.gathered = false;
   }
-  const int every = codec_options_.base_sync_every;
-  // A communicator made mid-job (a plan switch) has no base yet: its first gather syncs one.
   const bool first = first_gather_ || step == 0;
-  const bool base_due = uses_base_ && (first || (every > 0 && step % every == 0));
+  const bool due = base_due(step);
   first_gather_ = false;
   std::shared_ptr<std::vector<float>> sums;
-  if (base_due) {
-    // This worker's share of every layer's mean expert, taken now: the
-    // optimizer has just written the weights and nothing touches them until
-    // the next step's update.
-    sums = std::make_shared<std::vector<float>>((size_t)layers_ * 3 * expert_floats_, 0.0f);
-    for (int layer = 0; layer < layers_; ++layer)
-      for (int j = 0; j < experts_per_worker_; ++j)
-        for (int which = 0; which < 3; ++which) {
-          const float* w = weights_of(layer, rank_ * experts_per_worker_ + j, which);
-          float* s = &(*sums)[((size_t)layer * 3 + which) * expert_floats_];
-          for (size_t k = 0; k < expert_floats_; ++k) s[k] += w[k];
-        }
-  }
+  // This worker's share of every layer's mean expert, taken now (or packed
+  // by the optimizer step just before): nothing touches the weights until
+  // the next step's update.
+  if (due) sums = prep.base_sums ? prep.base_sums : std::make_shared<std::vector<float>>(base_share());
   auto post_sync = [this, step, sums] {
     actor_->post([this, step, sums] {
       // A failed sync leaves this worker's base unlike its peers': every
@@ -225,7 +314,7 @@ void ExpertCommunicator::start_gather(uint32_t step) {
     });
   };
   // The first gathers need a base; later ones use the last.
-  if (base_due && first) post_sync();
+  if (due && first) post_sync();
   // Every layer's first-level messages leave at once (from the sender
   // thread), so the link never idles between layers and their latencies
   // overlap; the actor thread takes them in layer order. With sr: the sends
@@ -233,29 +322,28 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   // One sender closure per layer, so layer k waits only for its own send.
   std::vector<std::shared_ptr<LevelExchange>> sent(layers_);
   std::vector<std::shared_future<void>> layer_sent(layers_);
+  std::vector<std::shared_ptr<PackedRows>> rows = std::move(prep.rows);
+  rows.resize(layers_);
   if (!uses_base_) {
     for (int layer = 0; layer < layers_; ++layer) {
       auto x = std::make_shared<LevelExchange>();
       auto done = std::make_shared<std::promise<void>>();
       layer_sent[layer] = done->get_future().share();
       sent[layer] = x;
-      sender_->post([this, step, layer, x, done] {
-        for (int l = 0; l < topology_.num_levels(); ++l)
-          if (!topology_.ag_peers(rank_, l).empty()) {
-            x->status = send_gather_level(step, layer, l, x.get());
-            break;
-          }
+      sender_->post([this, step, layer, x, done, r = rows[layer]] {
+        const int l = first_gather_level();
+        if (l >= 0) x->status = send_gather_level(step, layer, l, x.get(), r.get());
         done->set_value();
       });
     }
   }
   for (int layer = 0; layer < layers_; ++layer)
-    actor_->post([this, step, layer, x = sent[layer], ready = layer_sent[layer]] {
+    actor_->post([this, step, layer, x = sent[layer], ready = layer_sent[layer], r = uses_base_ ? rows[layer] : nullptr] {
       ScopedSpan span(timeline_, "expert all-gather", layer, Lane::kExperts);
       if (ready.valid()) ready.wait();
-      finish(layer, true, gather_layer(step, layer, x.get()));
+      finish(layer, true, gather_layer(step, layer, x.get(), r.get()));
     });
-  if (base_due && !first) post_sync();
+  if (due && !first) post_sync();
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {
@@ -327,18 +415,23 @@ Status ExpertCommunicator::status() const {
 
 // One level's gather messages of one layer: this worker's held experts (as
 // of the outer levels) to every AG peer of the level.
-Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x) {
+Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x, PackedRows* rows) {
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
   const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
   for (int p : peers) x->slots.push_back(transport_->recv(p, tag));
-  const std::vector<detail::ExpertTensorRef> mine = gather_refs(layer, held_after(rank_, l));
+  const std::vector<ExpertTensorRef> mine = gather_refs(layer, held_after(rank_, l));
   std::vector<float> packed;
+  if (rows) {
+    packed.swap(rows->packed);
+    ++fused_messages_;
+  }
   EncodedTensor encoded;
   const auto t0 = std::chrono::steady_clock::now();
-  detail::ReconstructionError err;
+  ReconstructionError err;
   {
     std::lock_guard<std::mutex> lock(codec_mu_);
-    XD_RETURN_IF_ERROR(gather_codecs_[l]->encode(mine, &packed, &encoded, &err).with_context("expert all-gather"));
+    XD_RETURN_IF_ERROR(gather_codecs_[l]->encode(mine, &packed, &encoded, &err, rows ? &rows->sums : nullptr)
+                           .with_context("expert all-gather"));
   }
   x->error += err.error;
   x->signal += err.signal;
@@ -356,22 +449,19 @@ Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange*
 // Peer i's message goes through the level's codec into refs_of(peer i); then
 // the sends are waited for and the level's figures added.
 Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
-                                         const std::function<std::vector<detail::ExpertTensorRef>(int)>& refs_of) {
+                                         const std::function<std::vector<ExpertTensorRef>(int)>& refs_of) {
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
-  detail::ExpertWireCodec& codec = gather ? *gather_codecs_[l] : *grad_codecs_[l];
-  std::vector<float> scratch;
+  ExpertStreamCodec& codec = gather ? *gather_codecs_[l] : *grad_codecs_[l];
   for (size_t i = 0; i < peers.size(); ++i) {
     auto msg = x->slots[i]->wait(timeout_);
     const std::string from =
         std::string(gather ? "expert all-gather" : "expert gradient reduce") + " from rank " + std::to_string(peers[i]);
     if (!msg) return msg.status().with_context(from);
-    const std::vector<detail::ExpertTensorRef> refs = refs_of(peers[i]);
+    const std::vector<ExpertTensorRef> refs = refs_of(peers[i]);
     const auto t0 = std::chrono::steady_clock::now();
-    auto floats = detail::received_floats(*msg, refs.size(), expert_floats_, &scratch);
-    if (!floats) return floats.status().with_context(from);
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
-      codec.apply(refs, *floats);
+      XD_RETURN_IF_ERROR(detail::receive_message(codec, refs, *msg).with_context(from));
     }
     x->codec_s += seconds_since(t0);
   }
@@ -385,14 +475,14 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
   return Status::ok();
 }
 
-Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent) {
+Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows) {
   XD_RETURN_IF_ERROR(base_status_);
   bool first = true;
   for (int l = 0; l < topology_.num_levels(); ++l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
     LevelExchange own;
     LevelExchange* x = first && first_sent ? first_sent : &own;
-    if (x == &own) XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, x));
+    if (x == &own) XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, x, first ? rows : nullptr));
     XD_RETURN_IF_ERROR(x->status);
     XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x));
     first = false;
@@ -410,7 +500,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
     std::vector<float> packed;
     EncodedTensor encoded;
     const auto t0 = std::chrono::steady_clock::now();
-    detail::ReconstructionError err;
+    ReconstructionError err;
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
       XD_RETURN_IF_ERROR(grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err)
@@ -428,7 +518,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
 
 Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x) {
   // Every peer sends the gradients of this worker's held experts.
-  const std::vector<detail::ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
+  const std::vector<ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
   return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
 }
 
@@ -446,15 +536,16 @@ Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange*
   return Status::ok();
 }
 
-std::vector<detail::ExpertTensorRef> ExpertCommunicator::gather_refs(int layer, const std::vector<int>& workers) {
+std::vector<ExpertTensorRef> ExpertCommunicator::gather_refs(int layer, const std::vector<int>& workers) {
   return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
-    return detail::ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which)};
+    return ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which),
+                                   base_version_.load()};
   });
 }
 
-std::vector<detail::ExpertTensorRef> ExpertCommunicator::grad_refs(int layer, const std::vector<int>& workers) {
+std::vector<ExpertTensorRef> ExpertCommunicator::grad_refs(int layer, const std::vector<int>& workers) {
   return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
-    return detail::ExpertTensorRef{tensor_key(layer, e, which), grads_of(layer, e, which), nullptr};
+    return ExpertTensorRef{tensor_key(layer, e, which), grads_of(layer, e, which), nullptr};
   });
 }
 

@@ -18,6 +18,7 @@
 // thus encodes and decodes against the same bits.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -35,15 +36,17 @@
 
 namespace xd {
 
-namespace detail {
-class ExpertWireCodec;
+class ExpertStreamCodec;
 struct ExpertTensorRef;
-}
+struct PackSums;
 
 struct ExpertCodecOptions {
   std::vector<ExpertCodecSpec> gather;  // per level (the link class of the AG at that level)
   std::vector<ExpertCodecSpec> grad;    // per level
   int base_sync_every = 1;              // steps; 0: once, before the first step
+  // Pack the first-level AG rows and the base share inside the optimizer
+  // step (fused_encoder); false: a separate pass when the gather starts.
+  bool fused_encode = true;
   // The base all-reduce runs inside `base_inner`, then across `base_outer`
   // (together the whole world; see hierarchical_all_reduce).
   Communicator* base_inner = nullptr;
@@ -80,6 +83,16 @@ class ExpertCommunicator {
 
   // Transfers and waits go here (may be null); set before the first start_gather.
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  // The optimizer step's hook (HybridEP Fig. 10a, SREncode fused with the
+  // update). Call on the compute thread after wait_reduced() and before
+  // start_gather(next_step). The function returned (empty when there is
+  // nothing to fuse) takes each block [begin, end) of the model's parameters
+  // right after the optimizer has written it and packs from it, while it is
+  // in cache, this worker's share of the next base and its first-level AG
+  // rows; start_gather(next_step) sends those without another pass.
+  std::function<void(size_t begin, size_t end)> fused_encoder(uint32_t next_step);
+  // Messages sent from rows the optimizer step packed, so far.
+  int64_t fused_messages() const { return fused_messages_.load(); }
   void start_gather(uint32_t step);  // every layer, in order
   void wait_gathered(int layer);     // blocks; its time is counted as AG wait
   void start_reduce(uint32_t step, int layer);
@@ -102,18 +115,29 @@ class ExpertCommunicator {
     double codec_s = 0, raw_bytes = 0;
     Status status;  // of the send
   };
+  // One layer's first-level AG rows, packed by fused_encoder().
+  struct PackedRows;
+  // What fused_encoder() packed for start_gather(step); compute thread only.
+  struct Prepared {
+    uint32_t step = 0;
+    std::shared_ptr<std::vector<float>> base_sums;  // (layers, 3, ff*d), or null
+    std::vector<std::shared_ptr<PackedRows>> rows;  // per layer, or empty
+  };
   // Every level in order; the first level with peers may have been sent
-  // already (`first_sent`, or null).
-  Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent);
+  // already (`first_sent`, or null), or its rows packed (`rows`, or null).
+  Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows);
   Status reduce_layer(uint32_t step, int layer, LevelExchange* first_sent);
-  Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x);
+  Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x, PackedRows* rows = nullptr);
+  int first_gather_level() const;  // the outermost level with AG peers, or -1
+  bool base_due(uint32_t step) const;
+  std::vector<float> base_share();  // this worker's experts summed per (layer, which)
   Status receive_gather_level(int layer, int level, LevelExchange* x);
   Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
   Status receive_reduce_level(int layer, int level, LevelExchange* x);
   Status receive_level(int level, LevelExchange* x, bool gather,
-                       const std::function<std::vector<detail::ExpertTensorRef>(int peer)>& refs_of);
-  std::vector<detail::ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);
-  std::vector<detail::ExpertTensorRef> grad_refs(int layer, const std::vector<int>& workers);
+                       const std::function<std::vector<ExpertTensorRef>(int peer)>& refs_of);
+  std::vector<ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);
+  std::vector<ExpertTensorRef> grad_refs(int layer, const std::vector<int>& workers);
   // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).
   std::vector<int> held_after(int m, int level) const;
   // Owned (in the model) or gathered (replica store); which: 0 w1, 1 w3, 2 w2.
@@ -138,12 +162,15 @@ class ExpertCommunicator {
 
   // Codecs, per level; used on the actor and sender threads under codec_mu_.
   std::mutex codec_mu_;
-  std::vector<std::unique_ptr<detail::ExpertWireCodec>> gather_codecs_, grad_codecs_;
+  std::vector<std::unique_ptr<ExpertStreamCodec>> gather_codecs_, grad_codecs_;
   ExpertCodecOptions codec_options_;
   bool uses_base_ = false;
   bool first_gather_ = true;  // caller's thread (start_gather)
+  Prepared prepared_;         // caller's thread (fused_encoder, start_gather)
+  std::atomic<int64_t> fused_messages_{0};
   std::vector<float> base_;  // (layers, 3, ff*d) with sr:, else empty; written on the actor thread under mu_
   Status base_status_;       // actor thread only: a failed base all-reduce
+  std::atomic<uint64_t> base_version_{0};  // counts the installed bases
 
   mutable std::mutex mu_;
   std::vector<ExpertCodecFigures> figures_;

@@ -282,7 +282,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
         r.fail(v, full, "needs coordinator_public_key and allowed_keys (make them with `xdmoe keygen`), or insecure: true");
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
-      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "pipeline_degree"}, {},
+      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "fused_encode", "pipeline_degree"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -304,6 +304,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           }
         } else if (ek == "base_sync_every") {
           r.get(ev, efull, &ep.base_sync_every);
+        } else if (ek == "fused_encode") {
+          r.get(ev, efull, &ep.fused_encode);
         } else if (ek == "pipeline_degree") {
           if (ev.IsScalar() && ev.Scalar() == "auto") ep.pipeline_degree = 0;
           else r.get(ev, efull, &ep.pipeline_degree);

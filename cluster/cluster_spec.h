@@ -71,6 +71,10 @@ struct ExpertParallelSpec {
   // Steps between re-synchronisations of the SR base experts (an all-reduce
   // of every layer's mean expert); 0: only once, before the first step.
   int base_sync_every = 1;
+  // Pack the compressed experts of the next all-gather (and the base's sum)
+  // inside the optimizer step, from weights still in cache (HybridEP Fig. 10a);
+  // false: a separate pass on the communicator's thread. Same bits either way.
+  bool fused_encode = true;
   // r (FSMoE Sec. 4): each layer's Dispatch and Combine move in r chunks so
   // expert compute on one chunk overlaps the transfer of the next. 0: the
   // planner chooses (YAML `auto`).

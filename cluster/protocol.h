@@ -37,8 +37,9 @@ namespace xd {
 // messages; the assignment carries the effective JobConfig. 3: metrics carry
 // link bursts; the coordinator may send a plan update mid-job. 4: workers
 // report checkpoint shards; assignments may resume from a checkpoint; metrics
-// say when the non-finite guard skipped a step.
-inline constexpr int kProtocolVersion = 4;
+// say when the non-finite guard skipped a step. 5: the assigned JobConfig's
+// expert_parallel carries fused_encode.
+inline constexpr int kProtocolVersion = 5;
 
 namespace op {
 inline constexpr const char* kRegister = "register";

@@ -193,6 +193,29 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
   return false;
 }
 
+// Calls fn(index, value) for each entry a top-k payload keeps, indices
+// ascending; every index is checked against n before fn sees it.
+template <typename Fn>
+Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t n, Fn fn) {
+  const uint8_t* p = in;
+  const uint8_t* values = in + s.bytes - 2 * s.kept;
+  uint64_t index = 0;
+  for (uint64_t j = 0; j < s.kept; ++j) {
+    uint64_t gap = 0;
+    if (!detail::get_varint(p, values, &gap)) return Status::corruption("topk: truncated index list");
+    if (j > 0 && gap == 0) return Status::corruption("topk: repeated index");
+    const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
+    if (gap >= n || next >= n)
+      return Status::corruption("topk: index beyond the tensor's " + std::to_string(n) + " elements");
+    index = next;
+    uint16_t h;
+    std::memcpy(&h, values + 2 * j, 2);
+    fn(index, detail::bf16_to_float(h));
+  }
+  if (p != values) return Status::corruption("topk: bytes left between the indices and the values");
+  return Status::ok();
+}
+
 Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols, float* out) {
   const uint64_t n = rows * cols;
   switch (s.kind) {
@@ -219,26 +242,9 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
       }
       return Status::ok();
     }
-    case CodecKind::kTopK: {
+    case CodecKind::kTopK:
       if (n) std::memset(out, 0, n * sizeof(float));
-      const uint8_t* p = in;
-      const uint8_t* values = in + s.bytes - 2 * s.kept;
-      uint64_t index = 0;
-      for (uint64_t j = 0; j < s.kept; ++j) {
-        uint64_t gap = 0;
-        if (!detail::get_varint(p, values, &gap)) return Status::corruption("topk: truncated index list");
-        if (j > 0 && gap == 0) return Status::corruption("topk: repeated index");
-        const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
-        if (gap >= n || next >= n)
-          return Status::corruption("topk: index beyond the tensor's " + std::to_string(n) + " elements");
-        index = next;
-        uint16_t h;
-        std::memcpy(&h, values + 2 * j, 2);
-        out[index] = detail::bf16_to_float(h);
-      }
-      if (p != values) return Status::corruption("topk: bytes left between the indices and the values");
-      return Status::ok();
-    }
+      return for_each_kept(s, in, n, [out](uint64_t i, float v) { out[i] = v; });
     case CodecKind::kZstd: break;
   }
   return Status::internal("not a value codec");
@@ -393,7 +399,12 @@ Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t
   return decode_tensor(*rec, payload, payload_bytes, out, n);
 }
 
-Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, float* out, size_t n) {
+namespace {
+
+// Checks `rec` against n and the payload, then undoes the byte stages (last
+// first): *values points at the value codec's bytes, in `buffer` or `payload`.
+Status undo_byte_stages(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, size_t n,
+                        std::vector<uint8_t>* buffer, const uint8_t** values) {
   const uint64_t elements = rec.shape.elements();
   if (elements != n)
     return Status::invalid_argument("encoded tensor has " + std::to_string(elements) + " elements, the buffer " +
@@ -405,8 +416,6 @@ Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payl
   if (rec.stages.back().bytes != payload_bytes)
     return Status::corruption("payload of " + std::to_string(payload_bytes) + " bytes, the metadata says " +
                               std::to_string(rec.stages.back().bytes));
-  // Undo the byte stages, last first.
-  std::vector<uint8_t> buffer;
   const uint8_t* data = payload;
   for (size_t i = rec.stages.size() - 1; i >= 1; --i) {
     const uint64_t want = rec.stages[i - 1].bytes;
@@ -417,10 +426,41 @@ Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payl
     const size_t got = ZSTD_decompress(next.data(), next.size(), data, rec.stages[i].bytes);
     if (ZSTD_isError(got)) return Status::corruption(std::string("zstd: ") + ZSTD_getErrorName(got));
     if (got != want) return Status::corruption("zstd: decompressed to the wrong size");
-    buffer.swap(next);
-    data = buffer.data();
+    buffer->swap(next);
+    data = buffer->data();
   }
-  return decode_values(value, data, rec.shape.rows, rec.shape.cols, out);
+  *values = data;
+  return Status::ok();
+}
+
+}  // namespace
+
+Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, float* out, size_t n) {
+  std::vector<uint8_t> buffer;
+  const uint8_t* values = nullptr;
+  XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
+  return decode_values(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, out);
+}
+
+bool is_sparse(const CodecRecord& record) {
+  return !record.stages.empty() && record.stages.front().kind == CodecKind::kTopK;
+}
+
+Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, SparseTensor* out) {
+  out->index.clear();
+  out->value.clear();
+  if (!is_sparse(rec)) return Status::invalid_argument("decode_sparse: the value codec is not topk");
+  const uint64_t n = rec.shape.elements();
+  if (n > std::numeric_limits<uint32_t>::max()) return Status::corruption("topk: tensor above 2^32 elements");
+  std::vector<uint8_t> buffer;
+  const uint8_t* values = nullptr;
+  XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
+  out->index.reserve(rec.stages.front().kept);
+  out->value.reserve(rec.stages.front().kept);
+  return for_each_kept(rec.stages.front(), values, n, [out](uint64_t i, float v) {
+    out->index.push_back(static_cast<uint32_t>(i));
+    out->value.push_back(v);
+  });
 }
 
 }  // namespace xd

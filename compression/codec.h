@@ -90,4 +90,16 @@ Status decode_tensor(const CodecRecord& record, const uint8_t* payload, size_t p
 Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
                      size_t n);
 
+// The entries a top-k payload keeps: ascending flat indices and their
+// decoded values. A receiver adds them where they belong instead of building
+// the dense tensor first (HybridEP's SRDecode, recovery fused with addition).
+struct SparseTensor {
+  std::vector<uint32_t> index;
+  std::vector<float> value;
+};
+bool is_sparse(const CodecRecord& record);  // its value codec is topk
+// Decodes a topk-coded tensor into `out`, with decode_tensor's checks (the
+// tensor has record.shape.elements() entries). Other codecs: an error.
+Status decode_sparse(const CodecRecord& record, const uint8_t* payload, size_t payload_bytes, SparseTensor* out);
+
 }  // namespace xd

@@ -3,7 +3,8 @@
 // spec from kSpecs, bytes 1-2 (little-endian) are the metadata length, then
 // the msgpack metadata record (compression/codec_format.h), then the payload.
 //   - parse_codec_record on the metadata; when it passes and the tensor is
-//     small enough to allocate, decode_tensor (both forms) and the picked SR
+//     small enough to allocate, decode_tensor (both forms), decode_sparse
+//     for top-k (it must agree with the dense decode) and the picked SR
 //     expert codec's decode, at the element count the record claims.
 //   - The payload's bytes as floats, encoded with the picked spec and decoded
 //     again: must succeed (unless the codec refuses non-finite input), and
@@ -44,6 +45,15 @@ void decode_hostile(const std::string& metadata, const uint8_t* payload, size_t 
   const xd::Status st = xd::decode_tensor(*rec, payload, payload_bytes, out.data(), n);
   if (xd::decode_tensor(metadata, payload, payload_bytes, again.data(), n).is_ok() != st.is_ok()) std::abort();
   (void)xd::decode_tensor(*rec, payload, payload_bytes, again.data(), n + 1);  // a size mismatch is an error
+  // The sparse decoder accepts what the dense one accepts, and its entries
+  // are the dense result's.
+  if (xd::is_sparse(*rec)) {
+    xd::SparseTensor sparse;
+    if (xd::decode_sparse(*rec, payload, payload_bytes, &sparse).is_ok() != st.is_ok()) std::abort();
+    if (st.is_ok())
+      for (size_t j = 0; j < sparse.index.size(); ++j)
+        if (sparse.index[j] >= n || std::memcmp(&out[sparse.index[j]], &sparse.value[j], sizeof(float)) != 0) std::abort();
+  }
   (void)expert.decode(metadata, payload, payload_bytes, base.data(), again.data(), n);
 }
 

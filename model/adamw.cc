@@ -1,5 +1,6 @@
 #include "model/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
@@ -16,7 +17,8 @@ AdamW<T>::AdamW(size_t n, AdamWConfig config, std::vector<std::pair<size_t, size
 }
 
 template <typename T>
-double AdamW<T>::step(T* params, T* grads, double lr, double grad_norm_sq) {
+double AdamW<T>::step(T* params, T* grads, double lr, double grad_norm_sq,
+                      const std::function<void(size_t, size_t)>& after_block) {
   const size_t n = m_.size();
   if (grad_norm_sq < 0) {
     grad_norm_sq = 0;
@@ -28,17 +30,21 @@ double AdamW<T>::step(T* params, T* grads, double lr, double grad_norm_sq) {
   const double b1 = config_.beta1, b2 = config_.beta2;
   const double c1 = 1.0 - std::pow(b1, (double)step_count_);
   const double c2 = 1.0 - std::pow(b2, (double)step_count_);
-  for (size_t i = 0; i < n; ++i) {
-    const double g = grads[i] * clip;
-    grads[i] = static_cast<T>(g);
-    const double m = b1 * m_[i] + (1 - b1) * g;
-    const double v = b2 * v_[i] + (1 - b2) * g * g;
-    m_[i] = static_cast<T>(m);
-    v_[i] = static_cast<T>(v);
-    double p = params[i];
-    if (decay_[i]) p -= lr * config_.weight_decay * p;
-    p -= lr * (m / c1) / (std::sqrt(v / c2) + config_.eps);
-    params[i] = static_cast<T>(p);
+  for (size_t block = 0; block < n; block += kBlock) {
+    const size_t end = std::min(n, block + kBlock);
+    for (size_t i = block; i < end; ++i) {
+      const double g = grads[i] * clip;
+      grads[i] = static_cast<T>(g);
+      const double m = b1 * m_[i] + (1 - b1) * g;
+      const double v = b2 * v_[i] + (1 - b2) * g * g;
+      m_[i] = static_cast<T>(m);
+      v_[i] = static_cast<T>(v);
+      double p = params[i];
+      if (decay_[i]) p -= lr * config_.weight_decay * p;
+      p -= lr * (m / c1) / (std::sqrt(v / c2) + config_.eps);
+      params[i] = static_cast<T>(p);
+    }
+    if (after_block) after_block(block, end);
   }
   return norm;
 }

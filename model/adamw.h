@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -29,8 +30,13 @@ class AdamW {
   // Clips `grads` in place to the configured global norm, then updates `params`.
   // `grad_norm_sq` is the squared global norm when the caller already reduced it
   // across workers; pass a negative value to compute it locally.
-  // Returns the global gradient norm before clipping.
-  double step(T* params, T* grads, double learning_rate, double grad_norm_sq = -1.0);
+  // Returns the global gradient norm before clipping. `after_block`, when
+  // set, is called with each block [begin, end) of kBlock elements right
+  // after it is updated, in order, while it is still in cache (work fused
+  // with the update, such as packing the next step's compressed experts).
+  double step(T* params, T* grads, double learning_rate, double grad_norm_sq = -1.0,
+              const std::function<void(size_t begin, size_t end)>& after_block = {});
+  static constexpr size_t kBlock = 8192;
 
   std::vector<T>& first_moment() { return m_; }
   std::vector<T>& second_moment() { return v_; }

@@ -321,6 +321,7 @@ cluster:
     domain_sizes: [1, 2]
     memory_cap: 1.5MiB
     base_sync_every: 10
+    fused_encode: false
     pipeline_degree: 4
 )";
   auto c = parse_cluster_spec(yaml, "job.yaml");
@@ -335,9 +336,11 @@ cluster:
   EXPECT_EQ(c->levels[0].link.codecs.expert_grad, "ef:topk:0.1");
   EXPECT_EQ(c->levels[0].link.codecs.dense_grad, "bf16");
   EXPECT_EQ(c->expert_parallel.base_sync_every, 10);
+  EXPECT_FALSE(c->expert_parallel.fused_encode);
   EXPECT_EQ(c->expert_parallel.pipeline_degree, 4);
   auto automatic = parse_cluster_spec("cluster:\n  expert_parallel: {pipeline_degree: auto}\n", "job.yaml");
   ASSERT_TRUE(automatic) << automatic.status().message();
+  EXPECT_TRUE(automatic->expert_parallel.fused_encode) << "fused unless the config says otherwise";
   EXPECT_EQ(automatic->expert_parallel.pipeline_degree, 0) << "auto: the planner chooses";
   EXPECT_EQ(c->levels[1].link.codecs.dispatch, "raw") << "raw unless a link class says otherwise";
   EXPECT_EQ(c->levels[1].link.codecs.expert_gather, "raw");
@@ -434,6 +437,7 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
        "cluster.levels[0].link.codecs.dense_grad: 'int8_row' is not a dense-gradient codec (use raw or bf16)"},
       {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
        "cluster.expert_parallel.base_sync_every: must be >= 0"},
+      {"cluster:\n  expert_parallel: {fused_encode: sometimes}\n", "cluster.expert_parallel.fused_encode"},
       {"cluster:\n  expert_parallel: {pipeline_degree: 0}\n",
        "cluster.expert_parallel.pipeline_degree: must be auto or a chunk count of at least 1"},
       {"cluster:\n  expert_parallel: {pipeline_degree: many}\n", "cluster.expert_parallel.pipeline_degree"},

@@ -209,6 +209,47 @@ TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
   }
 }
 
+TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndRefusesWhatTheDenseOneRefuses) {
+  const std::vector<float> x = random_tensor(3 * 257, 5);
+  for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1"}) {
+    EncodedTensor e;
+    ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &e).is_ok());
+    auto rec = parse_codec_record(e.metadata);
+    ASSERT_TRUE(rec) << spec;
+    ASSERT_TRUE(is_sparse(*rec)) << spec;
+    std::vector<float> dense(x.size());
+    ASSERT_TRUE(decode_tensor(*rec, e.payload.data(), e.payload.size(), dense.data(), dense.size()).is_ok());
+    SparseTensor sparse;
+    ASSERT_TRUE(decode_sparse(*rec, e.payload.data(), e.payload.size(), &sparse).is_ok()) << spec;
+    ASSERT_EQ(sparse.index.size(), rec->stages.front().kept) << spec;
+    ASSERT_EQ(sparse.value.size(), sparse.index.size());
+    std::vector<float> rebuilt(x.size(), 0.0f);
+    for (size_t j = 0; j < sparse.index.size(); ++j) {
+      if (j > 0) {
+        ASSERT_LT(sparse.index[j - 1], sparse.index[j]) << "indices ascend";
+      }
+      rebuilt[sparse.index[j]] = sparse.value[j];
+    }
+    EXPECT_EQ(0, std::memcmp(rebuilt.data(), dense.data(), dense.size() * sizeof(float))) << spec;
+    // The dense decoder's refusals are the sparse one's.
+    EXPECT_FALSE(decode_sparse(*rec, e.payload.data(), e.payload.size() - 1, &sparse).is_ok()) << spec;
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<uint8_t> p = e.payload;
+      p[rng() % p.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      const bool dense_ok = decode_tensor(*rec, p.data(), p.size(), dense.data(), dense.size()).is_ok();
+      EXPECT_EQ(dense_ok, decode_sparse(*rec, p.data(), p.size(), &sparse).is_ok()) << spec << " trial " << trial;
+    }
+  }
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("bf16").encode(x.data(), {3, 257}, &e).is_ok());
+  auto rec = parse_codec_record(e.metadata);
+  ASSERT_TRUE(rec);
+  EXPECT_FALSE(is_sparse(*rec));
+  SparseTensor sparse;
+  EXPECT_EQ(decode_sparse(*rec, e.payload.data(), e.payload.size(), &sparse).code(), Status::Code::kInvalidArgument);
+}
+
 TEST(Codec, HostileMetadataIsRefusedWithTheReason) {
   const std::vector<float> x = random_tensor(100, 1);
   EncodedTensor e;

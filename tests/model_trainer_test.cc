@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "model/adamw.h"
 #include "model/checkpoint.h"
 #include "model/batch_sampler.h"
 #include "model/trainer.h"
@@ -38,6 +39,32 @@ fs::path temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("xdmoe_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p;
+}
+
+TEST(AdamW, AHookAfterEachBlockSeesEveryElementOnceInOrderWithItsNewValueAndChangesNoBit) {
+  const size_t n = 3 * AdamW<float>::kBlock + 123;
+  std::vector<float> p0(n), g0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = std::sin(0.37 * i);
+    g0[i] = std::cos(0.11 * i);
+  }
+  AdamW<float> plain(n, AdamWConfig{}), hooked(n, AdamWConfig{});
+  std::vector<float> pa = p0, ga = g0, pb = p0, gb = g0;
+  for (int step = 0; step < 3; ++step) {
+    plain.step(pa.data(), ga.data(), 1e-2);
+    size_t next = 0;
+    std::vector<float> seen;
+    hooked.step(pb.data(), gb.data(), 1e-2, -1.0, [&](size_t begin, size_t end) {
+      EXPECT_EQ(begin, next) << "blocks in order, none skipped";
+      EXPECT_GT(end, begin);
+      EXPECT_LE(end - begin, AdamW<float>::kBlock);
+      seen.insert(seen.end(), pb.begin() + begin, pb.begin() + end);  // already updated
+      next = end;
+    });
+    EXPECT_EQ(next, n);
+    ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), n * sizeof(float))) << "step " << step;
+    ASSERT_EQ(0, std::memcmp(seen.data(), pa.data(), n * sizeof(float))) << "the hook sees the new values";
+  }
 }
 
 TEST(Training, LossFallsWellBelowTheUnigramBaselineOnTheBuiltinCorpus) {

@@ -12,9 +12,10 @@ inline uint32_t magnitude_key(float f) { return std::bit_cast<uint32_t>(f) & 0x7
 
 // Takes every index whose key is above `threshold` and, at the threshold, the
 // lowest `ties` of them, scanning `candidates` (ascending indices) in order.
-void take(const float* x, const std::vector<uint32_t>& candidates, uint32_t threshold, size_t ties,
+void take(const float* x, const uint32_t* candidates, size_t count, uint32_t threshold, size_t ties,
           std::vector<uint32_t>* indices) {
-  for (uint32_t i : candidates) {
+  for (size_t c = 0; c < count; ++c) {
+    const uint32_t i = candidates[c];
     const uint32_t key = magnitude_key(x[i]);
     if (key > threshold || (key == threshold && ties > 0)) {
       if (key == threshold) --ties;
@@ -47,17 +48,24 @@ void TopKSelector::select(const float* x, size_t n, size_t k, std::vector<uint32
     const size_t rank = static_cast<size_t>(want);
     std::nth_element(sample_.begin(), sample_.begin() + rank, sample_.end(), std::greater<uint32_t>());
     const uint32_t bound = sample_[rank];
-    candidates_.clear();
-    for (size_t i = 0; i < n; ++i)
-      if (magnitude_key(x[i]) >= bound) candidates_.push_back(static_cast<uint32_t>(i));
-    if (candidates_.size() >= k) {
-      keys_.resize(candidates_.size());
-      for (size_t c = 0; c < candidates_.size(); ++c) keys_[c] = magnitude_key(x[candidates_[c]]);
+    // Branch-free: every index is written, and the cursor moves past it only
+    // when it passes (about one in 8 to 60 does: a branch would mispredict).
+    // The buffer only grows, so no pass re-fills it.
+    if (candidates_.size() < n) candidates_.resize(n);
+    uint32_t* out = candidates_.data();
+    size_t found = 0;
+    for (size_t i = 0; i < n; ++i) {
+      out[found] = static_cast<uint32_t>(i);
+      found += magnitude_key(x[i]) >= bound;
+    }
+    if (found >= k) {
+      keys_.resize(found);
+      for (size_t c = 0; c < found; ++c) keys_[c] = magnitude_key(x[out[c]]);
       std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(), std::greater<uint32_t>());
       const uint32_t threshold = keys_[k - 1];
       size_t above = 0;
       for (uint32_t key : keys_) above += key > threshold;
-      take(x, candidates_, threshold, k - above, indices);
+      take(x, out, found, threshold, k - above, indices);
       return;
     }
   }

@@ -1,0 +1,217 @@
+#include "compression/expert_stream_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+
+namespace xd {
+
+ExpertStreamCodec::ExpertStreamCodec(ExpertCodecSpec spec, Traffic traffic, size_t tensor_floats)
+    : spec_(std::move(spec)), traffic_(traffic), n_(tensor_floats) {}
+
+std::vector<float>& ExpertStreamCodec::state(uint64_t key) {
+  std::vector<float>& s = state_[key];
+  if (s.empty()) s.assign(n_, 0.0f);
+  return s;
+}
+
+const std::vector<float>* ExpertStreamCodec::find_state(uint64_t key) const {
+  auto it = state_.find(key);
+  return it == state_.end() ? nullptr : &it->second;
+}
+
+void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count, float* row, PackSums* sums) const {
+  const float* x = t.data + from;
+  const std::vector<float>* s = spec_.feedback ? find_state(t.key) : nullptr;
+  const float* st = s ? s->data() + from : nullptr;
+  double signal = 0, residual = 0;
+  if (traffic_ == Traffic::kWeights) {
+    // The same float operations, in the same order, wherever this runs: the
+    // fused and the separate pass pack the same bits.
+    const float* base = spec_.against_base && t.base ? t.base + from : nullptr;
+    for (size_t k = 0; k < count; ++k) {
+      float r = x[k];
+      if (base) r -= base[k];
+      if (st) r -= st[k];
+      row[k] = r;
+      signal += double(x[k]) * x[k];
+      residual += double(r) * r;
+    }
+  } else {
+    for (size_t k = 0; k < count; ++k) {
+      const float r = st ? x[k] + st[k] : x[k];
+      row[k] = r;
+      residual += double(r) * r;
+    }
+    signal = residual;
+  }
+  sums->signal += signal;
+  sums->residual += residual;
+}
+
+Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
+                               EncodedTensor* out, ReconstructionError* err, const PackSums* prepacked) {
+  const bool weights = traffic_ == Traffic::kWeights;
+  // With feedback, receivers hold nothing yet the first time: that transfer
+  // goes raw and exact, so replicas start from the owners' weights and only
+  // changes are compressed after it (both sides see the fresh state).
+  bool first = false;
+  for (const ExpertTensorRef& t : tensors) first = first || (weights && spec_.feedback && !state_.count(t.key));
+  PackSums sums;
+  if (prepacked) {
+    XD_CHECK(packed->size() == tensors.size() * n_);
+    sums = *prepacked;
+  } else {
+    packed->resize(tensors.size() * n_);
+    for (size_t i = 0; i < tensors.size(); ++i) pack(tensors[i], 0, n_, packed->data() + i * n_, &sums);
+  }
+  out->metadata.clear();
+  out->payload.clear();
+  if (spec_.is_raw()) return Status::ok();  // exact: no error, no state
+  err->signal += sums.signal;
+  std::vector<float*> st(tensors.size(), nullptr);
+  if (spec_.feedback)
+    for (size_t i = 0; i < tensors.size(); ++i) st[i] = state(tensors[i].key).data();
+  if (spec_.pipeline.is_raw() || first) {
+    // Sent as packed, exactly: the receivers hold it all, nothing is carried.
+    for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) {
+      const float* row = packed->data() + i * n_;
+      if (weights)
+        for (size_t k = 0; k < n_; ++k) st[i][k] += row[k];
+      else
+        std::fill(st[i], st[i] + n_, 0.0f);
+    }
+    return Status::ok();
+  }
+  XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out));
+  // The sender decodes what it sent: the error-feedback state must be the
+  // receivers' to the bit, and the reconstruction error is measured here.
+  auto record = parse_codec_record(out->metadata);
+  if (!record) return record.status();
+  const float* r = packed->data();
+  if (is_sparse(*record)) {
+    XD_RETURN_IF_ERROR(decode_sparse(*record, out->payload.data(), out->payload.size(), &sparse_));
+    if (!weights)
+      for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) std::copy(r + i * n_, r + (i + 1) * n_, st[i]);
+    // Only the kept entries differ from dropping everything: the error is
+    // the residual's energy less what each kept entry took away.
+    double taken = 0;
+    for (size_t j = 0; j < sparse_.index.size(); ++j) {
+      const uint32_t at = sparse_.index[j];
+      const float v = sparse_.value[j];
+      const double left = double(r[at]) - v;
+      taken += double(r[at]) * r[at] - left * left;
+      if (!spec_.feedback) continue;
+      float* s = st[at / n_] + at % n_;
+      if (weights) *s += v;
+      else *s = r[at] - v;
+    }
+    err->error += std::max(0.0, sums.residual - taken);
+    return Status::ok();
+  }
+  decoded_.resize(packed->size());
+  XD_RETURN_IF_ERROR(decode_tensor(*record, out->payload.data(), out->payload.size(), decoded_.data(), decoded_.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const float* d = decoded_.data() + i * n_;
+    const float* row = r + i * n_;
+    for (size_t k = 0; k < n_; ++k) {
+      const double left = double(row[k]) - d[k];
+      err->error += left * left;
+      if (!spec_.feedback) continue;
+      if (weights) st[i][k] += d[k];
+      else st[i][k] = row[k] - d[k];
+    }
+  }
+  return Status::ok();
+}
+
+void ExpertStreamCodec::apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ExpertTensorRef& t = tensors[i];
+    const float* d = decoded + i * n_;
+    if (traffic_ == Traffic::kGradients) {
+      for (size_t k = 0; k < n_; ++k) t.data[k] += d[k];
+      continue;
+    }
+    const float* base = spec_.against_base ? t.base : nullptr;
+    if (spec_.feedback) {
+      std::vector<float>& s = state(t.key);
+      for (size_t k = 0; k < n_; ++k) {
+        s[k] += d[k];
+        t.data[k] = (base ? base[k] : 0.0f) + s[k];
+      }
+      rebuilt_[t.key] = t.base_version + 1;
+    } else if (base) {
+      for (size_t k = 0; k < n_; ++k) t.data[k] = base[k] + d[k];
+    } else {
+      std::memcpy(t.data, d, n_ * sizeof(float));
+    }
+  }
+}
+
+void ExpertStreamCodec::apply_sparse(const std::vector<ExpertTensorRef>& tensors, const SparseTensor& decoded) {
+  const size_t entries = decoded.index.size();
+  if (traffic_ == Traffic::kGradients) {
+    for (size_t j = 0; j < entries; ++j)
+      tensors[decoded.index[j] / n_].data[decoded.index[j] % n_] += decoded.value[j];
+    return;
+  }
+  std::vector<float*> st(tensors.size(), nullptr);
+  if (spec_.feedback) {
+    for (size_t i = 0; i < tensors.size(); ++i) st[i] = state(tensors[i].key).data();
+    for (size_t j = 0; j < entries; ++j) st[decoded.index[j] / n_][decoded.index[j] % n_] += decoded.value[j];
+    // A replica last rebuilt against this base changes only where `held` did.
+    std::vector<char> current(tensors.size(), 0);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const ExpertTensorRef& t = tensors[i];
+      uint64_t& at = rebuilt_[t.key];
+      current[i] = at == t.base_version + 1;
+      if (current[i]) continue;
+      const float* base = spec_.against_base ? t.base : nullptr;
+      for (size_t k = 0; k < n_; ++k) t.data[k] = (base ? base[k] : 0.0f) + st[i][k];
+      at = t.base_version + 1;
+    }
+    for (size_t j = 0; j < entries; ++j) {
+      const size_t i = decoded.index[j] / n_, k = decoded.index[j] % n_;
+      if (!current[i]) continue;
+      const float* base = spec_.against_base ? tensors[i].base : nullptr;
+      tensors[i].data[k] = (base ? base[k] : 0.0f) + st[i][k];
+    }
+    return;
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ExpertTensorRef& t = tensors[i];
+    if (spec_.against_base && t.base) {
+      // base + 0.0f, as the dense path adds a decoded zero (a -0.0 base entry becomes +0.0).
+      for (size_t k = 0; k < n_; ++k) t.data[k] = t.base[k] + 0.0f;
+    } else {
+      std::memset(t.data, 0, n_ * sizeof(float));
+    }
+  }
+  for (size_t j = 0; j < entries; ++j) {
+    const ExpertTensorRef& t = tensors[decoded.index[j] / n_];
+    const size_t k = decoded.index[j] % n_;
+    const float* base = spec_.against_base ? t.base : nullptr;
+    t.data[k] = (base ? base[k] : 0.0f) + decoded.value[j];
+  }
+}
+
+Status ExpertStreamCodec::apply_encoded(const std::vector<ExpertTensorRef>& tensors, const CodecRecord& record,
+                                        const uint8_t* payload, size_t payload_bytes) {
+  if (record.shape.rows != tensors.size() || record.shape.cols != n_)
+    return Status::invalid_argument("an encoded message of " + std::to_string(record.shape.rows) + "x" +
+                                    std::to_string(record.shape.cols) + " for " + std::to_string(tensors.size()) +
+                                    " tensors of " + std::to_string(n_));
+  if (is_sparse(record)) {
+    XD_RETURN_IF_ERROR(decode_sparse(record, payload, payload_bytes, &sparse_));
+    apply_sparse(tensors, sparse_);
+    return Status::ok();
+  }
+  decoded_.resize(tensors.size() * n_);
+  XD_RETURN_IF_ERROR(decode_tensor(record, payload, payload_bytes, decoded_.data(), decoded_.size()));
+  apply(tensors, decoded_.data());
+  return Status::ok();
+}
+
+}  // namespace xd

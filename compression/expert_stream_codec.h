@@ -1,0 +1,104 @@
+// ExpertStreamCodec: how the expert tensors one worker sends, or receives, at
+// one level of the HybridEP all-gather (weights) or of the gradient return
+// (replica gradients) are put on the wire, with the state error feedback
+// needs (compression/expert_codec.h says what sr: and ef: mean).
+//
+// One message carries a packed batch of tensors (rows = tensors, cols =
+// tensor_floats). Weights: the sender encodes x - base - held and both sides
+// add the decoded change to `held` (what every receiver holds, minus the
+// base); gradients: the sender encodes g + carried and keeps what the codec
+// dropped as the next step's `carried`. State is keyed per tensor by the
+// caller; a worker is never both sender and receiver of one key. With
+// feedback, the first message of weights whose receivers hold nothing yet is
+// sent raw (exact); later ones carry compressed changes.
+//
+// Packing (x - base - held) is one pass that can run anywhere the weights are
+// at hand: pack() does it for a whole message, and the optimizer step calls
+// pack() on each block it has just written (HybridEP Fig. 10a, SREncode fused
+// with the update), so encode() finds the rows packed. A top-k message is
+// applied sparsely on both sides (SRDecode's recovery fused with the
+// addition): only its kept entries touch `held`, `carried` or the gradients,
+// and, with feedback, a replica rebuilt against the same base version is
+// brought up to date at those entries alone (the others have not changed).
+// apply() is the dense reference of that path.
+//
+// One per (link class, traffic kind) on a worker; not thread-safe (the
+// runtime's ExpertCommunicator calls it under its codec mutex).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "compression/codec.h"
+#include "compression/expert_codec.h"
+
+namespace xd {
+
+struct ExpertTensorRef {
+  uint64_t key = 0;            // the caller's name for (layer, expert, which)
+  float* data = nullptr;       // tensor_floats; read by encode, written by decode
+  const float* base = nullptr; // the base expert's tensor, or null
+  uint64_t base_version = 0;   // changes whenever the base's values may have
+};
+
+// Sums for the reconstruction error of what was encoded: NMSE = error / signal.
+struct ReconstructionError {
+  double error = 0, signal = 0;
+};
+
+// What packing a message's rows added up: signal = the sum of squares of
+// what the receivers should end up with (weights) or of what is sent
+// (gradients); residual = the sum of squares of the packed rows.
+struct PackSums {
+  double signal = 0, residual = 0;
+};
+
+class ExpertStreamCodec {
+ public:
+  enum class Traffic : int { kWeights = 0, kGradients = 1 };
+  ExpertStreamCodec(ExpertCodecSpec spec, Traffic traffic, size_t tensor_floats);
+
+  const ExpertCodecSpec& spec() const { return spec_; }
+  bool is_raw() const { return spec_.is_raw(); }
+  size_t tensor_floats() const { return n_; }
+
+  // Writes elements [from, from + count) of tensor t's row into row[0..count):
+  // weights x - base - held, gradients g + carried. Reads the state, never
+  // creates it.
+  void pack(const ExpertTensorRef& t, size_t from, size_t count, float* row, PackSums* sums) const;
+  // Packs `tensors` into `packed` (raw) or `out` (compressed). With a raw
+  // spec the packed floats are the message and `out` is left empty. When
+  // `prepacked` is given, `packed` already holds every row, from pack().
+  Status encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed, EncodedTensor* out,
+                ReconstructionError* err, const PackSums* prepacked = nullptr);
+  // A received codec payload of `tensors` (its record's shape already
+  // checked against them) into the tensors: weights data = base + decoded
+  // (+ held), gradients data += decoded. Top-k goes the sparse path.
+  Status apply_encoded(const std::vector<ExpertTensorRef>& tensors, const CodecRecord& record, const uint8_t* payload,
+                       size_t payload_bytes);
+  // The dense reference of receive(): `decoded` holds tensors.size() *
+  // tensor_floats floats.
+  void apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded);
+  // The sparse path: `decoded` is the top-k message's kept entries, indices
+  // into the packed rows.
+  void apply_sparse(const std::vector<ExpertTensorRef>& tensors, const SparseTensor& decoded);
+
+ private:
+  std::vector<float>& state(uint64_t key);
+  const std::vector<float>* find_state(uint64_t key) const;
+
+  ExpertCodecSpec spec_;
+  Traffic traffic_;
+  size_t n_;
+  std::unordered_map<uint64_t, std::vector<float>> state_;  // held (weights) or carried (gradients)
+  // Weights with feedback: 1 + the base version a replica was last rebuilt
+  // against in full; 0 or absent: never.
+  std::unordered_map<uint64_t, uint64_t> rebuilt_;
+  std::vector<float> decoded_;
+  SparseTensor sparse_;
+};
+
+}  // namespace xd
