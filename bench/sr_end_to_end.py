@@ -12,7 +12,7 @@ with the SR base re-synchronised every --base-every steps.
 
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
-           [--table5-point] [--out bench/results]
+           [--table5-point] [--separate-encode] [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
 2048 tokens per worker, ff 64) to compare HybridEP + SR with EP there.
 Writes <out>/sr_end_to_end.csv, .txt and .png (gnuplot). Step times are the
@@ -59,6 +59,7 @@ cluster:
     domain_sizes: [1, 1]
     memory_cap: unlimited
     base_sync_every: {base_every}
+    fused_encode: {fused}
 """
 
 
@@ -74,7 +75,8 @@ def run(args, name, layout, ff, batch, mode, codecs):
     cfg = os.path.join(work, "job.yaml")
     with open(cfg, "w") as f:
         f.write(MODEL.format(ff=ff, steps=args.steps, batch=batch, dcs=dcs, per_dc=per_dc, dc_bw=args.dc_bandwidth,
-                             dc_lat=args.dc_latency, codecs=codecs, mode=mode, base_every=args.base_every))
+                             dc_lat=args.dc_latency, codecs=codecs, mode=mode, base_every=args.base_every,
+                             fused="false" if args.separate_encode else "true"))
     p = subprocess.run([args.xdmoe, "launch", "--config", cfg, "--run-dir", work, "--cli-bind", "tcp://127.0.0.1:*"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(os.path.join(work, "launch.log"), "w") as f:
@@ -114,6 +116,8 @@ def main():
     ap.add_argument("--dc-bandwidth", default="50mbit")
     ap.add_argument("--dc-latency", default="10ms")
     ap.add_argument("--table5-point", action="store_true")
+    ap.add_argument("--separate-encode", action="store_true",
+                    help="expert_parallel.fused_encode: false (pack the AG rows in a separate pass)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_end_to_end")
     a = ap.parse_args()
