@@ -271,7 +271,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::fused_encoder(uint32_t n
           const auto t0 = std::chrono::steady_clock::now();
           PackedRows& rows = *prep->rows[b.layer];
           const ExpertTensorRef ref{tensor_key(b.layer, expert, b.which), weights_of(b.layer, expert, b.which),
-                                            base_of(b.layer, b.which)};
+                                    base_of(b.layer, b.which)};
           {
             std::lock_guard<std::mutex> lock(codec_mu_);
             codec->pack(ref, k, count, &rows.packed[((size_t)j * 3 + b.which) * n + k], &rows.sums);
@@ -539,7 +539,7 @@ Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange*
 std::vector<ExpertTensorRef> ExpertCommunicator::gather_refs(int layer, const std::vector<int>& workers) {
   return tensor_refs(workers, experts_per_worker_, [&](int e, int which) {
     return ExpertTensorRef{tensor_key(layer, e, which), weights_of(layer, e, which), base_of(layer, which),
-                                   base_version_.load()};
+                           base_version_.load()};
   });
 }
 

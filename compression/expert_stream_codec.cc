@@ -51,7 +51,7 @@ void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count
 }
 
 Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
-                               EncodedTensor* out, ReconstructionError* err, const PackSums* prepacked) {
+                                 EncodedTensor* out, ReconstructionError* err, const PackSums* prepacked) {
   const bool weights = traffic_ == Traffic::kWeights;
   // With feedback, receivers hold nothing yet the first time: that transfer
   // goes raw and exact, so replicas start from the owners' weights and only
