@@ -128,12 +128,16 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   exchange->set_timeline(&timeline_);
   auto comm = std::make_unique<ExpertCommunicator>(transport_, topo, model_.get(), o.timeout);
   ExpertCodecOptions codec_options;
-  for (int l = 0; l < topo.num_levels(); ++l) {
+  const int L = topo.num_levels();
+  for (int l = 0; l < L; ++l) {
     const LinkCodecs& lc = job_.cluster.levels[l].link.codecs;
     auto g = ExpertCodecSpec::parse(lc.expert_gather);
     auto r = ExpertCodecSpec::parse(lc.expert_grad);
     if (!g) return g.status();
     if (!r) return r.status();
+    // The SR base crosses a link class in bf16 where that class's AG codes
+    // against it (the stages as in the dense all-reduce: inner = innermost).
+    if (g->against_base) (l == L - 1 ? codec_options.base_inner_bf16 : codec_options.base_outer_bf16) = true;
     codec_options.gather.push_back(std::move(*g));
     codec_options.grad.push_back(std::move(*r));
   }

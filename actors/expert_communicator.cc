@@ -4,6 +4,7 @@
 #include <cstring>
 #include <future>
 
+#include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/expert_wire_codec.h"
 #include "actors/detail/work_thread.h"
 
@@ -137,9 +138,10 @@ Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
   Communicator* outer = codec_options_.base_outer;
   if (inner && outer && (inner->size() > 1 || outer->size() > 1)) {
     // Every rank ends with the same bits: each shard is summed in one place
-    // and then copied (reduce-scatter, then all-gather).
+    // and then copied (reduce-scatter, then all-gather), in bf16 or fp32.
     CollectiveTag tag{step, kNoLayer, 2, MessageKind::kExpertBase};
-    XD_RETURN_IF_ERROR(hierarchical_all_reduce(inner, outer, tag, sums.data(), sums.size()).wait());
+    const detail::DenseWirePrecision precision{codec_options_.base_inner_bf16, codec_options_.base_outer_bf16};
+    XD_RETURN_IF_ERROR(detail::dense_all_reduce(inner, outer, precision, tag, sums.data(), sums.size()));
   }
   const float inv = 1.0f / model_->config().num_experts;
   for (float& v : sums) v *= inv;

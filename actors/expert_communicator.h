@@ -51,6 +51,10 @@ struct ExpertCodecOptions {
   // (together the whole world; see hierarchical_all_reduce).
   Communicator* base_inner = nullptr;
   Communicator* base_outer = nullptr;
+  // bf16 on the wire (fp32 sums) inside base_inner / across base_outer. The
+  // base only has to hold the same bits everywhere, not to be the exact mean.
+  bool base_inner_bf16 = false;
+  bool base_outer_bf16 = false;
 };
 
 // What the codecs did at one level since the last take_codec_figures().

@@ -6,13 +6,15 @@ at a fixed token volume. HybridEP runs the domain sizes the planner picks for
 its codecs (mode auto); EP runs domain sizes all 1.
 
 HybridEP + SR sends, on the inter-DC link only:
-  expert_gather: sr:ef:topk:<density>+zstd:1   (the SR codec with error feedback)
+  expert_gather: sr:ef:topk:<density>+zstd:1   (the SR codec with error feedback;
+                 sr:ef:topk_sign:<density>+zstd:1 with --sign)
   expert_grad:   ef:topk:<grad density>+zstd:1 (replica gradients, error feedback)
 with the SR base re-synchronised every --base-every steps.
 
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
-           [--table5-point] [--separate-encode] [--out bench/results]
+           [--table5-point] [--separate-encode] [--sign] [--dense-grad bf16]
+           [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
 2048 tokens per worker, ff 64) to compare HybridEP + SR with EP there.
 Writes <out>/sr_end_to_end.csv, .txt and .png (gnuplot). Step times are the
@@ -110,7 +112,10 @@ def main():
     ap.add_argument("--layouts", default="2x2,4x2")
     ap.add_argument("--ff", default="32,64,128,256,512", help="expert_intermediate_size values (hidden 64)")
     ap.add_argument("--batch", type=int, default=8, help="sequences of 64 tokens per worker")
-    ap.add_argument("--density", default="0.04", help="top-k density of the SR codec")
+    ap.add_argument("--density", default=None,
+                    help="top-k density of the SR codec (default 0.04, or 0.1 with --sign: about the same bytes)")
+    ap.add_argument("--sign", action="store_true",
+                    help="the SR codec sends 1-bit values (topk_sign) instead of bf16 ones (topk)")
     ap.add_argument("--grad-density", default="0.1", help="top-k density of the replica-gradient codec")
     ap.add_argument("--base-every", type=int, default=10)
     ap.add_argument("--dc-bandwidth", default="50mbit")
@@ -118,10 +123,17 @@ def main():
     ap.add_argument("--table5-point", action="store_true")
     ap.add_argument("--separate-encode", action="store_true",
                     help="expert_parallel.fused_encode: false (pack the AG rows in a separate pass)")
+    ap.add_argument("--dense-grad", choices=["raw", "bf16"], default="raw",
+                    help="HybridEP + SR also sends the dense-gradient all-reduce in bf16 across the DCs "
+                         "(MegaScale-MoE Sec. 5; codecs.dense_grad)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_end_to_end")
     a = ap.parse_args()
-    sr = f"expert_gather: 'sr:ef:topk:{a.density}+zstd:1', expert_grad: 'ef:topk:{a.grad_density}+zstd:1'"
+    density = a.density or ("0.1" if a.sign else "0.04")
+    values = "topk_sign" if a.sign else "topk"
+    sr = f"expert_gather: 'sr:ef:{values}:{density}+zstd:1', expert_grad: 'ef:topk:{a.grad_density}+zstd:1'"
+    if a.dense_grad == "bf16":
+        sr += ", dense_grad: bf16"
     variants = [("ep", "ep", ""), ("hybrid", "auto", ""), ("hybrid+sr", "auto", sr)]
     points = [(layout, int(ff), a.batch) for layout in a.layouts.split(",") for ff in a.ff.split(",")]
     if a.table5_point:

@@ -46,6 +46,14 @@ RUNS = {
     "sr50-ef": {"expert_gather": "sr:ef:topk:0.04+zstd:1"},
     "sr100-ef": {"expert_gather": "sr:ef:topk:0.02+zstd:1"},
     "sr200-ef": {"expert_gather": "sr:ef:topk:0.01+zstd:1"},
+    # 1-bit values (sign x the row's mean magnitude): about 2.5x the entries of
+    # a bf16 top-k for the same bytes.
+    # A control: every entry kept (bf16) with feedback, NMSE ~1e-6: what the SR
+    # path costs apart from what the codec drops.
+    "sr-ef-all": {"expert_gather": "sr:ef:topk:1+zstd:1"},
+    "sr25-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.2+zstd:1"},
+    "sr50-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.1+zstd:1"},
+    "sr100-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.05+zstd:1"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }

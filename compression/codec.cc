@@ -3,6 +3,7 @@
 #include <msgpack.hpp>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,11 +23,14 @@ const char* kind_name(CodecKind k) {
     case CodecKind::kInt8Row: return "int8_row";
     case CodecKind::kTopK: return "topk";
     case CodecKind::kZstd: return "zstd";
+    case CodecKind::kTopKSign: return "topk_sign";
   }
   return "?";
 }
 
 bool is_value_codec(CodecKind k) { return k != CodecKind::kZstd; }
+bool is_top_k(CodecKind k) { return k == CodecKind::kTopK || k == CodecKind::kTopKSign; }
+uint64_t sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
 
 // k for a density over n entries: at least one of a non-empty tensor.
 uint64_t kept_of(double density, uint64_t n) {
@@ -61,6 +65,26 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
   }
 }
 
+// topk_sign's values after the index list: each row's scale (the mean |x| of
+// its kept entries), then one sign bit per kept entry. Returns the end.
+uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vector<uint32_t>& kept, uint8_t* p) {
+  std::vector<double> sum(shape.rows, 0.0);
+  std::vector<uint64_t> count(shape.rows, 0);
+  for (uint32_t i : kept) {
+    sum[i / shape.cols] += std::abs(x[i]);
+    ++count[i / shape.cols];
+  }
+  for (uint64_t r = 0; r < shape.rows; ++r) {
+    const float scale = count[r] ? static_cast<float>(sum[r] / static_cast<double>(count[r])) : 0.0f;
+    std::memcpy(p, &scale, sizeof scale);
+    p += sizeof scale;
+  }
+  std::memset(p, 0, sign_bytes(kept.size()));
+  for (size_t j = 0; j < kept.size(); ++j)
+    if (std::signbit(x[kept[j]])) p[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+  return p + sign_bytes(kept.size());
+}
+
 std::string pack_record(const CodecRecord& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
@@ -74,13 +98,13 @@ std::string pack_record(const CodecRecord& r) {
   pk.pack(std::string("stages"));
   pk.pack_array(static_cast<uint32_t>(r.stages.size()));
   for (const CodecStageRecord& s : r.stages) {
-    const bool extra = s.kind == CodecKind::kTopK || s.kind == CodecKind::kZstd;
+    const bool extra = is_top_k(s.kind) || s.kind == CodecKind::kZstd;
     pk.pack_map(extra ? 3 : 2);
     pk.pack(std::string("kind"));
     pk.pack(static_cast<uint8_t>(s.kind));
     pk.pack(std::string("bytes"));
     pk.pack(s.bytes);
-    if (s.kind == CodecKind::kTopK) {
+    if (is_top_k(s.kind)) {
       pk.pack(std::string("kept"));
       pk.pack(s.kept);
     } else if (s.kind == CodecKind::kZstd) {
@@ -140,7 +164,8 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
             const std::string sk(skv.key.via.str.ptr, skv.key.via.str.size);
             if (!as_u64(skv.val, &v)) return bad("stage field '" + sk + "' is not an unsigned integer");
             if (sk == "kind") {
-              if (v > static_cast<uint64_t>(CodecKind::kZstd)) return bad("unknown codec kind " + std::to_string(v));
+              if (v > static_cast<uint64_t>(CodecKind::kTopKSign))
+                return bad("unknown codec kind " + std::to_string(v));
               st.kind = static_cast<CodecKind>(v);
               have_kind = true;
             } else if (sk == "bytes") {
@@ -158,7 +183,7 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
             }
           }
           if (!have_kind || !have_bytes) return bad("stage " + std::to_string(s) + " lacks its kind or size");
-          if (st.kind == CodecKind::kTopK && !have_kept) return bad("topk stage without 'kept'");
+          if (is_top_k(st.kind) && !have_kept) return bad(std::string(kind_name(st.kind)) + " stage without 'kept'");
           if (st.kind == CodecKind::kZstd && !have_level) return bad("zstd stage without 'level'");
           r.stages.push_back(st);
         }
@@ -188,31 +213,57 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
     case CodecKind::kFp16: return s.bytes == 2 * n;
     case CodecKind::kInt8Row: return s.bytes == 4 * rows + n;
     case CodecKind::kTopK: return s.kept <= n && s.bytes >= 3 * s.kept && s.bytes <= 12 * s.kept;
+    case CodecKind::kTopKSign: {  // rows, kept <= 2^34: no overflow
+      const uint64_t fixed = 4 * rows + sign_bytes(s.kept);
+      return s.kept <= n && s.bytes >= s.kept + fixed && s.bytes <= 5 * s.kept + fixed;
+    }
     case CodecKind::kZstd: return false;
   }
   return false;
 }
 
-// Calls fn(index, value) for each entry a top-k payload keeps, indices
-// ascending; every index is checked against n before fn sees it.
+// Calls fn(index, value) for each entry a top-k payload (topk or topk_sign)
+// keeps, indices ascending; every index is checked against n and every scale
+// for being finite and >= 0 before fn sees them.
 template <typename Fn>
-Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t n, Fn fn) {
+Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols, Fn fn) {
+  const uint64_t n = rows * cols;
+  const char* name = kind_name(s.kind);
+  const bool sign = s.kind == CodecKind::kTopKSign;
+  // topk: the bf16 values; topk_sign: the row scales, then the sign bits.
+  const uint8_t* values = in + s.bytes - (sign ? 4 * rows + sign_bytes(s.kept) : 2 * s.kept);
+  const uint8_t* signs = values + 4 * rows;
+  if (sign) {
+    for (uint64_t r = 0; r < rows; ++r) {
+      float scale;
+      std::memcpy(&scale, values + 4 * r, sizeof scale);
+      if (!std::isfinite(scale) || scale < 0)
+        return Status::corruption("topk_sign: bad scale in row " + std::to_string(r));
+    }
+    if (s.kept % 8 != 0 && (signs[s.kept / 8] >> (s.kept % 8)) != 0)
+      return Status::corruption("topk_sign: sign bits set beyond the kept entries");
+  }
   const uint8_t* p = in;
-  const uint8_t* values = in + s.bytes - 2 * s.kept;
   uint64_t index = 0;
   for (uint64_t j = 0; j < s.kept; ++j) {
     uint64_t gap = 0;
-    if (!detail::get_varint(p, values, &gap)) return Status::corruption("topk: truncated index list");
-    if (j > 0 && gap == 0) return Status::corruption("topk: repeated index");
+    if (!detail::get_varint(p, values, &gap)) return Status::corruption(std::string(name) + ": truncated index list");
+    if (j > 0 && gap == 0) return Status::corruption(std::string(name) + ": repeated index");
     const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
     if (gap >= n || next >= n)
-      return Status::corruption("topk: index beyond the tensor's " + std::to_string(n) + " elements");
+      return Status::corruption(std::string(name) + ": index beyond the tensor's " + std::to_string(n) + " elements");
     index = next;
-    uint16_t h;
-    std::memcpy(&h, values + 2 * j, 2);
-    fn(index, detail::bf16_to_float(h));
+    if (sign) {
+      float scale;
+      std::memcpy(&scale, values + 4 * (index / cols), sizeof scale);  // index < n: cols > 0
+      fn(index, (signs[j / 8] >> (j % 8)) & 1 ? -scale : scale);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, values + 2 * j, 2);
+      fn(index, detail::bf16_to_float(h));
+    }
   }
-  if (p != values) return Status::corruption("topk: bytes left between the indices and the values");
+  if (p != values) return Status::corruption(std::string(name) + ": bytes left between the indices and the values");
   return Status::ok();
 }
 
@@ -243,8 +294,9 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
       return Status::ok();
     }
     case CodecKind::kTopK:
+    case CodecKind::kTopKSign:
       if (n) std::memset(out, 0, n * sizeof(float));
-      return for_each_kept(s, in, n, [out](uint64_t i, float v) { out[i] = v; });
+      return for_each_kept(s, in, rows, cols, [out](uint64_t i, float v) { out[i] = v; });
     case CodecKind::kZstd: break;
   }
   return Status::internal("not a value codec");
@@ -273,10 +325,10 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (!arg.empty()) return Status::invalid_argument(where + name + " takes no parameter");
       s.kind = name == "raw" ? CodecKind::kRaw : name == "bf16" ? CodecKind::kBf16
                : name == "fp16" ? CodecKind::kFp16 : CodecKind::kInt8Row;
-    } else if (name == "topk") {
-      s.kind = CodecKind::kTopK;
+    } else if (name == "topk" || name == "topk_sign") {
+      s.kind = name == "topk" ? CodecKind::kTopK : CodecKind::kTopKSign;
       if (!number(&s.density) || !(s.density > 0 && s.density <= 1))
-        return Status::invalid_argument(where + "topk needs the kept fraction in (0, 1], e.g. topk:0.01");
+        return Status::invalid_argument(where + name + " needs the kept fraction in (0, 1], e.g. " + name + ":0.01");
     } else if (name == "zstd") {
       s.kind = CodecKind::kZstd;
       double level = 3;
@@ -286,7 +338,7 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
     } else {
       return Status::invalid_argument(where + "unknown stage '" + name +
-                                      "' (use raw, bf16, fp16, int8_row, topk:D, then +zstd[:L])");
+                                      "' (use raw, bf16, fp16, int8_row, topk:D, topk_sign:D, then +zstd[:L])");
     }
     if (is_value_codec(s.kind) && !p.stages_.empty())
       return Status::invalid_argument(where + "only the first stage may be a value codec");
@@ -309,7 +361,7 @@ std::string CodecPipeline::spec() const {
   for (const CodecStage& st : stages_) {
     if (!s.empty()) s += "+";
     s += kind_name(st.kind);
-    if (st.kind == CodecKind::kTopK) {
+    if (is_top_k(st.kind)) {
       char buf[32];
       std::snprintf(buf, sizeof buf, ":%.17g", st.density);
       s += buf;
@@ -351,24 +403,36 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       bytes.resize(4 * shape.rows + n);
       encode_int8_rows(data, shape.rows, shape.cols, bytes.data());
       break;
-    case CodecKind::kTopK: {
-      XD_RETURN_IF_ERROR(first_non_finite(data, n, "topk"));
-      if (n > std::numeric_limits<uint32_t>::max()) return Status::invalid_argument("topk: tensor above 2^32 elements");
+    case CodecKind::kTopK:
+    case CodecKind::kTopKSign: {
+      const char* name = kind_name(v.kind);
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, name));
+      if (n > std::numeric_limits<uint32_t>::max())
+        return Status::invalid_argument(std::string(name) + ": tensor above 2^32 elements");
       thread_local detail::TopKSelector selector;
       thread_local std::vector<uint32_t> kept;
       first.kept = kept_of(v.density, n);
       selector.select(data, n, first.kept, &kept);
-      bytes.resize(12 * first.kept);  // varints (<= 5 bytes for u32 gaps) + values, an upper bound
+      if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
+        kept.erase(std::remove_if(kept.begin(), kept.end(), [data](uint32_t i) { return data[i] == 0.0f; }), kept.end());
+        first.kept = kept.size();
+      }
+      // Varints (<= 5 bytes for u32 gaps), then the values: an upper bound.
+      bytes.resize(v.kind == CodecKind::kTopK ? 12 * first.kept : 5 * first.kept + 4 * shape.rows + sign_bytes(first.kept));
       uint8_t* p = bytes.data();
       uint32_t previous = 0;
       for (size_t j = 0; j < kept.size(); ++j) {
         detail::put_varint(j == 0 ? kept[j] : kept[j] - previous, p);
         previous = kept[j];
       }
-      for (uint32_t i : kept) {
-        const uint16_t h = detail::float_to_bf16(data[i]);
-        std::memcpy(p, &h, 2);
-        p += 2;
+      if (v.kind == CodecKind::kTopK) {
+        for (uint32_t i : kept) {
+          const uint16_t h = detail::float_to_bf16(data[i]);
+          std::memcpy(p, &h, 2);
+          p += 2;
+        }
+      } else {
+        p = put_signs_and_scales(data, shape, kept, p);
       }
       bytes.resize(p - bytes.data());
       break;
@@ -442,14 +506,12 @@ Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payl
   return decode_values(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, out);
 }
 
-bool is_sparse(const CodecRecord& record) {
-  return !record.stages.empty() && record.stages.front().kind == CodecKind::kTopK;
-}
+bool is_sparse(const CodecRecord& record) { return !record.stages.empty() && is_top_k(record.stages.front().kind); }
 
 Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, SparseTensor* out) {
   out->index.clear();
   out->value.clear();
-  if (!is_sparse(rec)) return Status::invalid_argument("decode_sparse: the value codec is not topk");
+  if (!is_sparse(rec)) return Status::invalid_argument("decode_sparse: the value codec is neither topk nor topk_sign");
   const uint64_t n = rec.shape.elements();
   if (n > std::numeric_limits<uint32_t>::max()) return Status::corruption("topk: tensor above 2^32 elements");
   std::vector<uint8_t> buffer;
@@ -457,7 +519,7 @@ Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payl
   XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
   out->index.reserve(rec.stages.front().kept);
   out->value.reserve(rec.stages.front().kept);
-  return for_each_kept(rec.stages.front(), values, n, [out](uint64_t i, float v) {
+  return for_each_kept(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, [out](uint64_t i, float v) {
     out->index.push_back(static_cast<uint32_t>(i));
     out->value.push_back(v);
   });

@@ -1,6 +1,7 @@
 // Codecs for tensors on the wire: a value codec (raw, bf16, fp16, per-row
-// int8, top-k sparse) optionally followed by a zstd stage, composed into a
-// CodecPipeline. The layout is compression/codec_format.h.
+// int8, top-k sparse with bf16 or 1-bit values) optionally followed by a
+// zstd stage, composed into a CodecPipeline. The layout is
+// compression/codec_format.h.
 //
 //   auto p = CodecPipeline::parse("topk:0.01+zstd:3");   // or "bf16", "int8_row"
 //   EncodedTensor e;  p->encode(data, {rows, cols}, &e);  // e.metadata, e.payload
@@ -9,9 +10,10 @@
 // The decoder needs no pipeline: the metadata says what was applied.
 //
 // Non-finite values: raw, bf16 and fp16 keep NaN and +-Inf (bf16 and fp16
-// keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf). int8_row
-// and topk refuse to encode a tensor holding NaN or Inf (an error naming the
-// first such element): a scale or a ranking of non-finite values means nothing.
+// keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf).
+// int8_row, topk and topk_sign refuse to encode a tensor holding NaN or Inf
+// (an error naming the first such element): a scale or a ranking of
+// non-finite values means nothing.
 //
 // A pipeline is immutable after parse(); encode and decode are thread-safe.
 // Depends on zstd and msgpack-cxx only.
@@ -42,13 +44,14 @@ struct EncodedTensor {
 // One stage of a pipeline, as written in a spec string.
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
-  double density = 0;  // topk: fraction of entries kept, (0, 1]
+  double density = 0;  // topk, topk_sign: fraction of entries kept, (0, 1]
   int level = 3;       // zstd: compression level, 1..19
 };
 
 class CodecPipeline {
  public:
   // "raw", "bf16", "fp16", "int8_row", "topk:D" (D = kept fraction, e.g. 0.01),
+  // "topk_sign:D" (the same entries as signs times a per-row scale),
   // each optionally followed by "+zstd" or "+zstd:LEVEL"; "zstd" alone means
   // "raw+zstd". Errors name the bad part.
   static Expected<CodecPipeline> parse(const std::string& spec);
@@ -70,7 +73,7 @@ class CodecPipeline {
 struct CodecStageRecord {
   CodecKind kind = CodecKind::kRaw;
   uint64_t bytes = 0;  // this stage's output
-  uint64_t kept = 0;   // topk
+  uint64_t kept = 0;   // topk, topk_sign
   int level = 0;       // zstd
 };
 struct CodecRecord {
@@ -97,8 +100,8 @@ struct SparseTensor {
   std::vector<uint32_t> index;
   std::vector<float> value;
 };
-bool is_sparse(const CodecRecord& record);  // its value codec is topk
-// Decodes a topk-coded tensor into `out`, with decode_tensor's checks (the
+bool is_sparse(const CodecRecord& record);  // its value codec is topk or topk_sign
+// Decodes a topk- or topk_sign-coded tensor into `out`, with decode_tensor's checks (the
 // tensor has record.shape.elements() entries). Other codecs: an error.
 Status decode_sparse(const CodecRecord& record, const uint8_t* payload, size_t payload_bytes, SparseTensor* out);
 

@@ -24,6 +24,14 @@
 //             bf16 values in index order; every other entry decodes to 0.
 //             The k kept are the k largest magnitudes; among equal
 //             magnitudes at the threshold, the lower indices.
+//   topk_sign the k largest nonzero magnitudes with 1-bit values (a zero has
+//             no sign; k may be below the density's count): k LEB128 varint gaps as
+//             in topk, then rows x f32 scale, then ceil(k / 8) bytes of sign
+//             bits (bit j % 8 of byte j / 8 set: entry j is negative; the
+//             unused high bits of the last byte are 0). Entry j decodes to
+//             +-scale of its row; a row's scale is the mean |x| of its kept
+//             entries (0 when it keeps none), the value that minimises the
+//             squared error for those signs.
 // Byte codecs:
 //   zstd      param "level"; one zstd frame whose content size is the
 //             previous stage's "bytes"
@@ -50,6 +58,7 @@ enum class CodecKind : uint8_t {
   kInt8Row = 3,
   kTopK = 4,
   kZstd = 5,
+  kTopKSign = 6,
 };
 
 // Decoding refuses tensors above this many elements (2^34, 64 GiB of f32).

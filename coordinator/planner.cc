@@ -241,15 +241,22 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // Each phase is one round while the blocks are small, a ring of sf - 1
   // rounds from Communicator's ring threshold on; dense_grad codecs scale the
   // bytes. The SR base all-reduce (one expert per layer) is counted with it:
-  // it overlaps the next step's compute, but shares the same links.
-  // (The base always travels in fp32.)
+  // it overlaps the next step's compute, but shares the same links. The base
+  // travels in bf16 on the stage of a level whose AG codes against it, as the
+  // runtime does: the inner stage is the innermost level, the outer stage
+  // every other level.
   const double base_bytes = base_sync ? w.base_syncs_per_step * w.expert_bytes * layers : 0.0;
+  bool outer_base_bf16 = false;
+  for (int l = 0; l + 1 < num_levels && !link_codecs.empty(); ++l)
+    outer_base_bf16 = outer_base_bf16 || link_codecs[l].gather_against_base;
   double shard = w.dense_param_bytes, base_shard = base_bytes;
   for (int l = num_levels - 1; l >= 0; --l) {
     const int sf = level_sizes[l];
     const double fraction = link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
+    const bool base_bf16 = l == num_levels - 1 ? !link_codecs.empty() && link_codecs[l].gather_against_base
+                                               : outer_base_bf16;
     if (sf > 1 && shard + base_shard > 0) {
-      const double bytes = 2.0 * (sf - 1) / sf * (shard * fraction + base_shard);
+      const double bytes = 2.0 * (sf - 1) / sf * (shard * fraction + base_shard * (base_bf16 ? 0.5 : 1.0));
       const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
       const double rounds = ring ? sf - 1 : 1;
       c.allreduce_s += 2.0 * rounds * links[l].alpha_s + links[l].beta_s_per_byte * bytes;

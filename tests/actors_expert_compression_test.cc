@@ -44,34 +44,37 @@ std::vector<float> send_once(ExpertStreamCodec& sender, ExpertStreamCodec& recei
 }
 
 TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndTheSenderKnowsWhatTheReceiverHolds) {
-  const size_t n = 4096;
-  std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
-  auto sender = codec("sr:ef:topk:0.05", ExpertStreamCodec::Traffic::kWeights, n);
-  auto receiver = codec("sr:ef:topk:0.05", ExpertStreamCodec::Traffic::kWeights, n);
-  {
-    ReconstructionError err;
-    std::vector<float> packed;
-    EncodedTensor enc;
-    ASSERT_TRUE(sender.encode({{7, x.data(), base.data()}}, &packed, &enc, &err).is_ok());
-    EXPECT_TRUE(enc.payload.empty()) << "the first transfer goes raw";
-    std::vector<float> got(n, 0.0f);
-    receiver.apply({{7, got.data(), base.data()}}, packed.data());
-    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << "receivers start from the owner's weights";
+  for (const char* spec : {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1"}) {
+    SCOPED_TRACE(spec);
+    const size_t n = 4096;
+    std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
+    auto sender = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+    auto receiver = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+    {
+      ReconstructionError err;
+      std::vector<float> packed;
+      EncodedTensor enc;
+      ASSERT_TRUE(sender.encode({{7, x.data(), base.data()}}, &packed, &enc, &err).is_ok());
+      EXPECT_TRUE(enc.payload.empty()) << "the first transfer goes raw";
+      std::vector<float> got(n, 0.0f);
+      receiver.apply({{7, got.data(), base.data()}}, packed.data());
+      for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], x[i], 1e-6f) << "receivers start from the owner's weights";
+    }
+    x = normal(n, 11);  // a change no 5% of the entries can describe at once
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; ++step) {
+      ReconstructionError err;
+      std::vector<float> got = send_once(sender, receiver, x, base.data(), &err);
+      // The sender's error figure is the receiver's actual error.
+      double actual = 0;
+      for (size_t i = 0; i < n; ++i) actual += (double(x[i]) - got[i]) * (double(x[i]) - got[i]);
+      EXPECT_NEAR(err.error, actual, 1e-5 * actual + 1e-9) << "step " << step;  // up to float rounding
+      if (step == 0) first = err.error / err.signal;
+      last = err.error / err.signal;
+    }
+    EXPECT_GT(first, 0.5) << "5% of the entries cannot describe an unrelated tensor at once";
+    EXPECT_LT(last, 1e-4) << "what one step drops, later steps send";
   }
-  x = normal(n, 11);  // a change no 5% of the entries can describe at once
-  double first = 0, last = 0;
-  for (int step = 0; step < 60; ++step) {
-    ReconstructionError err;
-    std::vector<float> got = send_once(sender, receiver, x, base.data(), &err);
-    // The sender's error figure is the receiver's actual error.
-    double actual = 0;
-    for (size_t i = 0; i < n; ++i) actual += (double(x[i]) - got[i]) * (double(x[i]) - got[i]);
-    EXPECT_NEAR(err.error, actual, 1e-5 * actual + 1e-9) << "step " << step;  // up to float rounding
-    if (step == 0) first = err.error / err.signal;
-    last = err.error / err.signal;
-  }
-  EXPECT_GT(first, 0.5) << "5% of the entries cannot describe an unrelated tensor at once";
-  EXPECT_LT(last, 1e-4) << "what one step drops, later steps send";
 }
 
 TEST(ExpertStreamCodec, WithoutFeedbackEveryStepSendsTheSameApproximation) {
@@ -142,7 +145,9 @@ TEST(ExpertStreamCodec, TheSparsePathLeavesEveryTensorAndStateAsTheDenseReferenc
                         Case{"sr:topk:0.05", ExpertStreamCodec::Traffic::kWeights},
                         Case{"topk:0.05+zstd:1", ExpertStreamCodec::Traffic::kWeights},
                         Case{"ef:topk:0.1+zstd:1", ExpertStreamCodec::Traffic::kGradients},
-                        Case{"topk:0.1", ExpertStreamCodec::Traffic::kGradients}}) {
+                        Case{"topk:0.1", ExpertStreamCodec::Traffic::kGradients},
+                        Case{"sr:ef:topk_sign:0.1+zstd:1", ExpertStreamCodec::Traffic::kWeights},
+                        Case{"ef:topk_sign:0.1", ExpertStreamCodec::Traffic::kGradients}}) {
     const bool weights = c.traffic == ExpertStreamCodec::Traffic::kWeights;
     auto sender = codec(c.spec, c.traffic, n);
     auto dense = codec(c.spec, c.traffic, n), sparse = codec(c.spec, c.traffic, n);
@@ -317,7 +322,7 @@ void step_all(Workers& w, std::vector<StepMetrics>* metrics) {
   for (auto& t : threads) t.join();
 }
 
-TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTheMeanExpert) {
+TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTheMeanExpertToBf16Precision) {
   const JobConfig job = job_for("sr:topk:0.05+zstd:1");
   Workers w = start_workers(job);
   const ModelConfig& mc = job.train.model;
@@ -333,18 +338,27 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
           << "worker " << r << " holds a different base after step " << step + 1;
     }
     // The base is the mean of all 8 experts as they were after this step's
-    // update (the owners' exact weights), up to the order of the sum.
+    // update (the owners' exact weights). Its partial sums cross the DC link
+    // in bf16 and the summed shard comes back in bf16: two roundings of at
+    // most 2^-8 of a partial sum each.
     for (int layer = 0; layer < mc.num_layers; ++layer)
       for (int which = 0; which < 3; ++which)
         for (size_t k = 0; k < ef; k += 97) {
-          double sum = 0;
+          double sum = 0, magnitude = 0;
           for (int e = 0; e < mc.num_experts; ++e) {
             // The owner's (e / 2) exact weights.
             const ExpertParams<float> p = w.trainers[e / 2]->expert_communicator().replica(layer, e);
-            sum += (which == 0 ? p.w1 : which == 1 ? p.w3 : p.w2)[k];
+            const float v = (which == 0 ? p.w1 : which == 1 ? p.w3 : p.w2)[k];
+            sum += v;
+            magnitude += std::abs(v);
           }
-          EXPECT_NEAR(base[((size_t)layer * 3 + which) * ef + k], sum / mc.num_experts, 1e-6);
+          EXPECT_NEAR(base[((size_t)layer * 3 + which) * ef + k], sum / mc.num_experts,
+                      2 * std::ldexp(magnitude, -8) / mc.num_experts + 1e-7);
         }
+    // Worker 0 sends half its DC group's shard each way, 2 bytes a float:
+    // the layer's bases (3 tensors each) in bf16, half what fp32 would send.
+    EXPECT_DOUBLE_EQ(metrics[0].bytes.at("dc/expert_base"), 2.0 * mc.num_layers * 3 * ef / 2)
+        << "the base crosses the DC link in bf16";
     EXPECT_GT(metrics[0].nmse.at("dc/expert_gather"), 0.0) << "top-k of the residual is lossy";
     EXPECT_GT(metrics[0].bytes.at("dc/expert_gather_raw"), 10 * metrics[0].bytes.at("dc/expert_gather"));
   }

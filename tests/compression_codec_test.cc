@@ -46,7 +46,8 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 }
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
-                              "int8_row", "int8_row+zstd:9", "topk:0.1", "topk:0.01+zstd:3", "topk:1"};
+                              "int8_row", "int8_row+zstd:9", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
+                              "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1"};
 
 TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
   const std::vector<TensorShape> shapes = {{1, 0}, {0, 5}, {1, 1}, {1, 7}, {1, 1001}, {3, 17}, {64, 128}};
@@ -144,6 +145,41 @@ TEST(TopK, TheErrorIsExactlyWhatWasDroppedPlusTheRoundingOfWhatWasKept) {
   }
 }
 
+TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirRow) {
+  const TensorShape shape{5, 401};
+  std::vector<float> x = random_tensor(shape.elements(), 13);
+  std::fill(x.begin() + 3 * 401, x.begin() + 4 * 401, 0.0f);  // a row of zeros keeps nothing
+  for (size_t i = 0; i < 401; i += 3) x[i] = 0.0f;                // zeros inside a kept row
+  for (double density : {0.01, 0.1, 0.5, 1.0}) {
+    const std::vector<float> y = round_trip(pipeline("topk_sign:" + std::to_string(density) + "+zstd:1"), x, shape);
+    const size_t k = static_cast<size_t>(std::ceil(density * shape.elements() - 1e-9));
+    std::vector<uint32_t> keep = naive_top_k(x, k);
+    keep.erase(std::remove_if(keep.begin(), keep.end(), [&](uint32_t i) { return x[i] == 0.0f; }), keep.end());
+    std::vector<double> sum(shape.rows, 0.0);
+    std::vector<size_t> count(shape.rows, 0);
+    for (uint32_t i : keep) {
+      sum[i / shape.cols] += std::abs(x[i]);
+      ++count[i / shape.cols];
+    }
+    std::vector<float> want(x.size(), 0.0f);
+    for (uint32_t i : keep) {
+      const float scale = static_cast<float>(sum[i / shape.cols] / static_cast<double>(count[i / shape.cols]));
+      want[i] = x[i] < 0 ? -scale : scale;
+    }
+    ASSERT_EQ(0, std::memcmp(want.data(), y.data(), 4 * x.size())) << "density " << density;
+    EXPECT_EQ(count[3], 0u) << "the zero row";
+  }
+}
+
+TEST(TopKSign, OneBitValuesCostLessThanHalfTheBf16TopKForTheSameEntries) {
+  const std::vector<float> x = random_tensor(64 * 1024, 21);
+  EncodedTensor sign, bf16;
+  ASSERT_TRUE(pipeline("topk_sign:0.05").encode(x.data(), {4, 16 * 1024}, &sign).is_ok());
+  ASSERT_TRUE(pipeline("topk:0.05").encode(x.data(), {4, 16 * 1024}, &bf16).is_ok());
+  // Gaps of about 20 fit one varint byte: ~1.125 bytes an entry against ~3.
+  EXPECT_LT(sign.payload.size() * 2, bf16.payload.size()) << sign.payload.size() << " vs " << bf16.payload.size();
+}
+
 TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> x = {1.5f, nan, -inf, inf, -2.0f, 1e30f};
@@ -154,7 +190,7 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
     EXPECT_EQ(y[3], inf) << spec;
   }
   EXPECT_EQ(round_trip(pipeline("fp16"), x, {1, 6})[5], inf) << "beyond fp16's range";
-  for (const char* spec : {"int8_row", "topk:0.5+zstd"}) {
+  for (const char* spec : {"int8_row", "topk:0.5+zstd", "topk_sign:0.5"}) {
     EncodedTensor e;
     Status st = pipeline(spec).encode(x.data(), {1, 6}, &e);
     EXPECT_FALSE(st.is_ok()) << spec;
@@ -163,7 +199,7 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
 }
 
 TEST(Codec, BadSpecsAreRefusedNamingThePart) {
-  for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "zstd:0", "zstd:3.5", "bf16:2",
+  for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0", "zstd:3.5", "bf16:2",
                            "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
     auto p = CodecPipeline::parse(spec);
     EXPECT_FALSE(p) << "'" << spec << "' was accepted";
@@ -211,7 +247,7 @@ TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
 
 TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndRefusesWhatTheDenseOneRefuses) {
   const std::vector<float> x = random_tensor(3 * 257, 5);
-  for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1"}) {
+  for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1", "topk_sign:0.05", "topk_sign:0.3+zstd:1"}) {
     EncodedTensor e;
     ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &e).is_ok());
     auto rec = parse_codec_record(e.metadata);

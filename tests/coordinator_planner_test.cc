@@ -180,7 +180,7 @@ TEST(Planner, ATokenCodecScalesItsLevelsBytesAndAddsItsTime) {
   EXPECT_FALSE(in.validate().is_ok()) << "one cost per level";
 }
 
-TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneExpertPerLayerToTheAllReduce) {
+TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneBf16ExpertPerLayerToTheAllReduce) {
   Workload w = one_layer(1000, 0);  // experts only, no tokens
   w.dense_param_bytes = 400;
   w.base_syncs_per_step = 1;
@@ -197,11 +197,11 @@ TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneExpertPerLay
   EXPECT_NEAR(raw.ag_s, 1000 * 1e-6, 1e-15);
   EXPECT_NEAR(sr.ag_s, 1000 * (0.01 * 1e-6 + 1e-9), 1e-15);
   EXPECT_NEAR(sr.rs_s, 1000 * 0.5 * 1e-6, 1e-15);
-  // The all-reduce: level 1 (raw) on 400 + 1000 base bytes, then level 0 on
-  // the half left: 2 (1/2) (200 dense bytes in bf16, halved, + 500 base
-  // bytes, which always travel in fp32).
+  // The all-reduce: level 1 (raw, no SR there) on 400 + 1000 base bytes, then
+  // level 0 on the half left: 2 (1/2) (200 dense bytes and 500 base bytes,
+  // both in bf16, halved: level 0's AG codes against the base).
   EXPECT_DOUBLE_EQ(sr.level_bytes[1] - raw.level_bytes[1], 1000.0);
-  EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 200 * 0.5 + 500);
+  EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 200 * 0.5 + 500 * 0.5);
   w.base_syncs_per_step = 0;  // base synchronised once: no per-step cost
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }

@@ -20,8 +20,10 @@ std::vector<size_t> offsets(const std::vector<size_t>& counts) {
   return off;
 }
 
+// A tag that names its own traffic kind (e.g. kExpertBase) keeps it for
+// every stage, so its bytes are counted apart from the dense gradients'.
 CollectiveTag stage(const CollectiveTag& tag, uint16_t n, MessageKind traffic) {
-  return CollectiveTag(tag.step, tag.layer, static_cast<uint16_t>(tag.phase * 8 + n), traffic);
+  return CollectiveTag(tag.step, tag.layer, static_cast<uint16_t>(tag.phase * 8 + n), tag.traffic.value_or(traffic));
 }
 
 // Member i's block of `data` (counts[i] floats) ends, summed over the group,
