@@ -374,7 +374,13 @@ std::string CodecPipeline::spec() const {
 
 bool CodecPipeline::is_raw() const { return stages_.size() == 1 && stages_.front().kind == CodecKind::kRaw; }
 
-Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out) const {
+bool CodecPipeline::is_sparse() const { return is_top_k(stages_.front().kind); }
+
+Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* sparse) const {
+  if (sparse) {
+    sparse->index.clear();
+    sparse->value.clear();
+  }
   const uint64_t n = shape.elements();
   if ((shape.cols != 0 && shape.rows > kMaxCodecElements / shape.cols) || n > kMaxCodecElements)
     return Status::invalid_argument("tensor too large to encode");
@@ -430,10 +436,18 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
           const uint16_t h = detail::float_to_bf16(data[i]);
           std::memcpy(p, &h, 2);
           p += 2;
+          if (sparse) sparse->value.push_back(detail::bf16_to_float(h));
         }
       } else {
+        const uint8_t* scales = p;
         p = put_signs_and_scales(data, shape, kept, p);
+        for (size_t j = 0; sparse && j < kept.size(); ++j) {
+          float scale;
+          std::memcpy(&scale, scales + 4 * (kept[j] / shape.cols), sizeof scale);
+          sparse->value.push_back(std::signbit(data[kept[j]]) ? -scale : scale);
+        }
       }
+      if (sparse) sparse->index.assign(kept.begin(), kept.end());
       bytes.resize(p - bytes.data());
       break;
     }

@@ -41,6 +41,14 @@ struct EncodedTensor {
   std::vector<uint8_t> payload;  // the last stage's output
 };
 
+// The entries a top-k payload keeps: ascending flat indices and their
+// decoded values. A receiver adds them where they belong instead of building
+// the dense tensor first (HybridEP's SRDecode, recovery fused with addition).
+struct SparseTensor {
+  std::vector<uint32_t> index;
+  std::vector<float> value;
+};
+
 // One stage of a pipeline, as written in a spec string.
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
@@ -62,8 +70,12 @@ class CodecPipeline {
   bool is_raw() const;       // plain raw: nothing to encode
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
-  // codec refuses it, a shape beyond kMaxCodecElements.
-  Status encode(const float* data, TensorShape shape, EncodedTensor* out) const;
+  // codec refuses it, a shape beyond kMaxCodecElements. With `kept`, a top-k
+  // pipeline also gives the entries it keeps, to the bit as decode_sparse
+  // decodes them, so a sender need not decode its own message; other
+  // pipelines leave it empty.
+  Status encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* kept = nullptr) const;
+  bool is_sparse() const;  // its value codec is topk or topk_sign
 
  private:
   std::vector<CodecStage> stages_;  // one value codec, then byte codecs
@@ -93,13 +105,6 @@ Status decode_tensor(const CodecRecord& record, const uint8_t* payload, size_t p
 Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
                      size_t n);
 
-// The entries a top-k payload keeps: ascending flat indices and their
-// decoded values. A receiver adds them where they belong instead of building
-// the dense tensor first (HybridEP's SRDecode, recovery fused with addition).
-struct SparseTensor {
-  std::vector<uint32_t> index;
-  std::vector<float> value;
-};
 bool is_sparse(const CodecRecord& record);  // its value codec is topk or topk_sign
 // Decodes a topk- or topk_sign-coded tensor into `out`, with decode_tensor's checks (the
 // tensor has record.shape.elements() entries). Other codecs: an error.

@@ -84,14 +84,14 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     }
     return Status::ok();
   }
-  XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out));
-  // The sender decodes what it sent: the error-feedback state must be the
-  // receivers' to the bit, and the reconstruction error is measured here.
-  auto record = parse_codec_record(out->metadata);
-  if (!record) return record.status();
+  // The error-feedback state must be the receivers' to the bit, and the
+  // reconstruction error is measured here: a top-k pipeline hands back the
+  // entries it kept as the receivers will decode them; anything else the
+  // sender decodes from what it sent.
+  const bool sparse = spec_.pipeline.is_sparse();
+  XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr));
   const float* r = packed->data();
-  if (is_sparse(*record)) {
-    XD_RETURN_IF_ERROR(decode_sparse(*record, out->payload.data(), out->payload.size(), &sparse_));
+  if (sparse) {
     if (!weights)
       for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) std::copy(r + i * n_, r + (i + 1) * n_, st[i]);
     // Only the kept entries differ from dropping everything: the error is
@@ -111,7 +111,8 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     return Status::ok();
   }
   decoded_.resize(packed->size());
-  XD_RETURN_IF_ERROR(decode_tensor(*record, out->payload.data(), out->payload.size(), decoded_.data(), decoded_.size()));
+  XD_RETURN_IF_ERROR(decode_tensor(out->metadata, out->payload.data(), out->payload.size(), decoded_.data(),
+                                   decoded_.size()));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const float* d = decoded_.data() + i * n_;
     const float* row = r + i * n_;

@@ -245,7 +245,7 @@ TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
   }
 }
 
-TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndRefusesWhatTheDenseOneRefuses) {
+TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndOfTheEncoderAndRefusesWhatTheDenseOneRefuses) {
   const std::vector<float> x = random_tensor(3 * 257, 5);
   for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1", "topk_sign:0.05", "topk_sign:0.3+zstd:1"}) {
     EncodedTensor e;
@@ -267,6 +267,14 @@ TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndRefusesWhatTheDen
       rebuilt[sparse.index[j]] = sparse.value[j];
     }
     EXPECT_EQ(0, std::memcmp(rebuilt.data(), dense.data(), dense.size() * sizeof(float))) << spec;
+    // The encoder's own list of what it kept is the decoder's, to the bit.
+    SparseTensor kept;
+    EncodedTensor again;
+    ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &again, &kept).is_ok());
+    EXPECT_EQ(again.payload, e.payload) << spec;
+    EXPECT_EQ(kept.index, sparse.index) << spec;
+    ASSERT_EQ(kept.value.size(), sparse.value.size()) << spec;
+    EXPECT_EQ(0, std::memcmp(kept.value.data(), sparse.value.data(), 4 * kept.value.size())) << spec;
     // The dense decoder's refusals are the sparse one's.
     EXPECT_FALSE(decode_sparse(*rec, e.payload.data(), e.payload.size() - 1, &sparse).is_ok()) << spec;
     std::mt19937 rng(7);
