@@ -13,6 +13,13 @@ pipeline degree, two ways:
       as long as the run measured them (--a2a-imbalance LINK=moe_peak_raw /
       (moe_dispatch_raw + moe_combine_raw) from its summary): the router does
       not spread rows evenly, and a hop lasts as long as its larger side;
+  measured compute, routing and hops: the same, with each hop of a
+      collective paying a fixed overhead beyond its bytes and latency
+      (--hop-overhead LEVEL=TIME: packing, copies and thread wake-ups with
+      several workers per core). The default is what one traced EP step of
+      the 2 x 2 job measured (bench/README.md, "Simulation"); with
+      --hops-per-core it is scaled by the workers per core of each layout
+      relative to that 2 x 2 run's;
   machine: the compute model calibrated on this machine (`xdmoe plan`'s
       probes) with every worker computing on this machine's cores, shared
       (--machine-cores), so SimGrid's CPU model slows concurrent spans.
@@ -20,6 +27,7 @@ Writes bench/results/simulate_validation.{csv,txt}. --reuse simulates the
 runs of an earlier call again without launching them.
 
 usage: python3 bench/simulate_validation.py [--xdmoe build/xdmoe] [--steps 12] [--layouts 2x2,4x2] [--reuse]
+           [--hop-overhead dc=1.7ms,worker=2.8ms] [--hops-per-core]
 """
 import argparse
 import csv
@@ -96,7 +104,13 @@ def main():
     p.add_argument("--layouts", default="2x2,4x2")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--reuse", action="store_true", help="simulate the runs of an earlier call again")
+    p.add_argument("--hop-overhead", default="dc=1.7ms,worker=2.8ms",
+                   help="LEVEL=TIME,...: per-hop overhead of the '+ hops' column (default: a traced 2x2 EP step)")
+    p.add_argument("--hops-per-core", action="store_true",
+                   help="scale the hop overhead by each layout's workers per core over the 2x2 run's (4 on this "
+                        "machine's cores)")
     a = p.parse_args()
+    cores = os.cpu_count()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for layout in a.layouts.split(","):
@@ -126,9 +140,19 @@ def main():
             imb = imbalance_args(j)
             sr = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
                                                    repr(j["mean_compute_s"])] + imb)
+            scale = (2 * dcs / cores) / (4 / cores) if a.hops_per_core else 1.0
+            hops = []
+            for item in a.hop_overhead.split(","):
+                level, value = item.split("=")
+                if not value.endswith("ms"):
+                    sys.exit(f"--hop-overhead {item}: give milliseconds, e.g. {level}=2ms")
+                hops += ["--hop-overhead", "%s=%.6gs" % (level, scale * float(value[:-2]) / 1e3)]
+            sh = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
+                                                   repr(j["mean_compute_s"])] + imb + hops)
             m = simulate(a.xdmoe, config, d, r, ["--machine-cores", str(os.cpu_count())])
             measured, simulated, planner = j["mean_step_s"], s["simulated_step_s"], s["planner_step_s"]
             routed = sr["simulated_step_s"]
+            hopped = sh["simulated_step_s"]
             machine = m["simulated_step_s"]
             rows.append({
                 "layout": layout,
@@ -140,6 +164,9 @@ def main():
                 "a2a_imbalance": " ".join(imb[1::2]) or "none",
                 "routed_sim_ms": round(routed * 1e3, 1),
                 "routed_sim_err_pct": round(100 * (routed / measured - 1), 1),
+                "hop_overhead": " ".join(hops[1::2]),
+                "hops_sim_ms": round(hopped * 1e3, 1),
+                "hops_sim_err_pct": round(100 * (hopped / measured - 1), 1),
                 "planner_ms": round(planner * 1e3, 1),
                 "planner_err_pct": round(100 * (planner / measured - 1), 1),
                 "machine_sim_ms": round(machine * 1e3, 1),
@@ -151,29 +178,32 @@ def main():
                 "simulated_overlap_pct": round(s["steps"][-1]["overlap_percent"], 1),
                 "simulated_step_over_bound": round(simulated / s["steps"][-1]["bound_s"], 3),
                 "routed_sim_step_over_bound": round(routed / sr["steps"][-1]["bound_s"], 3),
+                "hops_sim_step_over_bound": round(hopped / sh["steps"][-1]["bound_s"], 3),
             })
             print(rows[-1], flush=True)
     with open(os.path.join(a.out, "simulate_validation.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    lines = ["layout domains r | measured ms | simulated ms (err) | + routing ms (err) [imbalance] | planner ms (err) | "
-             "machine sim ms (err) | overlap meas/sim | step/bound meas/sim/+routing"]
+    lines = ["layout domains r | measured ms | simulated ms (err) | + routing ms (err) [imbalance] | "
+             "+ hops ms (err) [overhead] | planner ms (err) | "
+             "machine sim ms (err) | overlap meas/sim | step/bound meas/sim/+routing/+hops"]
     for layout in a.layouts.split(","):
         sub = [x for x in rows if x["layout"] == layout]
         for x in sub:
             lines.append(f"{x['layout']} {x['domains']} r={x['pipeline_degree']} | {x['measured_ms']} | "
                          f"{x['simulated_ms']} ({x['simulated_err_pct']:+}%) | "
                          f"{x['routed_sim_ms']} ({x['routed_sim_err_pct']:+}%) [{x['a2a_imbalance']}] | "
+                         f"{x['hops_sim_ms']} ({x['hops_sim_err_pct']:+}%) [{x['hop_overhead']}] | "
                          f"{x['planner_ms']} ({x['planner_err_pct']:+}%) | "
                          f"{x['machine_sim_ms']} ({x['machine_sim_err_pct']:+}%) | "
                          f"{x['measured_overlap_pct']}/{x['simulated_overlap_pct']} | "
                          f"{x['measured_step_over_bound']}/{x['simulated_step_over_bound']}/"
-                         f"{x['routed_sim_step_over_bound']}")
+                         f"{x['routed_sim_step_over_bound']}/{x['hops_sim_step_over_bound']}")
         best = {k: min(sub, key=lambda x: x[k])["domains"]
-                for k in ("measured_ms", "simulated_ms", "routed_sim_ms", "planner_ms", "machine_sim_ms")}
+                for k in ("measured_ms", "simulated_ms", "routed_sim_ms", "hops_sim_ms", "planner_ms", "machine_sim_ms")}
         lines.append(f"{layout} best: measured {best['measured_ms']}, simulated {best['simulated_ms']}, "
-                     f"+ routing {best['routed_sim_ms']}, planner {best['planner_ms']}, "
+                     f"+ routing {best['routed_sim_ms']}, + hops {best['hops_sim_ms']}, planner {best['planner_ms']}, "
                      f"machine sim {best['machine_sim_ms']}")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "simulate_validation.txt"), "w") as f:

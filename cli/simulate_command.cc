@@ -29,7 +29,7 @@ struct SimulateOptions {
   std::string config, mode, flows = "auto", uplink, backbone;
   std::vector<int> domains;
   int dcs = 0, workers_per_dc = 0, experts_per_worker = 0, steps = 3, simulated_dcs = 0, machine_cores = 0;
-  std::vector<std::string> bandwidths, latencies, imbalances, simgrid_config;
+  std::vector<std::string> bandwidths, latencies, imbalances, hop_overheads, simgrid_config;
   double flops_per_s = 0, compute_scale = 1, measured_compute_s = 0;
   bool json = false, show_schedule = false, probe_links = false;
   ScheduleOverrides schedule;
@@ -63,6 +63,21 @@ Expected<std::vector<double>> level_imbalances(const JobConfig& job, const std::
     char* end = nullptr;
     out[lv->first] = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0') return Status::invalid_argument("--a2a-imbalance: '" + value + "' is not a number");
+  }
+  return out;
+}
+
+// "LEVEL=TIME" items: the per-hop overhead per level (0 where not given).
+Expected<std::vector<double>> level_hop_overheads(const JobConfig& job, const std::vector<std::string>& items) {
+  std::vector<double> out;
+  if (items.empty()) return out;
+  out.assign(job.cluster.levels.size(), 0.0);
+  for (const std::string& item : items) {
+    auto lv = level_and_value(job, item);
+    if (!lv) return lv.status().with_context("--hop-overhead");
+    auto v = parse_duration(lv->second);
+    if (!v) return v.status().with_context("--hop-overhead " + item);
+    out[lv->first] = *v;
   }
   return out;
 }
@@ -207,6 +222,9 @@ int run_simulate(const SimulateOptions& o) {
     auto imbalance = level_imbalances(job, o.imbalances);
     if (!imbalance) return fail(imbalance.status().message());
     si.a2a_imbalance = *imbalance;
+    auto overhead = level_hop_overheads(job, o.hop_overheads);
+    if (!overhead) return fail(overhead.status().message());
+    si.hop_overhead_s = *overhead;
   }
   si.steps = o.steps;
   si.flows = *flows;
@@ -229,6 +247,7 @@ int run_simulate(const SimulateOptions& o) {
     j["world_size"] = job.cluster.world_size();
     j["level_sizes"] = in.level_sizes;
     j["a2a_imbalance"] = si.a2a_imbalance;
+    j["hop_overhead_s"] = si.hop_overhead_s;
     j["domain_sizes"] = choice.domain_sizes;
     j["pipeline_degree"] = choice.pipeline_degree;
     j["overlapped"] = shape.overlapped;
@@ -296,6 +315,9 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
                   "LEVEL=FACTOR: a real run's token A2A hops on that level last as if every worker moved FACTOR "
                   "times the mean rows (routing is not uniform; a run's summary gives LINK/moe_peak_raw over "
                   "LINK/moe_dispatch_raw + LINK/moe_combine_raw). Default 1: uniform routing");
+  cmd->add_option("--hop-overhead", o->hop_overheads,
+                  "LEVEL=TIME: what each hop of a collective on that level costs beyond its bytes and latency "
+                  "(packing, copies, thread wake-ups; a traced run's hop span less both). Default 0");
   cmd->add_option("--steps", o->steps, "steps to simulate (default 3; the mean skips the first)");
   cmd->add_option("--flows", o->flows, "auto | pairs (a flow per message) | aggregate (a flow per worker and phase)");
   cmd->add_option("--simulated-dcs", o->simulated_dcs,

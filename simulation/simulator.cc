@@ -45,6 +45,10 @@ Status SimulationInputs::validate(const StepSchedule& schedule) const {
     return bad("need one A2A imbalance per level");
   for (double f : a2a_imbalance)
     if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
+  if (!hop_overhead_s.empty() && hop_overhead_s.size() != level_sizes.size())
+    return bad("need one hop overhead per level");
+  for (double h : hop_overhead_s)
+    if (!(h >= 0) || !std::isfinite(h)) return bad("a hop overhead must be finite and >= 0");
   if (steps < 1) return bad("steps must be >= 1");
   if (machine_cores < 0) return bad("machine cores must be >= 0");
   if (simulated_dcs < 0 || (!level_sizes.empty() && simulated_dcs > level_sizes[0]))

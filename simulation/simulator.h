@@ -69,6 +69,13 @@ struct SimulationInputs {
   // in its summary). Simulated A2A messages carry that many times the mean
   // bytes; the bound keeps the mean.
   std::vector<double> a2a_imbalance;
+  // Per level, or empty: 0. What each hop of a collective on that level costs
+  // beyond its bytes and latency: packing, copying and the wake-ups of the
+  // threads that move it, which the network model does not see (it grows
+  // with the workers sharing a core). Added to the arrival of every phase on
+  // the level. A traced run measures it: a hop's span less its bytes' time
+  // and the latency (docs/simulation.md, "Per-hop overhead").
+  std::vector<double> hop_overhead_s;
   int steps = 1;
   FlowGranularity flows = FlowGranularity::kAuto;
   int simulated_dcs = 0;  // outermost groups simulated; 0: auto

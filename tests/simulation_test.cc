@@ -300,6 +300,20 @@ TEST(Simulator, RoutingImbalanceLengthensTheStepButNotItsBound) {
   EXPECT_DOUBLE_EQ(skewed["steps"][1]["bound_s"].get<double>(), uniform["steps"][1]["bound_s"].get<double>());
 }
 
+TEST(Simulator, AHopOverheadDelaysEveryTokenHopOnItsLevelButNotTheBound) {
+  const std::string job = "--mode ep --steps 2 --bandwidth dc=100mbit";
+  const nlohmann::json plain = simulate(job);
+  const nlohmann::json slow = simulate(job + " --hop-overhead worker=5ms");
+  ASSERT_TRUE(plain.contains("steps") && slow.contains("steps"));
+  EXPECT_EQ(slow["hop_overhead_s"][0].get<double>(), 0.0) << "levels not named cost nothing more";
+  EXPECT_EQ(slow["hop_overhead_s"][1].get<double>(), 0.005);
+  // The demo's EP step waits for 16 token A2As (4 MoE layers, forward and
+  // backward Dispatch and Combine), each with a hop inside the DC: at least
+  // 16 overheads more; the bound counts bytes only.
+  EXPECT_GE(slow["simulated_step_s"].get<double>() - plain["simulated_step_s"].get<double>(), 16 * 0.005 * (1 - 1e-9));
+  EXPECT_DOUBLE_EQ(slow["steps"][1]["bound_s"].get<double>(), plain["steps"][1]["bound_s"].get<double>());
+}
+
 TEST(Simulator, BadArgumentsAreRefusedByName) {
   auto [code, out] = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --dcs 3");
   EXPECT_EQ(code, 2);
@@ -317,6 +331,9 @@ TEST(Simulator, BadArgumentsAreRefusedByName) {
   std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=x");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("'x' is not a number"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --hop-overhead dc=-1ms");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("--hop-overhead dc=-1ms: bad duration"), std::string::npos) << out;
   std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --cfg no/such:setting");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("no/such"), std::string::npos) << out;

@@ -184,7 +184,9 @@ void Replay::stream_actor(int m, int stream) {
 
 void Replay::deliver(const Batch& b, double now) {
   const int stream = b.stream;
-  const double due = now + in_.links[b.phase.level].alpha_s;
+  const int level = b.phase.level;
+  const double overhead = level < (int)in_.hop_overhead_s.size() ? in_.hop_overhead_s[level] : 0.0;
+  const double due = now + in_.links[level].alpha_s + overhead;
   if (aggregate_) {
     Group& g = groups_[group_key(b)];
     g.arrivals.got++;
