@@ -68,7 +68,8 @@ void round_trip(const char* spec, const uint8_t* bytes, size_t size, uint8_t sha
   auto pipeline = xd::CodecPipeline::parse(spec);
   if (!pipeline) std::abort();
   xd::EncodedTensor enc;
-  if (!pipeline->encode(in.data(), shape, &enc).is_ok()) return;  // non-finite input to int8_row or topk
+  xd::SparseTensor kept;
+  if (!pipeline->encode(in.data(), shape, &enc, &kept).is_ok()) return;  // non-finite input to int8_row or topk
   std::vector<float> out(elements);
   const xd::Status st = xd::decode_tensor(enc.metadata, enc.payload.data(), enc.payload.size(), out.data(), elements);
   if (!st.is_ok()) {
@@ -76,6 +77,16 @@ void round_trip(const char* spec, const uint8_t* bytes, size_t size, uint8_t sha
     std::abort();
   }
   if (lossless(spec) && elements && std::memcmp(out.data(), in.data(), elements * sizeof(float)) != 0) std::abort();
+  // A top-k encoder's own list of kept entries is what the decoder gives.
+  if (pipeline->is_sparse()) {
+    auto rec = xd::parse_codec_record(enc.metadata);
+    xd::SparseTensor decoded;
+    if (!rec || !xd::decode_sparse(*rec, enc.payload.data(), enc.payload.size(), &decoded).is_ok()) std::abort();
+    if (decoded.index != kept.index || decoded.value.size() != kept.value.size()) std::abort();
+    if (!kept.value.empty() &&
+        std::memcmp(decoded.value.data(), kept.value.data(), kept.value.size() * sizeof(float)) != 0)
+      std::abort();
+  }
 }
 
 void parse_spec(const uint8_t* bytes, size_t size) {
