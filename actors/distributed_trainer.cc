@@ -203,7 +203,6 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
   TransportStats now = transport_->stats();
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
-  std::map<int, double> busy_by_class;
   for (const LinkStats& l : now.links) {
     const LinkStats* prev = before.count(l.peer) ? before[l.peer] : nullptr;
     const std::string name = l.link_class < (int)opts_.link_names.size() ? opts_.link_names[l.link_class]
@@ -214,13 +213,7 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
       const double d = double(l.bytes_sent_by_kind[k]) - (prev ? prev->bytes_sent_by_kind[k] : 0.0);
       if (d > 0) m->bytes[name + "/" + message_kind_name(static_cast<MessageKind>(k))] += d;
     }
-    busy_by_class[l.link_class] += l.busy_seconds - (prev ? prev->busy_seconds : 0.0);
   }
-  // Total communication time: the busy time of the busiest link class this
-  // step, at least what was exposed.
-  double busy = 0;
-  for (const auto& [c, b] : busy_by_class) busy = std::max(busy, b);
-  m->comm_s = std::max(busy, m->exposed_comm_s);
   m->codec_s = exchange_->take_codec_seconds() + comm_->take_codec_seconds();
   // Expert tensors before any codec, and what the lossy codecs lost.
   const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
@@ -262,6 +255,11 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetr
     const std::array<double, 3>& cur = now.class_bursts[c];
     if (cur[0] > prev[0]) m->link_bursts[opts_.link_names[c]] = {cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2]};
   }
+  // Communication time, as for each direction: the busiest link class's
+  // transmit time, at least what was exposed. (Summing each peer's in-flight
+  // time instead counted concurrent links and latency several times over:
+  // more communication than the step was long.)
+  m->comm_s = std::max(m->link_busy_s, m->exposed_comm_s);
   m->fwd_comm_s = std::max(fwd_busy, m->fwd_exposed_s);
   m->bwd_comm_s = std::max(bwd_busy, m->bwd_exposed_s);
   last_stats_ = std::move(now);

@@ -79,7 +79,7 @@ uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vect
     std::memcpy(p, &scale, sizeof scale);
     p += sizeof scale;
   }
-  std::memset(p, 0, sign_bytes(kept.size()));
+  if (!kept.empty()) std::memset(p, 0, sign_bytes(kept.size()));  // p is null for an empty tensor
   for (size_t j = 0; j < kept.size(); ++j)
     if (std::signbit(x[kept[j]])) p[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
   return p + sign_bytes(kept.size());
@@ -232,7 +232,8 @@ Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
   const bool sign = s.kind == CodecKind::kTopKSign;
   // topk: the bf16 values; topk_sign: the row scales, then the sign bits.
   const uint8_t* values = in + s.bytes - (sign ? 4 * rows + sign_bytes(s.kept) : 2 * s.kept);
-  const uint8_t* signs = values + 4 * rows;
+  // Only topk_sign has signs; a topk payload may be empty (no arithmetic on null).
+  const uint8_t* signs = sign ? values + 4 * rows : nullptr;
   if (sign) {
     for (uint64_t r = 0; r < rows; ++r) {
       float scale;
