@@ -51,35 +51,39 @@ Expected<std::pair<int, std::string>> level_and_value(const JobConfig& job, cons
   return Status::invalid_argument("no level named '" + name + "'");
 }
 
-// "LEVEL=FACTOR" items: the A2A imbalance per level (1 where not given).
-Expected<std::vector<double>> level_imbalances(const JobConfig& job, const std::vector<std::string>& items) {
+// The "LEVEL=VALUE" items of `option`, one value per level (`fill` where
+// not given; empty when no item is): `parse` reads each VALUE.
+template <typename Parse>
+Expected<std::vector<double>> per_level(const JobConfig& job, const std::vector<std::string>& items,
+                                        const std::string& option, double fill, Parse parse) {
   std::vector<double> out;
   if (items.empty()) return out;
-  out.assign(job.cluster.levels.size(), 1.0);
+  out.assign(job.cluster.levels.size(), fill);
   for (const std::string& item : items) {
     auto lv = level_and_value(job, item);
-    if (!lv) return lv.status().with_context("--a2a-imbalance");
-    const std::string& value = lv->second;
-    char* end = nullptr;
-    out[lv->first] = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0') return Status::invalid_argument("--a2a-imbalance: '" + value + "' is not a number");
+    if (!lv) return lv.status().with_context(option);
+    Expected<double> v = parse(lv->second);
+    if (!v) return v.status().with_context(option + " " + item);
+    out[lv->first] = *v;
   }
   return out;
 }
 
+Expected<double> parse_number(const std::string& value) {
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0') return Status::invalid_argument("'" + value + "' is not a number");
+  return v;
+}
+
+// "LEVEL=FACTOR" items: the A2A imbalance per level (1 where not given).
+Expected<std::vector<double>> level_imbalances(const JobConfig& job, const std::vector<std::string>& items) {
+  return per_level(job, items, "--a2a-imbalance", 1.0, parse_number);
+}
+
 // "LEVEL=TIME" items: the per-hop overhead per level (0 where not given).
 Expected<std::vector<double>> level_hop_overheads(const JobConfig& job, const std::vector<std::string>& items) {
-  std::vector<double> out;
-  if (items.empty()) return out;
-  out.assign(job.cluster.levels.size(), 0.0);
-  for (const std::string& item : items) {
-    auto lv = level_and_value(job, item);
-    if (!lv) return lv.status().with_context("--hop-overhead");
-    auto v = parse_duration(lv->second);
-    if (!v) return v.status().with_context("--hop-overhead " + item);
-    out[lv->first] = *v;
-  }
-  return out;
+  return per_level(job, items, "--hop-overhead", 0.0, parse_duration);
 }
 
 // --bandwidth and --latency items onto the links.

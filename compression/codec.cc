@@ -421,11 +421,13 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       first.kept = kept_of(v.density, n);
       selector.select(data, n, first.kept, &kept);
       if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
-        kept.erase(std::remove_if(kept.begin(), kept.end(), [data](uint32_t i) { return data[i] == 0.0f; }), kept.end());
+        auto zero = [data](uint32_t i) { return data[i] == 0.0f; };
+        kept.erase(std::remove_if(kept.begin(), kept.end(), zero), kept.end());
         first.kept = kept.size();
       }
       // Varints (<= 5 bytes for u32 gaps), then the values: an upper bound.
-      bytes.resize(v.kind == CodecKind::kTopK ? 12 * first.kept : 5 * first.kept + 4 * shape.rows + sign_bytes(first.kept));
+      bytes.resize(v.kind == CodecKind::kTopK ? 12 * first.kept
+                                              : 5 * first.kept + 4 * shape.rows + sign_bytes(first.kept));
       uint8_t* p = bytes.data();
       uint32_t previous = 0;
       for (size_t j = 0; j < kept.size(); ++j) {

@@ -106,8 +106,9 @@ Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t
                      size_t n);
 
 bool is_sparse(const CodecRecord& record);  // its value codec is topk or topk_sign
-// Decodes a topk- or topk_sign-coded tensor into `out`, with decode_tensor's checks (the
-// tensor has record.shape.elements() entries). Other codecs: an error.
+// Decodes a topk- or topk_sign-coded tensor into `out`, with decode_tensor's
+// checks (the tensor has record.shape.elements() entries). Other codecs: an
+// error.
 Status decode_sparse(const CodecRecord& record, const uint8_t* payload, size_t payload_bytes, SparseTensor* out);
 
 }  // namespace xd

@@ -199,7 +199,8 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
 }
 
 TEST(Codec, BadSpecsAreRefusedNamingThePart) {
-  for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0", "zstd:3.5", "bf16:2",
+  for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0",
+                           "zstd:3.5", "bf16:2",
                            "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
     auto p = CodecPipeline::parse(spec);
     EXPECT_FALSE(p) << "'" << spec << "' was accepted";

@@ -218,8 +218,9 @@ TEST(Simulator, RanksEpAndHybridEpAsRealRunsDo) {
     for (const char* link : {"dc", "worker"}) {
       const std::string l = link;
       const double sent = bytes.value(l + "/moe_dispatch_raw", 0.0) + bytes.value(l + "/moe_combine_raw", 0.0);
-      if (sent > 0)
-        extra += " --a2a-imbalance " + l + "=" + std::to_string(std::max(1.0, bytes.value(l + "/moe_peak_raw", 0.0) / sent));
+      if (sent <= 0) continue;
+      const double factor = std::max(1.0, bytes.value(l + "/moe_peak_raw", 0.0) / sent);
+      extra += " --a2a-imbalance " + l + "=" + std::to_string(factor);
     }
     const nlohmann::json with = simulate(args + extra);
     ASSERT_TRUE(with.contains("simulated_step_s")) << run;
