@@ -110,7 +110,6 @@ def main():
                    help="scale the hop overhead by each layout's workers per core over the 2x2 run's (4 on this "
                         "machine's cores)")
     a = p.parse_args()
-    cores = os.cpu_count()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for layout in a.layouts.split(","):
@@ -140,7 +139,8 @@ def main():
             imb = imbalance_args(j)
             sr = simulate(a.xdmoe, config, d, r, ["--flops-per-s", str(FLOPS), "--measured-compute-s",
                                                    repr(j["mean_compute_s"])] + imb)
-            scale = (2 * dcs / cores) / (4 / cores) if a.hops_per_core else 1.0
+            # Workers per core (2 x dcs over the cores) relative to 2 x 2's (4 over them).
+            scale = dcs / 2 if a.hops_per_core else 1.0
             hops = []
             for item in a.hop_overhead.split(","):
                 level, value = item.split("=")

@@ -66,22 +66,28 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
 }
 
 // topk_sign's values after the index list: each row's scale (the mean |x| of
-// its kept entries), then one sign bit per kept entry. Returns the end.
-uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vector<uint32_t>& kept, uint8_t* p) {
+// its kept entries), then one sign bit per kept entry. Returns the end. With
+// `decoded`, appends each kept entry's value as the decoder will give it.
+uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vector<uint32_t>& kept, uint8_t* p,
+                              std::vector<float>* decoded) {
   std::vector<double> sum(shape.rows, 0.0);
   std::vector<uint64_t> count(shape.rows, 0);
   for (uint32_t i : kept) {
     sum[i / shape.cols] += std::abs(x[i]);
     ++count[i / shape.cols];
   }
+  std::vector<float> scale(shape.rows);
   for (uint64_t r = 0; r < shape.rows; ++r) {
-    const float scale = count[r] ? static_cast<float>(sum[r] / static_cast<double>(count[r])) : 0.0f;
-    std::memcpy(p, &scale, sizeof scale);
-    p += sizeof scale;
+    scale[r] = count[r] ? static_cast<float>(sum[r] / static_cast<double>(count[r])) : 0.0f;
+    std::memcpy(p, &scale[r], sizeof(float));
+    p += sizeof(float);
   }
   if (!kept.empty()) std::memset(p, 0, sign_bytes(kept.size()));  // p is null for an empty tensor
-  for (size_t j = 0; j < kept.size(); ++j)
-    if (std::signbit(x[kept[j]])) p[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+  for (size_t j = 0; j < kept.size(); ++j) {
+    const bool negative = std::signbit(x[kept[j]]);
+    if (negative) p[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+    if (decoded) decoded->push_back(negative ? -scale[kept[j] / shape.cols] : scale[kept[j] / shape.cols]);
+  }
   return p + sign_bytes(kept.size());
 }
 
@@ -442,13 +448,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
           if (sparse) sparse->value.push_back(detail::bf16_to_float(h));
         }
       } else {
-        const uint8_t* scales = p;
-        p = put_signs_and_scales(data, shape, kept, p);
-        for (size_t j = 0; sparse && j < kept.size(); ++j) {
-          float scale;
-          std::memcpy(&scale, scales + 4 * (kept[j] / shape.cols), sizeof scale);
-          sparse->value.push_back(std::signbit(data[kept[j]]) ? -scale : scale);
-        }
+        p = put_signs_and_scales(data, shape, kept, p, sparse ? &sparse->value : nullptr);
       }
       if (sparse) sparse->index.assign(kept.begin(), kept.end());
       bytes.resize(p - bytes.data());

@@ -102,7 +102,6 @@ void Transport::Impl::on_frame_released(Link* link, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(link->mu);
     link->queued_bytes -= bytes;
-    if (link->queued_bytes == 0) link->busy_total += steady_seconds() - link->busy_since;
     link->space.notify_all();
   }
   class_released(link->link_class, bytes);
@@ -660,10 +659,7 @@ std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector
       return link.queued_bytes == 0 ||
              link.queued_bytes + h.payload_len <= impl_->options.send_queue_bytes;
     });
-    if (h.payload_len > 0) {
-      if (link.queued_bytes == 0) link.busy_since = steady_seconds();
-      link.queued_bytes += h.payload_len;
-    }
+    link.queued_bytes += h.payload_len;
   }
   impl_->class_enqueued(link.link_class, h.payload_len);
   // Zero-size frames are released by ZeroMQ like any other.
@@ -732,7 +728,6 @@ TransportStats Transport::stats() const {
     for (int k = 0; k < kMaxMessageKind; ++k) s.bytes_sent_by_kind[k] = l->bytes_sent_by_kind[k];
     std::lock_guard<std::mutex> lock(l->mu);
     s.queued_bytes = l->queued_bytes;
-    s.busy_seconds = l->busy_total + (l->queued_bytes ? steady_seconds() - l->busy_since : 0.0);
     st.links.push_back(s);
   }
   for (int k = 0; k < kMaxMessageKind; ++k) {

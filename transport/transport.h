@@ -79,7 +79,6 @@ struct LinkStats {
   int peer = 0;
   int link_class = 0;
   uint64_t bytes_sent = 0, messages_sent = 0, bytes_received = 0, messages_received = 0;
-  double busy_seconds = 0;  // time with at least one message of this link in flight
   size_t queued_bytes = 0;
   int send_buffer_bytes = 0;  // SO_SNDBUF asked for this link's connection; 0: autotuning
   std::array<uint64_t, kMaxMessageKind> bytes_sent_by_kind{};

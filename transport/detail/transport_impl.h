@@ -60,7 +60,6 @@ struct Link {
   std::mutex mu;  // guards the fields below
   std::condition_variable space;  // signalled as queued bytes drain
   size_t queued_bytes = 0;
-  double busy_since = 0, busy_total = 0;
 };
 
 using MatchKey = std::tuple<uint8_t, uint32_t, uint16_t, uint16_t, uint32_t, uint16_t>;
