@@ -86,7 +86,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   std::vector<detail::GradientBuckets::Ranges> buckets = dense_gradient_buckets(*t->layout_);
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
-                                                          std::move(buckets), 1, overlapped, &t->timeline_);
+                                                          std::move(buckets), overlapped, &t->timeline_);
   const int r = job.cluster.expert_parallel.pipeline_degree;
   t->model_->set_pipeline_degree(r > 0 ? r : 1);
   t->model_->set_timeline(&t->timeline_);
@@ -158,8 +158,9 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   const int layers = mc.num_layers;
   hooks.experts_done = [c, this](int layer) { c->start_reduce((uint32_t)step_, layer); };
   hooks.grads_ready = [this, layers](int group) {
-    // The embedding's bucket waits for the expert norm (reduce_dense_gradients).
-    if (group >= 0) buckets_->start((uint32_t)step_, layers - group, model_->grads().data());
+    // group -1: the embedding's, the last. The expert norm goes apart
+    // (reduce_dense_gradients), so no bucket waits for the replica gradients.
+    buckets_->start((uint32_t)step_, group >= 0 ? layers - group : layers + 1, model_->grads().data());
   };
   model_->set_backward_hooks(std::move(hooks));
   comm_ = std::move(comm);
@@ -189,10 +190,17 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq, bool l
   double local = 0;
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
-  float norm = loss_finite ? static_cast<float>(local) : std::numeric_limits<float>::quiet_NaN();
-  buckets_->start(static_cast<uint32_t>(step_), buckets_->num_buckets() - 1, g.data(), &norm);
+  // A non-finite local loss joins the sum as NaN, so every worker sees it.
+  double norm = loss_finite ? local : std::numeric_limits<double>::quiet_NaN();
+  const uint32_t step = static_cast<uint32_t>(step_);
+  // The norm's sum (one latency per level) runs beside the buckets: those in
+  // flight already when overlapped, those reduced now when not.
+  CollectiveHandle norm_sum =
+      hierarchical_sum(inner_.get(), outer_.get(), CollectiveTag(step, kNoLayer, kNormSumPhase), &norm);
   const float inv = 1.0f / world_;
-  XD_RETURN_IF_ERROR(buckets_->finish(static_cast<uint32_t>(step_), g.data(), inv, &norm));
+  const Status buckets = buckets_->finish(step, g.data(), inv);
+  XD_RETURN_IF_ERROR(norm_sum.wait());
+  XD_RETURN_IF_ERROR(buckets);
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) g[i] *= inv;
   *expert_norm_sq = norm * (double)inv * inv;

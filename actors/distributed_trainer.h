@@ -93,6 +93,7 @@ class DistributedTrainer {
   // everything by 1/G.
   // A non-finite local loss makes the reduced norm NaN on every worker.
   Status reduce_dense_gradients(double* expert_norm_sq, bool loss_finite);
+  static constexpr uint16_t kNormSumPhase = 3;  // the norm's tag, apart from the buckets' and the SR base's
   // Bytes per link class and operation, and total communication time, of
   // the step just taken (one transport snapshot; `mid` is the one taken when
   // backward began).

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
+#include <map>
 
 #include "cluster/topology.h"
 #include "transport/communicator.h"
@@ -108,6 +108,7 @@ Workload workload_of(const PlannerInputs& in) {
                                  (m.gating == Gating::kXMoe ? double(m.num_experts) * m.router_rows() + 1 : 0.0) +
                                  double(m.num_shared_experts) * 3 * d * m.shared_intermediate_size;
   w.dense_param_bytes = (2 * double(m.vocab_size) * d + d + m.num_layers * per_layer_dense) * bytes;
+  w.vocab_bytes = double(m.vocab_size) * d * bytes;
   const double f = in.compute.non_gemm_factor;
   w.pre_expert_fwd_s = f * (pre_flops / rate + pre_gemms * ovh);
   w.pre_expert_bwd_s = f * (2 * pre_flops / rate + 2 * pre_gemms * ovh);
@@ -150,33 +151,40 @@ std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_si
 
 namespace {
 
-// A stream of per-layer communication work that progresses only while the
-// worker computes (see the header), first in first out.
-class BackgroundStream {
+// A link's egress as the runtime's token bucket runs it, one transfer after
+// another. A transfer released at `at` takes the first gap from then on that
+// holds it (transfers are priced route by route, so a later hop may be
+// placed before an earlier-released one's), holds the link for `busy`
+// seconds and lands `alpha` after its last byte left: the latencies of
+// transfers queued behind each other overlap.
+class LinkQueue {
  public:
-  void release(double seconds) { left_.push_back(seconds); }
-  // Progress during `dt` seconds of compute.
-  void run(double dt) {
-    while (!left_.empty() && left_.front() <= dt) {
-      dt -= left_.front();
-      left_.pop_front();
-    }
-    if (!left_.empty()) left_.front() -= dt;
+  double send(double at, double busy, double alpha) {
+    double start = at;
+    auto it = busy_.upper_bound(start);
+    if (it != busy_.begin() && std::prev(it)->second > start) start = std::prev(it)->second;
+    for (; it != busy_.end() && it->first < start + busy; ++it) start = std::max(start, it->second);
+    if (busy > 0) busy_.emplace(start, start + busy);
+    return start + busy + alpha;
   }
-  // Finishes the first `items` entries (all when -1); returns the wait.
-  double drain(int items = -1) {
-    double wait = 0;
-    for (int i = 0; !left_.empty() && (items < 0 || i < items); ++i) {
-      wait += left_.front();
-      left_.pop_front();
-    }
-    return wait;
-  }
-  int pending() const { return static_cast<int>(left_.size()); }
 
  private:
-  std::deque<double> left_;
+  std::map<double, double> busy_;  // [start, end) of each transfer, disjoint
 };
+
+// One hop of a transfer: the link of `level` busy for `busy` seconds (bytes
+// over its rate, and codec time), then `alpha` (its rounds' latency).
+struct Hop {
+  int level = 0;
+  double busy = 0, alpha = 0;
+};
+using Route = std::vector<Hop>;  // the hops of one transfer, in order
+
+double total(const Route& route) {
+  double s = 0;
+  for (const Hop& h : route) s += h.busy + h.alpha;
+  return s;
+}
 
 }  // namespace
 
@@ -198,11 +206,11 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 
   // One A2A toward the experts (Dispatch, backward of Combine) and one back
   // to the sources (Combine, backward of Dispatch) of one MoE layer, level by
-  // level, each through its token codec; one layer's AG (outer level first,
-  // forwarding what the outer levels gathered) and its RS.
-  // alpha (paid by every chunk) and the byte time, of each direction.
-  double to_experts_alpha = 0, to_sources_alpha = 0, a2a_to_experts = 0, a2a_to_sources = 0;
-  double ag_layer = 0, rs_layer = 0, gathered_per_layer_experts = 1;
+  // level (outer first toward the experts), each through its token codec;
+  // one layer's AG (outer level first, forwarding what the outer levels
+  // gathered) and its RS (inner level first). Codec time rides on the hop.
+  Route to_experts_chunk, to_sources_chunk, ag_layer, rs_layer;
+  double gathered_per_layer_experts = 1;
   bool base_sync = false;
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
@@ -211,17 +219,17 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
     if (a2a_msgs > 0) {
-      to_experts_alpha += link.alpha_s;
-      to_sources_alpha += link.alpha_s;
-      a2a_to_experts += a2a_bytes * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
-      a2a_to_sources += a2a_bytes * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
+      to_experts_chunk.push_back(
+          {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
+      to_sources_chunk.insert(to_sources_chunk.begin(),
+          Hop{l, a2a_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s});
     }
-    // The replicas' raw bytes, through the AG and RS codecs of this level
-    // (their encode and decode time rides on the AG / RS stream).
+    // The replicas' raw bytes, through the AG and RS codecs of this level.
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
     if (s > 1) {
-      ag_layer += link.alpha_s + ag_bytes * (link.beta_s_per_byte * codec.gather_fraction + codec.gather_s_per_byte);
-      rs_layer += link.alpha_s + ag_bytes * (link.beta_s_per_byte * codec.grad_fraction + codec.grad_s_per_byte);
+      ag_layer.push_back({l, ag_bytes * (link.beta_s_per_byte * codec.gather_fraction + codec.gather_s_per_byte), link.alpha_s});
+      rs_layer.insert(rs_layer.begin(),
+          Hop{l, ag_bytes * (link.beta_s_per_byte * codec.grad_fraction + codec.grad_s_per_byte), link.alpha_s});
       base_sync = base_sync || codec.gather_against_base;
     }
     c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) +
@@ -236,73 +244,97 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                        " bytes per worker, above the memory cap of " +
                        std::to_string(static_cast<long long>(memory_cap_bytes));
 
-  // Hierarchical all-reduce of the dense gradients: reduce-scatter inner
-  // level first, on the shard left by the inner levels, then all-gather back.
-  // Each phase is one round while the blocks are small, a ring of sf - 1
-  // rounds from Communicator's ring threshold on; dense_grad codecs scale the
-  // bytes. The SR base all-reduce (one expert per layer) is counted with it:
-  // it overlaps the next step's compute, but shares the same links. The base
-  // travels in bf16 on the stage of a level whose AG codes against it, as the
-  // runtime does: the inner stage is the innermost level, the outer stage
-  // every other level.
+  // Hierarchical all-reduce of dense gradients: reduce-scatter inner level
+  // first, on the shard left by the inner levels, then all-gather back. Each
+  // phase is one round while the blocks are small, a ring of sf - 1 rounds
+  // from Communicator's ring threshold on; dense_grad codecs scale the bytes.
+  // The SR base (one expert per layer, base_syncs_per_step times) is its own
+  // all-reduce on the same links, in bf16 on the stage of a level whose AG
+  // codes against it, as the runtime sends it: the inner stage is the
+  // innermost level, the outer stage every other level.
   const double base_bytes = base_sync ? w.base_syncs_per_step * w.expert_bytes * layers : 0.0;
   bool outer_base_bf16 = false;
   for (int l = 0; l + 1 < num_levels && !link_codecs.empty(); ++l)
     outer_base_bf16 = outer_base_bf16 || link_codecs[l].gather_against_base;
-  double shard = w.dense_param_bytes, base_shard = base_bytes;
-  for (int l = num_levels - 1; l >= 0; --l) {
-    const int sf = level_sizes[l];
-    const double fraction = link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
-    const bool base_bf16 = l == num_levels - 1 ? !link_codecs.empty() && link_codecs[l].gather_against_base
-                                               : outer_base_bf16;
-    if (sf > 1 && shard + base_shard > 0) {
-      const double bytes = 2.0 * (sf - 1) / sf * (shard * fraction + base_shard * (base_bf16 ? 0.5 : 1.0));
-      const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
-      const double rounds = ring ? sf - 1 : 1;
-      c.allreduce_s += 2.0 * rounds * links[l].alpha_s + links[l].beta_s_per_byte * bytes;
-      c.level_bytes[l] += bytes;
+  // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
+  // hop per level, inner first, then the all-gathers back; adds its bytes
+  // per level.
+  auto all_reduce = [&](double bytes, bool base) {
+    Route x;
+    double shard = bytes;
+    for (int l = num_levels - 1; l >= 0; --l) {
+      const int sf = level_sizes[l];
+      const bool bf16 = l == num_levels - 1 ? !link_codecs.empty() && link_codecs[l].gather_against_base
+                                            : outer_base_bf16;
+      const double fraction = base ? (bf16 ? 0.5 : 1.0) : link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
+      if (sf > 1 && shard > 0) {
+        const double sent = 2.0 * (sf - 1) / sf * shard * fraction;
+        const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
+        x.push_back({l, links[l].beta_s_per_byte * sent / 2, (ring ? sf - 1 : 1) * links[l].alpha_s});
+        c.level_bytes[l] += sent;
+      }
+      shard /= sf;
     }
-    shard /= sf;
-    base_shard /= sf;
+    for (int i = static_cast<int>(x.size()) - 1; i >= 0; --i) x.push_back(x[i]);
+    return x;
+  };
+  // The buckets backward finishes (model/param_layout.h): the LM head's, one
+  // per layer (bucket layers - k for layer k), the embedding's.
+  std::vector<double> bucket_bytes(layers + 2, w.dense_param_bytes / (layers + 2));
+  if (w.vocab_bytes > 0 && w.dense_param_bytes > 2 * w.vocab_bytes) {
+    bucket_bytes.assign(layers + 2, (w.dense_param_bytes - 2 * w.vocab_bytes) / layers);
+    bucket_bytes.front() = bucket_bytes.back() = w.vocab_bytes;
   }
+  std::vector<Route> bucket;
+  for (double bytes : bucket_bytes) {
+    bucket.push_back(all_reduce(bytes, false));
+    c.allreduce_s += total(bucket.back());
+  }
+  const Route base = base_bytes > 0 ? all_reduce(base_bytes, true) : Route{};
+  c.allreduce_s += total(base);
+  // The expert norm's sum: one round per level, inner first.
+  Route norm_sum;
+  for (int l = num_levels - 1; l >= 0; --l)
+    if (level_sizes[l] > 1) norm_sum.push_back({l, 0.0, links[l].alpha_s});
+  c.allreduce_s += total(norm_sum);
 
   // Held experts cost GEMM calls: 3 forward, 6 backward each, per chunk.
   const double expert_fwd = w.expert_fwd_s / r + 3 * held * w.gemm_overhead_s;
   const double expert_bwd = w.expert_bwd_s / r + 6 * held * w.gemm_overhead_s;
-  // One chunk of an A2A; every chunk pays the start-up of every level.
-  const double chunk_to_experts = to_experts_alpha + a2a_to_experts / r;
-  const double chunk_to_sources = to_sources_alpha + a2a_to_sources / r;
   const double bwd_scale = w.pre_expert_fwd_s > 0 ? w.pre_expert_bwd_s / w.pre_expert_fwd_s : 2.0;
   const double attention_fwd = std::max(0.0, w.pre_expert_fwd_s - w.shared_fwd_s);  // with the router
   const double qkv_fwd = std::min(w.attention_qkv_fwd_s, attention_fwd);
 
-  // The iteration as a timeline of the compute stream; the AG and RS streams
-  // progress while it computes, the A2As on one FIFO link stream.
-  BackgroundStream ag, rs;
-  for (int k = 0; k < layers; ++k) ag.release(ag_layer);  // from the start
-  double t = 0, link_free = 0;
-  auto compute = [&](double dt, BackgroundStream* background) {
-    if (background) background->run(dt);
+  // The iteration as a timeline of the compute stream. Every transfer
+  // crosses its levels' links hop by hop, each link a FIFO queue in wall
+  // time. The two A2A directions each run one chunk at a time, as the
+  // runtime's two exchange threads do (every chunk pays every level's alpha).
+  std::vector<LinkQueue> link(num_levels);
+  auto send = [&](double at, const Route& route) {
+    for (const Hop& h : route) at = link[h.level].send(at, h.busy, h.alpha);
+    return at;
+  };
+  std::vector<double> gathered(layers, 0.0);
+  for (int k = 0; k < layers && !ag_layer.empty(); ++k)  // every layer's AG leaves at the start
+    gathered[k] = send(0, ag_layer);
+  if (!base.empty()) send(0, base);  // behind the AGs
+  double t = 0, to_experts_free = 0, to_sources_free = 0;
+  auto compute = [&](double dt) {
     t += dt;
     c.compute_s += dt;
-  };
-  // Starts an A2A (chunk) now; returns when it lands. Not overlapped, compute
-  // waits for it at once.
-  auto start_a2a = [&](double dt) {
-    const double begin = std::max(t, link_free);
-    link_free = begin + dt;
-    c.a2a_s += dt;
-    return link_free;
   };
   auto wait_for = [&](double done) {
     if (done <= t) return;
     c.exposed_a2a_s += done - t;
     t = done;
   };
-  auto a2a = [&](double dt) {
-    const double done = start_a2a(dt);
-    if (!w.overlapped) wait_for(done);
-    return done;
+  // Starts an A2A chunk now; returns when it lands. Not overlapped, compute
+  // waits for it at once.
+  auto a2a = [&](const Route& route, double* free) {
+    *free = send(std::max(t, *free), route);
+    c.a2a_s += total(route);
+    if (!w.overlapped) wait_for(*free);
+    return *free;
   };
   auto connectivity = [&](int k) {
     return w.connectivity.empty() ? Connectivity::kRegular : w.connectivity[std::min<size_t>(k, w.connectivity.size() - 1)];
@@ -314,55 +346,67 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   for (int k = 0; k < layers; ++k) {
     const Connectivity conn = connectivity(k);
     if (!farskip_attention(conn)) wait_for(combined);
-    compute(qkv_fwd, &ag);                   // attention (a)
+    compute(qkv_fwd);                   // attention (a)
     wait_for(combined);
     std::vector<double> dispatched(r);
     auto route = [&] {
-      for (int i = 0; i < r; ++i) dispatched[i] = a2a(chunk_to_experts);
+      for (int i = 0; i < r; ++i) dispatched[i] = a2a(to_experts_chunk, &to_experts_free);
     };
     if (farskip_moe(conn)) route();
-    compute(attention_fwd - qkv_fwd, &ag);  // attention (b), router
+    compute(attention_fwd - qkv_fwd);  // attention (b), router
     if (!farskip_moe(conn)) route();
-    // Layers 0..k must have their experts: finish those still in flight.
-    const double wait = ag.drain(std::max(0, k + 1 - (layers - ag.pending())));
+    // The layer's experts must have landed.
+    const double wait = std::max(0.0, gathered[k] - t);
     t += wait;
     c.exposed_ag_s += wait;
     for (int i = 0; i < r; ++i) {
       wait_for(dispatched[i]);
-      compute(expert_fwd, &ag);
-      combined = a2a(chunk_to_sources);
+      compute(expert_fwd);
+      combined = a2a(to_sources_chunk, &to_sources_free);
     }
-    compute(w.shared_fwd_s, &ag);
+    compute(w.shared_fwd_s);
   }
   wait_for(combined);
-  compute(w.post_s, nullptr);
+  compute(w.post_s);
+  // Overlapped, a dense bucket leaves as soon as backward has finished it.
+  double dense_done = 0, rs_done = 0;
+  auto release_bucket = [&](int b) {
+    if (w.overlapped) dense_done = std::max(dense_done, send(t, bucket[b]));
+  };
+  release_bucket(0);  // the LM head's
   for (int k = layers - 1; k >= 0; --k) {
     const Connectivity conn = connectivity(k);
     std::vector<double> to_experts(r);
-    for (int i = 0; i < r; ++i) to_experts[i] = a2a(chunk_to_experts);  // backward of Combine
-    if (farskip_moe(conn)) compute(attention_fwd * bwd_scale, &rs);
+    for (int i = 0; i < r; ++i) to_experts[i] = a2a(to_experts_chunk, &to_experts_free);  // backward of Combine
+    if (farskip_moe(conn)) compute(attention_fwd * bwd_scale);
     double returned = t;
     for (int i = 0; i < r; ++i) {
       wait_for(to_experts[i]);
-      compute(expert_bwd / 2, &rs);     // input gradients
-      returned = a2a(chunk_to_sources);  // backward of Dispatch
-      compute(expert_bwd / 2, &rs);     // weight gradients
+      compute(expert_bwd / 2);           // input gradients
+      returned = a2a(to_sources_chunk, &to_sources_free);  // backward of Dispatch
+      compute(expert_bwd / 2);           // weight gradients
     }
-    rs.release(rs_layer);  // this layer's replica gradients are ready
-    compute(w.shared_fwd_s * bwd_scale, &rs);
+    // This layer's replica gradients go home.
+    if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
+    compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
-    if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale, &rs);
-    // Overlapped, its dense bucket follows on the same stream (the LM
-    // head's rides with the last layer's, the embedding's waits below).
-    if (w.overlapped) rs.release(c.allreduce_s / (layers + 2) * (k == layers - 1 ? 2 : 1));
+    if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale);
+    release_bucket(layers - k);
   }
-  c.exposed_rs_s = rs.drain();
+  release_bucket(layers + 1);  // the embedding's
+  // Every replica gradient home, then the norm's sum beside the buckets:
+  // those in flight (overlapped) or, simple, each in turn, each paying its
+  // own latency.
+  c.exposed_rs_s = std::max(0.0, rs_done - t);
   t += c.exposed_rs_s;
-  // The embedding's bucket carries the expert norm, so it starts after the RS.
-  c.exposed_allreduce_s = w.overlapped ? c.allreduce_s / (layers + 2) : c.allreduce_s;
-  t += c.exposed_allreduce_s;
-  c.ag_s = ag_layer * layers;
-  c.rs_s = rs_layer * layers;
+  const double norm_done = send(t, norm_sum);
+  if (!w.overlapped)
+    for (const Route& x : bucket) dense_done = send(std::max(t, dense_done), x);
+  const double end = std::max({t, norm_done, dense_done});
+  c.exposed_allreduce_s = end - t;
+  t = end;
+  c.ag_s = total(ag_layer) * layers;
+  c.rs_s = total(rs_layer) * layers;
   c.iteration_s = t;
   return c;
 }

@@ -13,16 +13,21 @@
 //             n P_E (prod_{j<l} S^j)(S^l - 1) bytes at level l, and the
 //             reduce-scatter of replica gradients, same volume;
 // plus the hierarchical all-reduce of the dense gradients.
-// Overlap: the AG runs while the worker computes in the forward pass (it may
-// start when the iteration starts; a layer's experts wait for their AG); the RS
-// runs while it computes in the backward pass. The A2As follow the schedule
-// of docs/overlap.md: not overlapped (farskip.overlapped false), each blocks
-// the compute stream for its whole duration. Overlapped, each is a message on
-// one FIFO link stream that starts when the schedule starts it and is waited
-// for where the schedule needs its result; the compute between the two is
-// what hides it (attention under FarSkip, the shared experts, the expert
-// weight gradients, and with r chunks the experts of earlier chunks); the
-// dense all-reduce then goes in per-layer buckets behind the backward pass.
+// Overlap: every transfer is a route of hops, one per level it crosses, and
+// each level's link is a queue in wall time beside the compute stream (the
+// runtime's token bucket): a hop holds the link for its bytes over the rate
+// and lands alpha later, so transfers queued behind each other pay their
+// latency once. Every layer's AG leaves when the iteration starts and its
+// experts wait for it; a layer's RS leaves when its expert backward is done;
+// overlapped, the dense buckets leave as backward finishes them. The step
+// ends when the RS is home, the norm summed and the buckets done; not
+// overlapped, the buckets then run one by one. The A2As follow the schedule
+// of docs/overlap.md, each direction one chunk at a time: not overlapped
+// (farskip.overlapped false), each blocks the compute stream until it lands;
+// overlapped, it starts when the schedule starts it and is waited for where
+// the schedule needs its result; the compute between the two is what hides
+// it (attention under FarSkip, the shared experts, the expert weight
+// gradients, and with r chunks the experts of earlier chunks).
 // Links: a worker's egress on one link class is one token bucket shared by all
 // its peers of that class, so a level's bytes cost beta * (total bytes). The
 // fan-out collectives (A2A, AG, RS) send to all their level peers at once, so
@@ -104,6 +109,7 @@ struct Workload {
   double expert_bytes = 0;         // P_E: the parameters of one routed expert
   double token_bytes = 0;          // D: one A2A's data per worker and MoE layer
   double dense_param_bytes = 0;    // everything but routed experts; all-reduced
+  double vocab_bytes = 0;          // one (vocab, d) matrix: the LM head's bucket and the embedding's
   double pre_expert_fwd_s = 0;     // per MoE layer
   double pre_expert_bwd_s = 0;     // per MoE layer
   double expert_fwd_s = 0;         // per MoE layer, the flops part
@@ -133,7 +139,7 @@ struct PlanCandidate {
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
   double rs_s = 0;            // the replica-gradient reduce-scatter stream, total
-  double allreduce_s = 0;     // dense-gradient all-reduce (after backward, or in buckets behind it)
+  double allreduce_s = 0;     // every dense bucket's all-reduce, the SR base's and the norm's sum, each alone
   double exposed_allreduce_s = 0;
   double exposed_ag_s = 0;    // AG time the compute stream waited for
   double exposed_rs_s = 0;    // RS time left after the backward pass

@@ -61,7 +61,7 @@ class ParamLayout;
 // the simulator (simulation/) prices them, so both see the same buckets.
 std::vector<std::vector<std::pair<size_t, size_t>>> dense_gradient_buckets(const ParamLayout& layout);
 // Overlapped, bucket b moves on thread b mod kDenseBucketThreads.
-constexpr int kDenseBucketThreads = 3;
+constexpr int kDenseBucketThreads = 8;
 
 class ParamLayout {
  public:

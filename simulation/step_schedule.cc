@@ -25,6 +25,7 @@ const char* comm_kind_name(CommKind k) {
     case CommKind::kExpertGather: return "expert all-gather";
     case CommKind::kReplicaGradients: return "replica gradients";
     case CommKind::kDenseBucket: return "dense bucket";
+    case CommKind::kNormSum: return "norm sum";
   }
   return "?";
 }
@@ -94,6 +95,7 @@ class Recorder {
       case CommKind::kExpertGather:
       case CommKind::kReplicaGradients: c.stream = kExpertsStream; break;
       case CommKind::kDenseBucket: c.stream = kDenseStream + chunk % kDenseBucketThreads; break;
+      case CommKind::kNormSum: c.stream = kNormStream; break;
     }
     s_->comms.push_back(c);
     return index_[key] = static_cast<int>(s_->comms.size()) - 1;
@@ -229,13 +231,13 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   const int buckets = static_cast<int>(dense_gradient_buckets(layout).size());
   // DistributedTrainer's hooks: replica gradients leave when a layer's expert
   // backward is done; overlapped, a dense bucket leaves when backward has
-  // finished it, except the embedding's, which carries the expert norm.
+  // finished it (group -1: the embedding's, the last).
   MoeTransformer<float>::BackwardHooks hooks;
   hooks.experts_done = [&](int layer) {
     if (shape.gathers_experts) rec.start(CommKind::kReplicaGradients, layer, 0);
   };
   hooks.grads_ready = [&](int group) {
-    if (shape.overlapped && group >= 0) rec.start(CommKind::kDenseBucket, -1, L - group);
+    if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
   };
   model.set_backward_hooks(hooks);
   RecordingExchange exchange(cfg.num_experts, &rec, shape.overlapped, shape.gathers_experts);
@@ -253,19 +255,17 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   model.zero_grad();
   model.forward(inputs.data(), targets.data(), batch, seq, &exchange);
   model.backward(&exchange);
-  // reduce_dense_gradients: every replica gradient home, then the embedding's
-  // bucket (not overlapped: every bucket, in order), then all buckets done.
+  // reduce_dense_gradients: every replica gradient home; the norm's sum
+  // starts; simple, every bucket in order; then all buckets done, then the
+  // norm's sum.
   if (shape.gathers_experts)
     for (int l = 0; l < L; ++l) rec.wait(CommKind::kReplicaGradients, l, 0);
-  if (!shape.overlapped) {
-    for (int b = 0; b < buckets; ++b) {
-      rec.start(CommKind::kDenseBucket, -1, b);
-      rec.wait(CommKind::kDenseBucket, -1, b);
-    }
-  } else {
-    rec.start(CommKind::kDenseBucket, -1, buckets - 1);
-    for (int b = 0; b < buckets; ++b) rec.wait(CommKind::kDenseBucket, -1, b);
+  rec.start(CommKind::kNormSum, -1, 0);
+  for (int b = 0; b < buckets; ++b) {
+    if (!shape.overlapped) rec.start(CommKind::kDenseBucket, -1, b);
+    rec.wait(CommKind::kDenseBucket, -1, b);
   }
+  rec.wait(CommKind::kNormSum, -1, 0);
   timeline.set_enabled(false);
   for (const Span& sp : timeline.take()) rec.span(sp);
 

@@ -12,8 +12,8 @@
 // DistributedTrainer does it: the expert all-gathers of every layer start
 // before the forward, a layer's replica gradients leave when its expert
 // backward is done, dense-gradient buckets leave as backward finishes them
-// (at the end when not overlapped), and the embedding's bucket waits for the
-// replica gradients. Durations and bytes are not part of the schedule: the
+// (at the end when not overlapped), and the expert gradients' norm is summed
+// once the replica gradients are home, beside the buckets. Durations and bytes are not part of the schedule: the
 // simulator (simulation/simgrid_replay.h) prices them from the planner's
 // Workload. The same miniature run therefore changes whenever the model's
 // schedule does, and a test compares it with a traced real run.
@@ -38,14 +38,17 @@ enum class CommKind : int {
   kExpertGather = 4,      // HybridEP all-gather of a layer's experts
   kReplicaGradients = 5,  // their gradients back to the owners
   kDenseBucket = 6,       // one bucket of the dense-gradient all-reduce
+  kNormSum = 7,           // the expert gradients' norm, summed over every worker
 };
 const char* comm_kind_name(CommKind k);
 
 // Which thread of the worker moves it. Each is first in, first out, as the
 // runtime's comm threads are: HybridExpertExchange's two, ExpertCommunicator's,
-// and the dense buckets' (bucket b on kDenseStream + b mod kDenseBucketThreads).
+// the dense buckets' (bucket b on kDenseStream + b mod kDenseBucketThreads),
+// and the norm's sum (a collective thread of its own).
 constexpr int kToExpertsStream = 0, kToSourcesStream = 1, kExpertsStream = 2, kDenseStream = 3;
-constexpr int kNumCommStreams = kDenseStream + kDenseBucketThreads;
+constexpr int kNormStream = kDenseStream + kDenseBucketThreads;
+constexpr int kNumCommStreams = kNormStream + 1;
 
 // The compute a span stands for; the simulator gives each a duration.
 enum class ComputeKind : int {

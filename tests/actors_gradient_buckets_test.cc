@@ -3,6 +3,8 @@
 // thread while the caller goes on or one after another at the end.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "actors/detail/dense_all_reduce.h"
@@ -42,16 +44,14 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
   const std::vector<detail::GradientBuckets::Ranges> buckets = {{{9000, 10000}}, {{0, 10}, {5000, 9000}}, {{10, 4000}}};
   Cluster cluster;
   std::vector<std::vector<float>> expected(kWorld), got(kWorld);
-  std::vector<float> expected_extra(kWorld), got_extra(kWorld);
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r)
     threads.emplace_back([&, r] {
       const detail::DenseWirePrecision precision{bf16, bf16};
-      // One all-reduce of every bucketed float, in bucket order, plus the extra.
+      // One all-reduce of every bucketed float, in bucket order.
       std::vector<float> g = gradients(r, n), flat;
       for (const auto& ranges : buckets)
         for (auto [b, e] : ranges) flat.insert(flat.end(), g.begin() + b, g.begin() + e);
-      flat.push_back(float(r + 1));
       XD_CHECK(detail::dense_all_reduce(cluster.inner[r].get(), cluster.outer[r].get(), precision,
                                         CollectiveTag(0, kNoLayer, 1), flat.data(), flat.size()).is_ok());
       expected[r] = g;
@@ -59,14 +59,12 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
       for (const auto& ranges : buckets)
         for (auto [b, e] : ranges)
           for (size_t i = b; i < e; ++i) expected[r][i] = flat[k++] * 0.25f;
-      expected_extra[r] = flat[k];
 
-      detail::GradientBuckets gb(cluster.inner[r].get(), cluster.outer[r].get(), precision, buckets, 1, overlapped,
+      detail::GradientBuckets gb(cluster.inner[r].get(), cluster.outer[r].get(), precision, buckets, overlapped,
                                  nullptr);
       got[r] = gradients(r, n);
-      const float extra = float(r + 1);
-      for (int b = 0; b < gb.num_buckets(); ++b) gb.start(1, b, got[r].data(), &extra);
-      XD_CHECK(gb.finish(1, got[r].data(), 0.25f, &got_extra[r]).is_ok());
+      for (int b = 0; b < gb.num_buckets(); ++b) gb.start(1, b, got[r].data());
+      XD_CHECK(gb.finish(1, got[r].data(), 0.25f).is_ok());
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
@@ -80,8 +78,6 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
     } else {
       EXPECT_EQ(got[r], expected[r]) << "rank " << r;
     }
-    EXPECT_EQ(got_extra[r], expected_extra[r]) << "rank " << r;
-    EXPECT_EQ(got_extra[r], 1.0f + 2.0f + 3.0f + 4.0f);
   }
   // Untouched: the hole between the buckets' ranges keeps the local values.
   EXPECT_EQ(got[0][4500], gradients(0, n)[4500]);
@@ -91,6 +87,31 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
 TEST(GradientBuckets, OverlappedBucketsGiveTheSumsOfOneAllReduce) { expect_buckets_equal_one_all_reduce(true, false); }
 TEST(GradientBuckets, BucketsRunAtTheEndGiveTheSumsOfOneAllReduce) { expect_buckets_equal_one_all_reduce(false, false); }
 TEST(GradientBuckets, Bf16BucketsGiveTheSumsOfOneBf16AllReduce) { expect_buckets_equal_one_all_reduce(true, true); }
+
+// The gradient norm's sum (DistributedTrainer::reduce_dense_gradients): the
+// same bits everywhere, a NaN from one worker reaching all.
+TEST(HierarchicalSum, EveryWorkerGetsTheSameBitsOfTheSumAndANanReachesAll) {
+  Cluster cluster;
+  for (bool with_nan : {false, true}) {
+    std::vector<double> got(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r)
+      threads.emplace_back([&, r] {
+        got[r] = with_nan && r == 2 ? std::nan("") : 0.1 * (r + 1) + 1e-17 * r;
+        XD_CHECK(hierarchical_sum(cluster.inner[r].get(), cluster.outer[r].get(),
+                                  CollectiveTag(with_nan ? 2 : 1, kNoLayer, 3), &got[r]).wait().is_ok());
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      if (with_nan) {
+        EXPECT_TRUE(std::isnan(got[r])) << "rank " << r;
+      } else {
+        EXPECT_EQ(std::memcmp(&got[r], &got[0], sizeof(double)), 0) << "rank " << r;
+        EXPECT_NEAR(got[r], 0.1 + 0.2 + 0.3 + 0.4, 1e-15);
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace xd

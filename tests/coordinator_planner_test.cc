@@ -242,9 +242,10 @@ TEST(Planner, StreamsAddUpToTheIterationForTheExampleJobs) {
       EXPECT_NEAR(c.iteration_s,
                   c.compute_s + c.exposed_a2a_s + c.exposed_ag_s + c.exposed_rs_s + c.exposed_allreduce_s,
                   1e-9 * c.iteration_s);
-      EXPECT_LE(c.exposed_a2a_s, c.a2a_s + 1e-12);
+      // An A2A may also wait for the link behind expert and dense transfers.
+      EXPECT_LE(c.exposed_a2a_s, c.a2a_s + c.ag_s + c.rs_s + c.allreduce_s + 1e-12);
       EXPECT_LE(c.exposed_ag_s, c.ag_s + 1e-12);
-      // Overlapped, the dense buckets share the RS stream behind backward.
+      // Overlapped, the dense buckets share the RS link queue behind backward.
       EXPECT_LE(c.exposed_rs_s, c.rs_s + c.allreduce_s + 1e-12);
       EXPECT_LE(c.exposed_allreduce_s, c.allreduce_s + 1e-12);
       EXPECT_GT(c.allreduce_s, 0);

@@ -63,9 +63,9 @@ TEST(StepSchedule, EveryCommunicationStartsOnceAndIsWaitedForOnceAfterwards) {
             EXPECT_GT(waited[k], started[k]) << comm_kind_name(s->comms[k].kind) << " waited before it started";
           }
           // Per layer: 4 exchanges of r chunks; with replicas an AG and its
-          // gradients; L + 2 dense buckets.
+          // gradients; L + 2 dense buckets; the norm's sum.
           const int L = 3;
-          const size_t expected = 4 * L * r + (gathers ? 2 * L : 0) + (L + 2);
+          const size_t expected = 4 * L * r + (gathers ? 2 * L : 0) + (L + 2) + 1;
           EXPECT_EQ(s->comms.size(), expected);
         }
 }

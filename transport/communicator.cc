@@ -406,6 +406,21 @@ CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* oute
   }));
 }
 
+CollectiveHandle hierarchical_sum(Communicator* inner, Communicator* outer, const CollectiveTag& tag,
+                                  double* value) {
+  return CollectiveHandle(detail::run_collective([=] {
+    for (Communicator* c : {inner, outer}) {
+      if (c->size() <= 1) continue;
+      std::vector<double> all(c->size());
+      XD_RETURN_IF_ERROR(c->all_gather(tag, value, sizeof(double), all.data()).wait());
+      double sum = 0;
+      for (double v : all) sum += v;
+      *value = sum;
+    }
+    return Status::ok();
+  }));
+}
+
 std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank) {
   // Location coordinate l of rank m is floor(m / prod_{j>l} SF^j) mod SF^l.
   int stride = 1;

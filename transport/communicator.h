@@ -163,6 +163,12 @@ class Communicator {
 CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
                                          const CollectiveTag& tag, float* data, size_t count);
 
+// The sum of one double over every rank of a two-level layout, the same bits
+// on each: gathered inside `inner` and summed in member order, then the same
+// across `outer`. One round per group: a slow link's latency once.
+CollectiveHandle hierarchical_sum(Communicator* inner, Communicator* outer, const CollectiveTag& tag,
+                                  double* value);
+
 // Ranks that differ from `rank` only in coordinate `level` of a layout whose
 // level sizes are `level_sizes` (outermost first), in coordinate order.
 std::vector<int> ranks_along_level(const std::vector<int>& level_sizes, int level, int rank);

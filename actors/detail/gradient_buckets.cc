@@ -9,15 +9,14 @@
 namespace xd::detail {
 
 GradientBuckets::GradientBuckets(Communicator* inner, Communicator* outer, DenseWirePrecision precision,
-                                 std::vector<Ranges> buckets, size_t extra, bool overlapped, Timeline* timeline)
-    : inner_(inner), outer_(outer), precision_(precision), extra_(extra), timeline_(timeline) {
+                                 std::vector<Ranges> buckets, bool overlapped, Timeline* timeline)
+    : inner_(inner), outer_(outer), precision_(precision), timeline_(timeline) {
   XD_CHECK(!buckets.empty());
   buckets_.resize(buckets.size());
   step_of_.assign(buckets.size(), UINT32_MAX);  // no step yet
   for (size_t b = 0; b < buckets.size(); ++b) {
     size_t n = 0;
     for (auto [begin, end] : buckets[b]) n += end - begin;
-    if (b + 1 == buckets.size()) n += extra;
     buckets_[b].ranges = std::move(buckets[b]);
     buckets_[b].buffer.resize(n);
     buckets_[b].done = true;
@@ -38,7 +37,7 @@ Status GradientBuckets::reduce(uint32_t step, int b) {
                           buffer.data(), buffer.size());
 }
 
-void GradientBuckets::start(uint32_t step, int b, const float* grads, const float* extra) {
+void GradientBuckets::start(uint32_t step, int b, const float* grads) {
   XD_CHECK(b >= 0 && b < num_buckets());
   Bucket& bucket = buckets_[b];
   {
@@ -51,10 +50,6 @@ void GradientBuckets::start(uint32_t step, int b, const float* grads, const floa
     std::copy(grads + begin, grads + end, bucket.buffer.begin() + k);
     k += end - begin;
   }
-  if (b + 1 == num_buckets() && extra_ > 0) {
-    XD_CHECK(extra);
-    std::copy(extra, extra + extra_, bucket.buffer.begin() + k);
-  }
   step_of_[b] = step;
   if (threads_.empty()) return;  // finish() reduces
   threads_[b % threads_.size()]->post([this, step, b] {
@@ -66,7 +61,7 @@ void GradientBuckets::start(uint32_t step, int b, const float* grads, const floa
   });
 }
 
-Status GradientBuckets::finish(uint32_t step, float* grads, float scale, float* extra) {
+Status GradientBuckets::finish(uint32_t step, float* grads, float scale) {
   Status first;
   const double t0 = steady_seconds();
   for (int b = 0; b < num_buckets(); ++b) {
@@ -89,8 +84,6 @@ Status GradientBuckets::finish(uint32_t step, float* grads, float scale, float* 
     size_t k = 0;
     for (auto [begin, end] : bucket.ranges)
       for (size_t i = begin; i < end; ++i) grads[i] = bucket.buffer[k++] * scale;
-    if (b + 1 == num_buckets())
-      for (size_t i = 0; i < extra_; ++i) extra[i] = bucket.buffer[k++];
   }
   return Status::ok();
 }

@@ -31,20 +31,17 @@ class GradientBuckets {
  public:
   using Ranges = std::vector<std::pair<size_t, size_t>>;  // [begin, end) in the gradient block
 
-  // `buckets[b]` lists bucket b's ranges; `extra` floats ride at the end of
-  // the last bucket (sums of per-worker scalars, e.g. a squared norm).
+  // `buckets[b]` lists bucket b's ranges.
   GradientBuckets(Communicator* inner, Communicator* outer, DenseWirePrecision precision,
-                  std::vector<Ranges> buckets, size_t extra, bool overlapped, Timeline* timeline);
+                  std::vector<Ranges> buckets, bool overlapped, Timeline* timeline);
   ~GradientBuckets();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // Copies bucket b out of `grads` and starts its all-reduce. The last
-  // bucket also takes `extra` (extra floats).
-  void start(uint32_t step, int bucket, const float* grads, const float* extra = nullptr);
+  // Copies bucket b out of `grads` and starts its all-reduce.
+  void start(uint32_t step, int bucket, const float* grads);
   // Waits for every bucket of `step` (each must have been started for it), then
-  // writes grads = sum * scale for every range and extra = the summed extras
-  // (unscaled). The first failure, or ok.
-  Status finish(uint32_t step, float* grads, float scale, float* extra);
+  // writes grads = sum * scale for every range. The first failure, or ok.
+  Status finish(uint32_t step, float* grads, float scale);
   // Seconds finish() blocked since the last call.
   double take_wait_seconds();
 
@@ -60,7 +57,6 @@ class GradientBuckets {
   Communicator* inner_;
   Communicator* outer_;
   DenseWirePrecision precision_;
-  size_t extra_;
   Timeline* timeline_;
   std::vector<uint32_t> step_of_;  // per bucket, the step it was started for
   double wait_s_ = 0;

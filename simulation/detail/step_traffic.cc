@@ -53,6 +53,7 @@ double StepTraffic::fraction(int level, CommKind kind) const {
     case CommKind::kExpertGather: return c.gather_fraction;
     case CommKind::kReplicaGradients: return c.grad_fraction;
     case CommKind::kDenseBucket: return c.dense_fraction;
+    case CommKind::kNormSum: return 1;
   }
   return 1;
 }
@@ -71,6 +72,7 @@ std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) 
       XD_CHECK(comm.chunk >= 0 && comm.chunk < (int)in_.dense_bucket_bytes.size());
       dense_phases(rank, in_.dense_bucket_bytes[comm.chunk], &out);
       break;
+    case CommKind::kNormSum: norm_phases(rank, &out); break;
   }
   for (CommPhase& p : out) {
     for (auto& [peer, bytes] : p.sends) p.bytes += bytes;
@@ -129,6 +131,24 @@ void StepTraffic::expert_phases(int rank, bool gather, std::vector<CommPhase>* o
   }
   if (!gather) std::reverse(by_level.begin(), by_level.end());
   for (CommPhase& p : by_level) out->push_back(std::move(p));
+}
+
+// DistributedTrainer::sum_over_world: one double to every other member of the
+// innermost level's group, then to every other member of each outer level's
+// (the runtime's outer group spans the outer levels at once: with more than
+// two levels this prices one round per outer level).
+void StepTraffic::norm_phases(int rank, std::vector<CommPhase>* out) const {
+  for (int l = topo_.num_levels() - 1; l >= 0; --l) {
+    const std::vector<int> group = topo_.level_group(rank, l);
+    if (group.size() < 2) continue;
+    CommPhase p;
+    p.level = l;
+    p.group_root = group.front();
+    p.group_size = static_cast<int>(group.size());
+    for (int peer : group)
+      if (peer != rank) p.sends.emplace_back(peer, double(sizeof(double)));
+    out->push_back(std::move(p));
+  }
 }
 
 // The hierarchical all-reduce of one bucket (Communicator, as the planner

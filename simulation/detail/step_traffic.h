@@ -48,6 +48,7 @@ class StepTraffic {
   void a2a_phases(int rank, double bytes, bool outer_first, bool dispatch_codec, std::vector<CommPhase>* out) const;
   void expert_phases(int rank, bool gather, std::vector<CommPhase>* out) const;
   void dense_phases(int rank, double bytes, std::vector<CommPhase>* out) const;
+  void norm_phases(int rank, std::vector<CommPhase>* out) const;
   double fraction(int level, CommKind kind) const;
 
   const SimulationInputs& in_;
