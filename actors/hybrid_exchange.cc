@@ -51,6 +51,7 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   for (size_t i = 0; i < computed_.size(); ++i) computed_index_[computed_[i]] = static_cast<int>(i);
   raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
   peak_bytes_.assign(topology_.num_levels(), 0.0);
+  for (int l = 0; l < topology_.num_levels(); ++l) local_only_ = local_only_ && topology_.a2a_peers(rank_, l).empty();
   set_overlapped(true);
 }
 
@@ -444,7 +445,8 @@ HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag
 void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<float> rows,
                                             const std::vector<int>& counts, int width) {
   const uint32_t step = step_;
-  if (!to_experts_thread_) return run_inline(tag, [&] { run_to_experts(tag, std::move(rows), counts, width, step); });
+  if (!to_experts_thread_ || local_only_)
+    return run_inline(tag, [&] { run_to_experts(tag, std::move(rows), counts, width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
   to_experts_thread_->post([this, tag, shared_rows, counts, width, step] {
     run_to_experts(tag, std::move(*shared_rows), counts, width, step);
@@ -461,7 +463,8 @@ void HybridExpertExchange::finish_to_experts(const ExchangeTag& tag, std::vector
 
 void HybridExpertExchange::start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) {
   const uint32_t step = step_;
-  if (!to_sources_thread_) return run_inline(tag, [&] { run_to_sources(tag, std::move(rows), width, step); });
+  if (!to_sources_thread_ || local_only_)
+    return run_inline(tag, [&] { run_to_sources(tag, std::move(rows), width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
   to_sources_thread_->post([this, tag, shared_rows, width, step] {
     run_to_sources(tag, std::move(*shared_rows), width, step);

@@ -16,6 +16,9 @@
 // to their sources -- and returns; finish_* blocks until it is done. With
 // set_overlapped(false) start_* does the whole exchange on the caller's
 // thread (FarSkip's "simple" implementation: the same messages, no overlap).
+// An exchange with no all-to-all peer at any level (the domains span every
+// level: every expert is held here) sends nothing; it runs on the caller's
+// thread either way, sparing two thread hand-offs per exchange.
 // The public calls come from one compute thread; the comm threads share
 // the routes, byte counters and status under a mutex, and the Transport
 // underneath is thread-safe.
@@ -140,6 +143,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   int num_experts_, experts_per_worker_;
   std::vector<int> computed_;       // global expert ids computed here, ascending
   std::vector<int> computed_index_;  // expert -> index in computed_, or -1
+  bool local_only_ = true;           // no all-to-all peer at any level
   std::chrono::milliseconds timeout_;
   uint32_t step_ = 0;             // compute thread
   LayerHook before_experts_;

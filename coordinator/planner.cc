@@ -257,10 +257,14 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   for (int l = 0; l + 1 < num_levels && !link_codecs.empty(); ++l)
     outer_base_bf16 = outer_base_bf16 || link_codecs[l].gather_against_base;
   // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
-  // hop per level, inner first, then the all-gathers back; adds its bytes
-  // per level.
+  // hop per level, inner first, then the all-gathers back, or one hop where
+  // the runtime all-reduces in one round (Communicator::one_shot_all_reduce:
+  // across the outer levels, or inside the innermost one with nothing
+  // across); adds its bytes per level.
+  int outer_members = 1;
+  for (int l = 0; l + 1 < num_levels; ++l) outer_members *= level_sizes[l];
   auto all_reduce = [&](double bytes, bool base) {
-    Route x;
+    Route up, down;
     double shard = bytes;
     for (int l = num_levels - 1; l >= 0; --l) {
       const int sf = level_sizes[l];
@@ -268,15 +272,25 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                                             : outer_base_bf16;
       const double fraction = base ? (bf16 ? 0.5 : 1.0) : link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
       if (sf > 1 && shard > 0) {
+        const bool one_shot = (l + 1 < num_levels || outer_members == 1) &&
+                              Communicator::one_shot_all_reduce(sf, static_cast<size_t>(shard));
+        if (one_shot) {
+          const double sent = (sf - 1) * shard * fraction;
+          up.push_back({l, links[l].beta_s_per_byte * sent, links[l].alpha_s});
+          c.level_bytes[l] += sent;
+          continue;  // every member holds the whole sum: nothing left to split
+        }
         const double sent = 2.0 * (sf - 1) / sf * shard * fraction;
         const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
-        x.push_back({l, links[l].beta_s_per_byte * sent / 2, (ring ? sf - 1 : 1) * links[l].alpha_s});
+        const Hop half{l, links[l].beta_s_per_byte * sent / 2, (ring ? sf - 1 : 1) * links[l].alpha_s};
+        up.push_back(half);
+        down.insert(down.begin(), half);
         c.level_bytes[l] += sent;
       }
       shard /= sf;
     }
-    for (int i = static_cast<int>(x.size()) - 1; i >= 0; --i) x.push_back(x[i]);
-    return x;
+    up.insert(up.end(), down.begin(), down.end());
+    return up;
   };
   // The buckets backward finishes (model/param_layout.h): the LM head's, one
   // per layer (bucket layers - k for layer k), the embedding's.

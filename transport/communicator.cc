@@ -340,6 +340,18 @@ Status Communicator::ring_all_reduce_now(const CollectiveTag& tag, uint32_t sub,
                                          size_t count) {
   const int n = size();
   if (n == 1) return Status::ok();
+  if (one_shot_all_reduce(n, count * sizeof(float))) {
+    std::vector<float> all(count * n);
+    std::copy(data, data + count, all.begin() + count * index_);
+    XD_RETURN_IF_ERROR(all_gatherv_now(tag, 2 * sub + 1, MessageKind::kAllReduce, all.data(),
+                                       std::vector<size_t>(n, count * sizeof(float))));
+    for (size_t k = 0; k < count; ++k) {
+      float sum = all[k];
+      for (int i = 1; i < n; ++i) sum += all[i * count + k];
+      data[k] = sum;
+    }
+    return Status::ok();
+  }
   std::vector<size_t> counts(n, count / n);
   for (size_t i = 0; i < count % n; ++i) counts[i]++;
   XD_RETURN_IF_ERROR(reduce_scatter_now(tag, 2 * sub, data, counts));
@@ -399,6 +411,8 @@ CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* oute
       off[i + 1] = off[i] + counts[i];
       bytes[i] = counts[i] * sizeof(float);
     }
+    // Nothing across: the inner group's all-reduce, one round when it pays.
+    if (outer->size() == 1) return inner->ring_all_reduce_now(tag, 10, data, count);
     Status st = inner->reduce_scatter_now(tag, 10, data, counts);
     if (st.is_ok()) st = outer->ring_all_reduce_now(tag, 6, data + off[inner->index()], counts[inner->index()]);
     if (st.is_ok()) st = inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);

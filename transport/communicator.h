@@ -101,7 +101,19 @@ class Communicator {
   CollectiveHandle barrier(const CollectiveTag& tag);
 
   // Blocking forms of the steps above, for use inside other collectives.
+  // The all-reduce is one round when one_shot_all_reduce() says so, else a
+  // reduce-scatter and an all-gather.
   Status ring_all_reduce_now(const CollectiveTag& tag, uint32_t sub, float* data, size_t count);
+  // Whether an all-reduce of `bytes` over `members` runs as one round: every
+  // member sends its whole buffer to every other and sums all of them in
+  // member order (the same bits everywhere). With two members that moves the
+  // bytes of a reduce-scatter plus an all-gather and pays a link's latency
+  // once instead of twice; with more, it moves (n - 1) times the buffer
+  // instead of 2 (n - 1) / n times, so only up to kOneShotMaxBytes of it.
+  static bool one_shot_all_reduce(int members, size_t bytes) {
+    return members == 2 || (members > 2 && (members - 1) * bytes <= kOneShotMaxBytes);
+  }
+  static constexpr size_t kOneShotMaxBytes = size_t(64) << 10;
   Status reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, float* data,
                             const std::vector<size_t>& counts);
   Status all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, void* data,
@@ -158,8 +170,10 @@ class Communicator {
 
 // Hierarchical all-reduce for a two-level layout: reduce-scatter inside the
 // `inner` group (fast links), all-reduce each shard across `outer` (the ranks at
-// the same inner position in the other groups, slow links), then all-gather
-// inside `inner`. Slow links carry 1/|inner| of the data.
+// the same inner position in the other groups, slow links; one round when
+// one_shot_all_reduce() says so), then all-gather inside `inner`. Slow links
+// carry 1/|inner| of the data. With `outer` of one member, it is `inner`'s
+// all-reduce.
 CollectiveHandle hierarchical_all_reduce(Communicator* inner, Communicator* outer,
                                          const CollectiveTag& tag, float* data, size_t count);
 

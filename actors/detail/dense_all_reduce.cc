@@ -60,11 +60,33 @@ Status bf16_all_gather(Communicator* c, const CollectiveTag& tag, float* data, c
   return Status::ok();
 }
 
+// The one-round all-reduce (Communicator::one_shot_all_reduce) in bf16:
+// every member's buffer, rounded to bf16, goes to every other, and each sums
+// all of them in member order in fp32, its own rounded too: the same bits
+// everywhere.
+Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count) {
+  const int n = c->size();
+  std::vector<uint16_t> mine(count), all(count * n);
+  floats_to_bf16(data, count, mine.data());
+  XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.data(), all.data(), std::vector<size_t>(n, count * sizeof(uint16_t))).wait());
+  std::vector<float> member(count);
+  bf16_to_floats(all.data(), count, data);
+  for (int i = 1; i < n; ++i) {
+    bf16_to_floats(&all[i * count], count, member.data());
+    for (size_t k = 0; k < count; ++k) data[k] += member[k];
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision p, const CollectiveTag& tag,
                         float* data, size_t count) {
   if (!p.inner_bf16 && !p.outer_bf16) return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
+  // Nothing across: the inner group's all-reduce, in one round when it pays.
+  if (outer->size() == 1 && inner->size() > 1 && Communicator::one_shot_all_reduce(inner->size(), count * sizeof(float)))
+    return p.inner_bf16 ? bf16_one_shot(inner, stage(tag, 4, MessageKind::kAllReduce), data, count)
+                        : inner->ring_all_reduce_now(tag, 10, data, count);
   const std::vector<size_t> counts = split(count, inner->size());
   const std::vector<size_t> off = offsets(counts);
   if (inner->size() > 1) {
@@ -74,7 +96,9 @@ Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePreci
   float* shard = data + off[inner->index()];
   const size_t shard_count = counts[inner->index()];
   if (outer->size() > 1) {
-    if (p.outer_bf16) {
+    if (p.outer_bf16 && Communicator::one_shot_all_reduce(outer->size(), shard_count * sizeof(float))) {
+      XD_RETURN_IF_ERROR(bf16_one_shot(outer, stage(tag, 1, MessageKind::kAllReduce), shard, shard_count));
+    } else if (p.outer_bf16) {
       const std::vector<size_t> parts = split(shard_count, outer->size());
       XD_RETURN_IF_ERROR(bf16_reduce_scatter(outer, stage(tag, 1, MessageKind::kReduceScatter), shard, parts));
       XD_RETURN_IF_ERROR(bf16_all_gather(outer, stage(tag, 2, MessageKind::kAllReduce), shard, parts));
