@@ -5,10 +5,12 @@ overlapped, what every step did before overlap existed), FarSkip simple (the
 same math, nothing overlapped), FarSkip overlapped with r = 1 and with the
 planner's r, and regular connectivity overlapped -- in EP and in HybridEP.
 
-Two settings, each on shaped links where communication is comparable to
+Three settings, each on shaped links where communication is comparable to
 compute (the ratio, busiest link's transmit time / compute, is measured on
 the first run and printed):
   ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
+  ep4g    the same at 4 Gbit/s, 1 ms: every transfer fits under the compute
+          FarSkip overlaps it with, on paper
   hybrid  2 DCs x 2 workers (the README demo's job), HybridEP domains [2, 1],
           inter-DC 100 Mbit/s, 10 ms
 Every run is a real `xdmoe launch`: a coordinator and worker processes over
@@ -17,7 +19,7 @@ time, speedup over the first run, overlap % per direction, step / bound, and
 the planner's prediction (at start-up, and again with the measured compute).
 
 usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
-           [--settings ep,hybrid] [--trace-step 12] [--out bench/results]
+           [--settings ep,ep4g,hybrid] [--trace-step 12] [--out bench/results]
 Writes <out>/farskip_overlap.csv and .txt, and a trace of one step of the
 planner's-r FarSkip run of each setting, <out>/farskip_trace_<setting>.png
 (scripts/trace_png.py; the Chrome trace JSONs stay in the run directory).
@@ -47,6 +49,18 @@ SETTINGS = {
     - name: dc
       size: 2
       link: {{bandwidth: 800mbit, latency: 1ms, shape: true}}
+  expert_parallel:
+    mode: ep
+""",
+        "batch": 32,
+        "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
+    },
+    "ep4g": {
+        "yaml": MODEL + """cluster:
+  levels:
+    - name: dc
+      size: 2
+      link: {{bandwidth: 4gbit, latency: 1ms, shape: true}}
   expert_parallel:
     mode: ep
 """,
@@ -96,7 +110,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--settings", default="ep,hybrid")
+    p.add_argument("--settings", default="ep,ep4g,hybrid")
     p.add_argument("--trace-step", type=int, default=12)
     p.add_argument("--out", default="bench/results")
     a = p.parse_args()
