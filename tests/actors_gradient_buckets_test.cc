@@ -88,6 +88,39 @@ TEST(GradientBuckets, OverlappedBucketsGiveTheSumsOfOneAllReduce) { expect_bucke
 TEST(GradientBuckets, BucketsRunAtTheEndGiveTheSumsOfOneAllReduce) { expect_buckets_equal_one_all_reduce(false, false); }
 TEST(GradientBuckets, Bf16BucketsGiveTheSumsOfOneBf16AllReduce) { expect_buckets_equal_one_all_reduce(true, true); }
 
+// Two members all-reduce in one round (Communicator::one_shot_all_reduce):
+// one message each way, no reduce-scatter, the same bits on both; a third
+// member and a large buffer keep the two rounds.
+TEST(OneShotAllReduce, TwoMembersSendOneMessageEachAndHoldTheSameBits) {
+  EXPECT_TRUE(Communicator::one_shot_all_reduce(2, size_t(1) << 20));
+  EXPECT_FALSE(Communicator::one_shot_all_reduce(2, size_t(64) << 20));
+  EXPECT_TRUE(Communicator::one_shot_all_reduce(4, 16 << 10));
+  EXPECT_FALSE(Communicator::one_shot_all_reduce(4, 32 << 10));
+  Cluster cluster;
+  const size_t n = 30000;  // 120 KB: a reduce-scatter would have been worth it for more members
+  std::vector<std::vector<float>> got(kWorld);
+  std::vector<TransportStats> before(kWorld);
+  for (int r = 0; r < kWorld; ++r) before[r] = cluster.transports[r]->stats();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r)
+    threads.emplace_back([&, r] {
+      got[r] = gradients(r, n);
+      XD_CHECK(cluster.outer[r]->all_reduce(CollectiveTag(3, kNoLayer, 1), got[r].data(), n).wait().is_ok());
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    const int peer = r < 2 ? r + 2 : r - 2;  // outer pairs {0, 2}, {1, 3}
+    const std::vector<float> mine = gradients(r, n), theirs = gradients(peer, n);
+    for (size_t k = 0; k < n; ++k) ASSERT_EQ(got[r][k], mine[k] + theirs[k]) << "rank " << r << " element " << k;
+    const TransportStats after = cluster.transports[r]->stats();
+    const auto sent = [&](MessageKind kind) {
+      return after.messages_sent_by_kind[(int)kind] - before[r].messages_sent_by_kind[(int)kind];
+    };
+    EXPECT_EQ(sent(MessageKind::kAllReduce), 1u) << "rank " << r;
+    EXPECT_EQ(sent(MessageKind::kReduceScatter), 0u) << "rank " << r;
+  }
+}
+
 // The gradient norm's sum (DistributedTrainer::reduce_dense_gradients): the
 // same bits everywhere, a NaN from one worker reaching all.
 TEST(HierarchicalSum, EveryWorkerGetsTheSameBitsOfTheSumAndANanReachesAll) {

@@ -110,10 +110,14 @@ class Communicator {
   // bytes of a reduce-scatter plus an all-gather and pays a link's latency
   // once instead of twice; with more, it moves (n - 1) times the buffer
   // instead of 2 (n - 1) / n times, so only up to kOneShotMaxBytes of it.
+  // It holds every member's buffer at once, so two members do it up to
+  // kOneShotPairMaxBytes (where one latency matters little anyway).
   static bool one_shot_all_reduce(int members, size_t bytes) {
-    return members == 2 || (members > 2 && (members - 1) * bytes <= kOneShotMaxBytes);
+    return (members == 2 && bytes <= kOneShotPairMaxBytes) ||
+           (members > 2 && (members - 1) * bytes <= kOneShotMaxBytes);
   }
   static constexpr size_t kOneShotMaxBytes = size_t(64) << 10;
+  static constexpr size_t kOneShotPairMaxBytes = size_t(16) << 20;
   Status reduce_scatter_now(const CollectiveTag& tag, uint32_t sub, float* data,
                             const std::vector<size_t>& counts);
   Status all_gatherv_now(const CollectiveTag& tag, uint32_t sub, MessageKind kind, void* data,

@@ -4,7 +4,7 @@
 // Sec. 5): partial sums cross in bf16 (a reduce-scatter by one all-to-all),
 // each shard is summed in fp32 by its owner, rounded to bf16 once and
 // all-gathered. A group for which Communicator::one_shot_all_reduce() holds
-// (two members, or a small buffer) instead runs one round: every member's
+// (two members up to 16 MB, or a small buffer) instead runs one round: every member's
 // buffer goes to every other (in bf16: rounded, the own one too) and each
 // sums them in member order in fp32. With one member across, the inner group
 // does so for the whole buffer. Every rank therefore ends with the same bits
