@@ -42,31 +42,25 @@ train:
   eval_every: 0
 """
 
+def ep_setting(bandwidth):
+    """2 DCs x 1 worker, EP, the inter-DC link at `bandwidth` and 1 ms."""
+    return {
+        "yaml": MODEL + """cluster:
+  levels:
+    - name: dc
+      size: 2
+      link: {{bandwidth: %s, latency: 1ms, shape: true}}
+  expert_parallel:
+    mode: ep
+""" % bandwidth,
+        "batch": 32,
+        "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
+    }
+
+
 SETTINGS = {
-    "ep": {
-        "yaml": MODEL + """cluster:
-  levels:
-    - name: dc
-      size: 2
-      link: {{bandwidth: 800mbit, latency: 1ms, shape: true}}
-  expert_parallel:
-    mode: ep
-""",
-        "batch": 32,
-        "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
-    },
-    "ep4g": {
-        "yaml": MODEL + """cluster:
-  levels:
-    - name: dc
-      size: 2
-      link: {{bandwidth: 4gbit, latency: 1ms, shape: true}}
-  expert_parallel:
-    mode: ep
-""",
-        "batch": 32,
-        "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
-    },
+    "ep": ep_setting("800mbit"),
+    "ep4g": ep_setting("4gbit"),
     "hybrid": {
         "yaml": MODEL + """cluster:
   expert_parallel:
