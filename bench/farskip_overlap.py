@@ -5,12 +5,14 @@ overlapped, what every step did before overlap existed), FarSkip simple (the
 same math, nothing overlapped), FarSkip overlapped with r = 1 and with the
 planner's r, and regular connectivity overlapped -- in EP and in HybridEP.
 
-Three settings, each on shaped links where communication is comparable to
+Four settings, each on shaped links where communication is comparable to
 compute (the ratio, busiest link's transmit time / compute, is measured on
 the first run and printed):
   ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
   ep4g    the same at 4 Gbit/s, 1 ms: every transfer fits under the compute
           FarSkip overlaps it with, on paper
+  eplong  the same at 2 Gbit/s, 1 ms, with sequences of 256 instead of 64
+          (the same tokens): 4x the attention to hide each Dispatch under
   hybrid  2 DCs x 2 workers (the README demo's job), HybridEP domains [2, 1],
           inter-DC 100 Mbit/s, 10 ms
 Every run is a real `xdmoe launch`: a coordinator and worker processes over
@@ -19,7 +21,7 @@ time, speedup over the first run, overlap % per direction, step / bound, and
 the planner's prediction (at start-up, and again with the measured compute).
 
 usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
-           [--settings ep,ep4g,hybrid] [--trace-step 12] [--out bench/results]
+           [--settings ep,ep4g,eplong,hybrid] [--trace-step 12] [--out bench/results]
 Writes <out>/farskip_overlap.csv and .txt, and a trace of one step of the
 planner's-r FarSkip run of each setting, <out>/farskip_trace_<setting>.png
 (scripts/trace_png.py; the Chrome trace JSONs stay in the run directory).
@@ -35,17 +37,21 @@ import sys
 MODEL = """model:
   expert_intermediate_size: 128
   shared_intermediate_size: 128
+  max_seq_len: {seq}
 train:
-  steps: {steps}
-  batch_size: {batch}
+  steps: {{steps}}
+  batch_size: {{batch}}
+  seq_len: {seq}
   log_every: 100
   eval_every: 0
 """
 
-def ep_setting(bandwidth):
-    """2 DCs x 1 worker, EP, the inter-DC link at `bandwidth` and 1 ms."""
+
+def ep_setting(bandwidth, seq=64):
+    """2 DCs x 1 worker, EP, the inter-DC link at `bandwidth` and 1 ms;
+    2048 tokens a step in sequences of `seq`."""
     return {
-        "yaml": MODEL + """cluster:
+        "yaml": MODEL.format(seq=seq) + """cluster:
   levels:
     - name: dc
       size: 2
@@ -53,7 +59,7 @@ def ep_setting(bandwidth):
   expert_parallel:
     mode: ep
 """ % bandwidth,
-        "batch": 32,
+        "batch": 2048 // seq,
         "runs": ["ep+simple", "ep+farskip+simple", "ep+farskip+r1", "ep+farskip+r0", "ep+r0"],
     }
 
@@ -61,8 +67,9 @@ def ep_setting(bandwidth):
 SETTINGS = {
     "ep": ep_setting("800mbit"),
     "ep4g": ep_setting("4gbit"),
+    "eplong": ep_setting("2gbit", seq=256),
     "hybrid": {
-        "yaml": MODEL + """cluster:
+        "yaml": MODEL.format(seq=64) + """cluster:
   expert_parallel:
     mode: hybrid
     domain_sizes: [2, 1]
@@ -104,7 +111,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--settings", default="ep,ep4g,hybrid")
+    p.add_argument("--settings", default="ep,ep4g,eplong,hybrid")
     p.add_argument("--trace-step", type=int, default=12)
     p.add_argument("--out", default="bench/results")
     a = p.parse_args()
