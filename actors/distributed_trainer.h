@@ -88,10 +88,10 @@ class DistributedTrainer {
   Status wire_experts(const Topology& topo);
   // Runs the next steps with a plan update's domains and pipeline degree.
   Status switch_plan(const PlanUpdate& plan);
-  // Waits for the replica gradients, all-reduces the dense ones (the last
-  // bucket, with the owned experts' squared norm, starts here) and scales
-  // everything by 1/G.
-  // A non-finite local loss makes the reduced norm NaN on every worker.
+  // Waits for the replica gradients, sums the owned experts' squared norm
+  // over the world (hierarchical_sum) beside the dense buckets, waits for
+  // both and scales everything by 1/G.
+  // A non-finite local loss makes the summed norm NaN on every worker.
   Status reduce_dense_gradients(double* expert_norm_sq, bool loss_finite);
   static constexpr uint16_t kNormSumPhase = 3;  // the norm's tag, apart from the buckets' and the SR base's
   // Bytes per link class and operation, and total communication time, of
