@@ -11,6 +11,7 @@
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/gradient_buckets.h"
 #include "common/atomic_file.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
@@ -199,7 +200,14 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq, bool l
       hierarchical_sum(inner_.get(), outer_.get(), CollectiveTag(step, kNoLayer, kNormSumPhase), &norm);
   const float inv = 1.0f / world_;
   const Status buckets = buckets_->finish(step, g.data(), inv);
-  XD_RETURN_IF_ERROR(norm_sum.wait());
+  // The buckets may be done before the norm (overlapped, they left while
+  // backward ran): the rest of the norm's wait is exposed communication too.
+  const double t0 = steady_seconds();
+  const Status summed = norm_sum.wait();
+  const double t1 = steady_seconds();
+  norm_wait_s_ += t1 - t0;
+  timeline_.add(Span{"wait norm sum", -1, Lane::kCompute, true, t0, t1});
+  XD_RETURN_IF_ERROR(summed);
   XD_RETURN_IF_ERROR(buckets);
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) g[i] *= inv;
@@ -347,7 +355,8 @@ Expected<StepMetrics> DistributedTrainer::step() {
   for (double w : gather_wait_) gather_wait += w;
   const std::array<double, 2> blocked = exchange_->take_blocked_seconds();
   m.fwd_exposed_s = std::min(forward_s, blocked[0] + gather_wait);
-  m.bwd_exposed_s = blocked[1] + comm_->take_reduce_wait_seconds() + buckets_->take_wait_seconds();
+  m.bwd_exposed_s = blocked[1] + comm_->take_reduce_wait_seconds() + buckets_->take_wait_seconds() + norm_wait_s_;
+  norm_wait_s_ = 0;
   m.exposed_comm_s = m.fwd_exposed_s + m.bwd_exposed_s;
   m.compute_s = std::max(0.0, m.step_s - m.exposed_comm_s);
   record_link_figures(mid, &m);

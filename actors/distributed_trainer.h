@@ -125,6 +125,7 @@ class DistributedTrainer {
   std::unique_ptr<detail::GradientBuckets> buckets_;  // after inner_/outer_: it uses them
   int64_t step_ = 0;
   int skipped_in_a_row_ = 0;
+  double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;
   TransportStats last_stats_;
