@@ -53,6 +53,17 @@ std::vector<LinkModel> spec_link_models(const ClusterSpec& spec) {
   return out;
 }
 
+DenseStage dense_stage(const std::vector<int>& level_sizes, int level, double shard_bytes) {
+  const int levels = static_cast<int>(level_sizes.size()), sf = level_sizes[level];
+  int outer_members = 1;
+  for (int l = 0; l + 1 < levels; ++l) outer_members *= level_sizes[l];
+  if ((level + 1 < levels || outer_members == 1) &&
+      Communicator::one_shot_all_reduce(sf, static_cast<size_t>(shard_bytes)))
+    return DenseStage::kOneRound;
+  return sf > 2 && shard_bytes / sf >= double(Communicator::kDefaultRingMinBlockBytes) ? DenseStage::kRing
+                                                                                      : DenseStage::kDirect;
+}
+
 PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> links,
                                  ComputeModel compute) {
   PlannerInputs in;
@@ -258,11 +269,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     outer_base_bf16 = outer_base_bf16 || link_codecs[l].gather_against_base;
   // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
   // hop per level, inner first, then the all-gathers back, or one hop where
-  // the runtime all-reduces in one round (Communicator::one_shot_all_reduce:
-  // across the outer levels, or inside the innermost one with nothing
-  // across); adds its bytes per level.
-  int outer_members = 1;
-  for (int l = 0; l + 1 < num_levels; ++l) outer_members *= level_sizes[l];
+  // the runtime all-reduces in one round (dense_stage); adds its bytes per
+  // level.
   auto all_reduce = [&](double bytes, bool base) {
     Route up, down;
     double shard = bytes;
@@ -272,17 +280,16 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                                             : outer_base_bf16;
       const double fraction = base ? (bf16 ? 0.5 : 1.0) : link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
       if (sf > 1 && shard > 0) {
-        const bool one_shot = (l + 1 < num_levels || outer_members == 1) &&
-                              Communicator::one_shot_all_reduce(sf, static_cast<size_t>(shard));
-        if (one_shot) {
+        const DenseStage stage = dense_stage(level_sizes, l, shard);
+        if (stage == DenseStage::kOneRound) {
           const double sent = (sf - 1) * shard * fraction;
           up.push_back({l, links[l].beta_s_per_byte * sent, links[l].alpha_s});
           c.level_bytes[l] += sent;
           continue;  // every member holds the whole sum: nothing left to split
         }
         const double sent = 2.0 * (sf - 1) / sf * shard * fraction;
-        const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
-        const Hop half{l, links[l].beta_s_per_byte * sent / 2, (ring ? sf - 1 : 1) * links[l].alpha_s};
+        const Hop half{l, links[l].beta_s_per_byte * sent / 2,
+                       (stage == DenseStage::kRing ? sf - 1 : 1) * links[l].alpha_s};
         up.push_back(half);
         down.insert(down.begin(), half);
         c.level_bytes[l] += sent;

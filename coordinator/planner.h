@@ -96,6 +96,15 @@ struct PlannerInputs {
 
 // alpha = latency, beta = 1 / bandwidth, per level of the spec.
 std::vector<LinkModel> spec_link_models(const ClusterSpec& spec);
+
+// How the runtime's dense all-reduce (hierarchical_all_reduce,
+// dense_all_reduce) moves a shard of `shard_bytes` (fp32) at `level`: in one
+// round where Communicator::one_shot_all_reduce() holds (an outer level, or
+// the innermost with nothing across), round a ring of SF - 1 steps from the
+// ring threshold on with more than two members, else as a direct
+// reduce-scatter and all-gather. The planner and the simulator price it so.
+enum class DenseStage { kOneRound, kDirect, kRing };
+DenseStage dense_stage(const std::vector<int>& level_sizes, int level, double shard_bytes);
 // The inputs for a job: its model, batch_size * seq_len tokens per worker, its
 // levels and expert-parallel spec, and the given link and compute models.
 PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> links,

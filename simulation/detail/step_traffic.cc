@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "transport/communicator.h"
 
 namespace xd::detail {
 
@@ -156,36 +155,32 @@ void StepTraffic::norm_phases(int rank, std::vector<CommPhase>* out) const {
 // shard the inner levels left; then the all-gathers in reverse. A phase sends
 // a 1/SF^l block to every other member of the level group, or, from the
 // Communicator's ring threshold on, goes round a ring in SF^l - 1 rounds.
-// Where the runtime all-reduces in one round (one_shot_all_reduce: an outer
-// level, or the innermost with nothing across), one phase sends the whole
-// shard to every other member, between the reduce-scatters and the
-// all-gathers.
+// Where the runtime all-reduces in one round (dense_stage, coordinator/
+// planner.h), one phase sends the whole shard to every other member, between
+// the reduce-scatters and the all-gathers.
 void StepTraffic::dense_phases(int rank, double bytes, std::vector<CommPhase>* out) const {
   const int levels = topo_.num_levels();
   std::vector<CommPhase> reduce, one_shot;
   double shard = bytes;
-  int outer_members = 1;
-  for (int l = 0; l + 1 < levels; ++l) outer_members *= topo_.level_sizes()[l];
   for (int l = levels - 1; l >= 0; --l) {
     const int sf = topo_.level_sizes()[l];
     if (sf > 1 && shard > 0) {
       const double block = shard / sf * fraction(l, CommKind::kDenseBucket);
       const std::vector<int> group = topo_.level_group(rank, l);
       const int me = topo_.coordinate(rank, l);
-      const bool ring = sf > 2 && shard / sf >= double(Communicator::kDefaultRingMinBlockBytes);
+      const DenseStage stage = dense_stage(topo_.level_sizes(), l, shard);
       CommPhase p;
       p.level = l;
       p.group_root = group.front();
       p.group_size = sf;
-      if ((l + 1 < levels || outer_members == 1) &&
-          Communicator::one_shot_all_reduce(sf, static_cast<size_t>(shard))) {
+      if (stage == DenseStage::kOneRound) {
         // One round: the whole shard to every other member, then no split.
         for (int peer : group)
           if (peer != rank) p.sends.emplace_back(peer, block * sf);
         one_shot.push_back(std::move(p));
         continue;
       }
-      if (ring) {
+      if (stage == DenseStage::kRing) {
         p.sends.emplace_back(group[(me + 1) % sf], block);
         for (int round = 0; round < sf - 1; ++round) reduce.push_back(p);
       } else {
