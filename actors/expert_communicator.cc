@@ -79,6 +79,7 @@ Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   grad_codecs_.clear();
   for (int l = 0; l < levels; ++l) {
     if (o.grad[l].against_base) return Status::invalid_argument("expert gradients have no base ('sr:')");
+    if (o.grad[l].predict) return Status::invalid_argument("expert gradients take no prediction ('pred:')");
     base = base || (o.gather[l].against_base && !topology_.ag_peers(rank_, l).empty());
     gather_codecs_.push_back(std::make_unique<ExpertStreamCodec>(
         o.gather[l], ExpertStreamCodec::Traffic::kWeights, expert_floats_));
@@ -190,7 +191,17 @@ ExpertParams<float> ExpertCommunicator::replica(int layer, int expert) {
           grads_of(layer, expert, 0),   grads_of(layer, expert, 1),   grads_of(layer, expert, 2)};
 }
 
-void ExpertCommunicator::zero_replica_grads() { std::fill(replica_grads_.begin(), replica_grads_.end(), 0.0f); }
+void ExpertCommunicator::zero_replica_grads() {
+  std::fill(replica_grads_.begin(), replica_grads_.end(), 0.0f);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : state_) s.owned_final = false;
+}
+
+void ExpertCommunicator::owned_grads_final(int layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_[layer].owned_final = true;
+  cv_.notify_all();
+}
 
 void ExpertCommunicator::finish(int layer, bool gather, const Status& st) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -519,6 +530,15 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
 }
 
 Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x) {
+  // The owned experts' gradients are still being written on the compute
+  // thread; the messages keep arriving meanwhile, and are added after, in
+  // peer order: the same sums as when nothing overlapped.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout_, [&] { return state_[layer].owned_final; }))
+      return Status::timeout("layer " + std::to_string(layer) + ": the owned experts' gradients were not final after " +
+                             std::to_string(timeout_.count()) + " ms");
+  }
   // Every peer sends the gradients of this worker's held experts.
   const std::vector<ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
   return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });

@@ -99,7 +99,11 @@ class ExpertCommunicator {
   int64_t fused_messages() const { return fused_messages_.load(); }
   void start_gather(uint32_t step);  // every layer, in order
   void wait_gathered(int layer);     // blocks; its time is counted as AG wait
+  // The layer's replica gradients are final (compute thread): they leave
+  // now; what comes back for owned experts is added once
+  // owned_grads_final(layer) says the compute thread is done with them.
   void start_reduce(uint32_t step, int layer);
+  void owned_grads_final(int layer);
   Status wait_reduced();             // every layer started this step
   void zero_replica_grads();
 
@@ -110,6 +114,7 @@ class ExpertCommunicator {
  private:
   struct LayerState {
     bool gathered = true, reduced = true;
+    bool owned_final = true;  // false from zero_replica_grads() to owned_grads_final()
   };
   // One level's messages of one layer, sent and not yet received.
   struct LevelExchange {

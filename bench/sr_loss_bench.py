@@ -54,6 +54,9 @@ RUNS = {
     "sr25-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.2+zstd:1"},
     "sr50-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.1+zstd:1"},
     "sr100-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.05+zstd:1"},
+    # The same bytes, each entry's drift predicted between its corrections.
+    "sr50-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.1+zstd:1"},
+    "sr100-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.05+zstd:1"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }

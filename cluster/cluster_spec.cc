@@ -102,6 +102,8 @@ std::optional<std::pair<std::string, std::string>> codec_issue(const LinkCodecs&
     if (!e) return std::pair{kind, e.status().message()};
     if (e->against_base && std::string(kind) == "expert_grad")
       return std::pair{kind, "'sr:' applies to weights only; gradients have no base"};
+    if (e->predict && std::string(kind) == "expert_grad")
+      return std::pair{kind, "'pred:' predicts weights only; gradients are not a trajectory"};
   }
   if (c.dense_grad != "raw" && c.dense_grad != "bf16")
     return std::pair{"dense_grad", "'" + c.dense_grad + "' is not a dense-gradient codec (use raw or bf16)"};

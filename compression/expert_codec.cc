@@ -14,19 +14,30 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
     } else if (rest.rfind("ef:", 0) == 0 && !out.feedback) {
       out.feedback = true;
       rest = rest.substr(3);
+    } else if (rest.rfind("pred:", 0) == 0 && out.feedback && !out.predict) {
+      out.predict = true;
+      rest = rest.substr(5);
     } else {
       break;
     }
   }
   auto p = CodecPipeline::parse(rest);
   if (!p) return Status::invalid_argument("expert codec '" + spec + "': " + p.status().message() +
-                                          " (the form is [sr:][ef:]PIPELINE, e.g. sr:topk:0.02+zstd)");
+                                          " (the form is [sr:][ef:][pred:]PIPELINE, e.g. sr:topk:0.02+zstd;"
+                                          " pred: needs ef: before it)");
   out.pipeline = std::move(*p);
   return out;
 }
 
 std::string ExpertCodecSpec::spec() const {
-  return std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + pipeline.spec();
+  return std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + (predict ? "pred:" : "") +
+         pipeline.spec();
+}
+
+float ExpertCodecSpec::velocity_gain() const {
+  for (const CodecStage& s : pipeline.stages())
+    if (s.kind == CodecKind::kTopK || s.kind == CodecKind::kTopKSign) return static_cast<float>(s.density);
+  return 1.0f;
 }
 
 Expected<ExpertResidualCodec> ExpertResidualCodec::create(const std::string& residual) {

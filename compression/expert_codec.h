@@ -21,7 +21,7 @@ namespace xd {
 
 // How expert tensors (weights in the HybridEP all-gather, or replica
 // gradients on their way back) cross one link class, as written in a job
-// config: "[sr:][ef:]PIPELINE".
+// config: "[sr:][ef:][pred:]PIPELINE".
 //   sr:  send the residual against the layer's base expert (weights only);
 //        the receiver adds the base back.
 //   ef:  error feedback: send the change against what the receivers already
@@ -29,17 +29,29 @@ namespace xd {
 //        so what one step leaves out is sent in a later one. Sender and
 //        receivers keep the same state, so it is exact bookkeeping, not an
 //        estimate.
+//   pred: (weights, with ef:) predict each entry's next value from its past
+//        changes and send only what the prediction missed. Sender and
+//        receivers keep, per entry, a velocity v; the prediction is
+//        held + v; after a message with correction d, held += v + d and
+//        v += g * d, an alpha-beta tracker whose velocity gain g is the
+//        pipeline's top-k density (the fraction of entries a step corrects,
+//        so an entry's velocity is set by about one revisit), or 1 for a
+//        dense pipeline. AdamW moves most weights in the same direction for
+//        many steps; the prediction follows that drift between corrections.
 //   PIPELINE: a CodecPipeline spec, e.g. "topk:0.01+zstd:1", "bf16", "raw".
 // "sr:topk:0.02+zstd" is the paper's SR codec; "topk:0.02+zstd" the same
 // top-k without the base.
 struct ExpertCodecSpec {
   bool against_base = false;
   bool feedback = false;
+  bool predict = false;  // pred:
   CodecPipeline pipeline = CodecPipeline::raw();
 
   static Expected<ExpertCodecSpec> parse(const std::string& spec);
   std::string spec() const;  // parse(spec()) gives the same
   bool is_raw() const { return !against_base && !feedback && pipeline.is_raw(); }
+  // pred:'s velocity gain: the top-k density, or 1 for a dense pipeline.
+  float velocity_gain() const;
 };
 
 class ExpertResidualCodec {

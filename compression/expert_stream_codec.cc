@@ -8,7 +8,29 @@
 namespace xd {
 
 ExpertStreamCodec::ExpertStreamCodec(ExpertCodecSpec spec, Traffic traffic, size_t tensor_floats)
-    : spec_(std::move(spec)), traffic_(traffic), n_(tensor_floats) {}
+    : spec_(std::move(spec)), traffic_(traffic), n_(tensor_floats) {
+  XD_CHECK(!spec_.predict || (spec_.feedback && traffic_ == Traffic::kWeights));
+  gain_ = spec_.predict ? spec_.velocity_gain() : 0.0f;
+}
+
+float* ExpertStreamCodec::velocity(uint64_t key) {
+  if (!spec_.predict) return nullptr;
+  std::vector<float>& v = velocity_[key];
+  if (v.empty()) v.assign(n_, 0.0f);
+  return v.data();
+}
+
+void ExpertStreamCodec::advance(float* held, float* velocity, const float* d, bool fresh) const {
+  if (!velocity) {
+    for (size_t k = 0; k < n_; ++k) held[k] += d[k];
+    return;
+  }
+  for (size_t k = 0; k < n_; ++k) {
+    held[k] += velocity[k];
+    held[k] += d[k];
+    if (!fresh) velocity[k] += gain_ * d[k];
+  }
+}
 
 std::vector<float>& ExpertStreamCodec::state(uint64_t key) {
   std::vector<float>& s = state_[key];
@@ -25,6 +47,8 @@ void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count
   const float* x = t.data + from;
   const std::vector<float>* s = spec_.feedback ? find_state(t.key) : nullptr;
   const float* st = s ? s->data() + from : nullptr;
+  const auto v = spec_.predict && s ? velocity_.find(t.key) : velocity_.end();
+  const float* vt = v != velocity_.end() ? v->second.data() + from : nullptr;
   double signal = 0, residual = 0;
   if (traffic_ == Traffic::kWeights) {
     // The same float operations, in the same order, wherever this runs: the
@@ -34,6 +58,7 @@ void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count
       float r = x[k];
       if (base) r -= base[k];
       if (st) r -= st[k];
+      if (vt) r -= vt[k];
       row[k] = r;
       signal += double(x[k]) * x[k];
       residual += double(r) * r;
@@ -57,7 +82,11 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   // goes raw and exact, so replicas start from the owners' weights and only
   // changes are compressed after it (both sides see the fresh state).
   bool first = false;
-  for (const ExpertTensorRef& t : tensors) first = first || (weights && spec_.feedback && !state_.count(t.key));
+  std::vector<char> fresh(tensors.size(), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    fresh[i] = weights && spec_.feedback && !state_.count(tensors[i].key);
+    first = first || fresh[i];
+  }
   PackSums sums;
   if (prepacked) {
     XD_CHECK(packed->size() == tensors.size() * n_);
@@ -70,15 +99,18 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   out->payload.clear();
   if (spec_.is_raw()) return Status::ok();  // exact: no error, no state
   err->signal += sums.signal;
-  std::vector<float*> st(tensors.size(), nullptr);
+  std::vector<float*> st(tensors.size(), nullptr), vel(tensors.size(), nullptr);
   if (spec_.feedback)
-    for (size_t i = 0; i < tensors.size(); ++i) st[i] = state(tensors[i].key).data();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      st[i] = state(tensors[i].key).data();
+      if (weights) vel[i] = velocity(tensors[i].key);
+    }
   if (spec_.pipeline.is_raw() || first) {
     // Sent as packed, exactly: the receivers hold it all, nothing is carried.
     for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) {
       const float* row = packed->data() + i * n_;
       if (weights)
-        for (size_t k = 0; k < n_; ++k) st[i][k] += row[k];
+        advance(st[i], vel[i], row, fresh[i]);
       else
         std::fill(st[i], st[i] + n_, 0.0f);
     }
@@ -94,6 +126,9 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   if (sparse) {
     if (!weights)
       for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) std::copy(r + i * n_, r + (i + 1) * n_, st[i]);
+    // The prediction moves every entry; the kept ones are corrected after.
+    for (size_t i = 0; i < tensors.size(); ++i)
+      for (size_t k = 0; vel[i] && k < n_; ++k) st[i][k] += vel[i][k];
     // Only the kept entries differ from dropping everything: the error is
     // the residual's energy less what each kept entry took away.
     double taken = 0;
@@ -104,8 +139,12 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
       taken += double(r[at]) * r[at] - left * left;
       if (!spec_.feedback) continue;
       float* s = st[at / n_] + at % n_;
-      if (weights) *s += v;
-      else *s = r[at] - v;
+      if (!weights) {
+        *s = r[at] - v;
+      } else {
+        *s += v;
+        if (vel[at / n_] && !fresh[at / n_]) vel[at / n_][at % n_] += gain_ * v;
+      }
     }
     err->error += std::max(0.0, sums.residual - taken);
     return Status::ok();
@@ -119,10 +158,9 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     for (size_t k = 0; k < n_; ++k) {
       const double left = double(row[k]) - d[k];
       err->error += left * left;
-      if (!spec_.feedback) continue;
-      if (weights) st[i][k] += d[k];
-      else st[i][k] = row[k] - d[k];
+      if (spec_.feedback && !weights) st[i][k] = row[k] - d[k];
     }
+    if (spec_.feedback && weights) advance(st[i], vel[i], d, fresh[i]);
   }
   return Status::ok();
 }
@@ -137,11 +175,10 @@ void ExpertStreamCodec::apply(const std::vector<ExpertTensorRef>& tensors, const
     }
     const float* base = spec_.against_base ? t.base : nullptr;
     if (spec_.feedback) {
+      const bool fresh = !state_.count(t.key);
       std::vector<float>& s = state(t.key);
-      for (size_t k = 0; k < n_; ++k) {
-        s[k] += d[k];
-        t.data[k] = (base ? base[k] : 0.0f) + s[k];
-      }
+      advance(s.data(), velocity(t.key), d, fresh);
+      for (size_t k = 0; k < n_; ++k) t.data[k] = (base ? base[k] : 0.0f) + s[k];
       rebuilt_[t.key] = t.base_version + 1;
     } else if (base) {
       for (size_t k = 0; k < n_; ++k) t.data[k] = base[k] + d[k];
@@ -158,16 +195,28 @@ void ExpertStreamCodec::apply_sparse(const std::vector<ExpertTensorRef>& tensors
       tensors[decoded.index[j] / n_].data[decoded.index[j] % n_] += decoded.value[j];
     return;
   }
-  std::vector<float*> st(tensors.size(), nullptr);
+  std::vector<float*> st(tensors.size(), nullptr), vel(tensors.size(), nullptr);
   if (spec_.feedback) {
-    for (size_t i = 0; i < tensors.size(); ++i) st[i] = state(tensors[i].key).data();
-    for (size_t j = 0; j < entries; ++j) st[decoded.index[j] / n_][decoded.index[j] % n_] += decoded.value[j];
-    // A replica last rebuilt against this base changes only where `held` did.
+    std::vector<char> fresh(tensors.size(), 0);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      fresh[i] = !state_.count(tensors[i].key);
+      st[i] = state(tensors[i].key).data();
+      vel[i] = velocity(tensors[i].key);
+      // The prediction moves every entry (as the sender's encode did).
+      for (size_t k = 0; vel[i] && k < n_; ++k) st[i][k] += vel[i][k];
+    }
+    for (size_t j = 0; j < entries; ++j) {
+      const size_t i = decoded.index[j] / n_, k = decoded.index[j] % n_;
+      st[i][k] += decoded.value[j];
+      if (vel[i] && !fresh[i]) vel[i][k] += gain_ * decoded.value[j];
+    }
+    // A replica last rebuilt against this base changes only where `held`
+    // did (with pred:, everywhere).
     std::vector<char> current(tensors.size(), 0);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const ExpertTensorRef& t = tensors[i];
       uint64_t& at = rebuilt_[t.key];
-      current[i] = at == t.base_version + 1;
+      current[i] = at == t.base_version + 1 && !vel[i];
       if (current[i]) continue;
       const float* base = spec_.against_base ? t.base : nullptr;
       for (size_t k = 0; k < n_; ++k) t.data[k] = (base ? base[k] : 0.0f) + st[i][k];

@@ -10,7 +10,11 @@
 // dropped as the next step's `carried`. State is keyed per tensor by the
 // caller; a worker is never both sender and receiver of one key. With
 // feedback, the first message of weights whose receivers hold nothing yet is
-// sent raw (exact); later ones carry compressed changes.
+// sent raw (exact); later ones carry compressed changes. With pred:, each
+// weight tensor also has a `velocity` on both sides: the rows are
+// x - base - held - velocity, and a message's change d moves
+// held += velocity + d and velocity += gain * d (a first message leaves the
+// velocity at zero).
 //
 // Packing (x - base - held) is one pass that can run anywhere the weights are
 // at hand: pack() does it for a whole message, and the optimizer step calls
@@ -89,11 +93,20 @@ class ExpertStreamCodec {
  private:
   std::vector<float>& state(uint64_t key);
   const std::vector<float>* find_state(uint64_t key) const;
+  float* velocity(uint64_t key);  // pred: only; null otherwise
+  // A message's dense change d of one weight tensor into `held`, the same
+  // float operations on the sender and the receivers (the sparse path does
+  // them entry by entry): held += d, or with pred: held += velocity, then
+  // += d, and velocity += gain * d unless the tensor is `fresh` (its first
+  // message, which is no change).
+  void advance(float* held, float* velocity, const float* d, bool fresh) const;
 
   ExpertCodecSpec spec_;
   Traffic traffic_;
   size_t n_;
   std::unordered_map<uint64_t, std::vector<float>> state_;  // held (weights) or carried (gradients)
+  std::unordered_map<uint64_t, std::vector<float>> velocity_;  // pred: per weight tensor
+  float gain_ = 0;                                              // pred:'s velocity gain
   // Weights with feedback: 1 + the base version a replica was last rebuilt
   // against in full; 0 or absent: never.
   std::unordered_map<uint64_t, uint64_t> rebuilt_;

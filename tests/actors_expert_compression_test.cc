@@ -44,7 +44,7 @@ std::vector<float> send_once(ExpertStreamCodec& sender, ExpertStreamCodec& recei
 }
 
 TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndTheSenderKnowsWhatTheReceiverHolds) {
-  for (const char* spec : {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1"}) {
+  for (const char* spec : {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1", "sr:ef:pred:topk_sign:0.05+zstd:1"}) {
     SCOPED_TRACE(spec);
     const size_t n = 4096;
     std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
@@ -62,7 +62,10 @@ TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndThe
     }
     x = normal(n, 11);  // a change no 5% of the entries can describe at once
     double first = 0, last = 0;
-    for (int step = 0; step < 60; ++step) {
+    // A jump is prediction's worst case: the velocity it learns from the
+    // jump overshoots and settles, about 3x slower than feedback alone.
+    const int kSteps = ExpertCodecSpec::parse(spec)->predict ? 150 : 60;
+    for (int step = 0; step < kSteps; ++step) {
       ReconstructionError err;
       std::vector<float> got = send_once(sender, receiver, x, base.data(), &err);
       // The sender's error figure is the receiver's actual error.
@@ -147,6 +150,8 @@ TEST(ExpertStreamCodec, TheSparsePathLeavesEveryTensorAndStateAsTheDenseReferenc
                         Case{"ef:topk:0.1+zstd:1", ExpertStreamCodec::Traffic::kGradients},
                         Case{"topk:0.1", ExpertStreamCodec::Traffic::kGradients},
                         Case{"sr:ef:topk_sign:0.1+zstd:1", ExpertStreamCodec::Traffic::kWeights},
+                        Case{"sr:ef:pred:topk_sign:0.1+zstd:1", ExpertStreamCodec::Traffic::kWeights},
+                        Case{"ef:pred:topk:0.05", ExpertStreamCodec::Traffic::kWeights},
                         Case{"ef:topk_sign:0.1", ExpertStreamCodec::Traffic::kGradients}}) {
     const bool weights = c.traffic == ExpertStreamCodec::Traffic::kWeights;
     auto sender = codec(c.spec, c.traffic, n);
@@ -198,32 +203,61 @@ TEST(ExpertStreamCodec, TheSparsePathLeavesEveryTensorAndStateAsTheDenseReferenc
 }
 
 TEST(ExpertStreamCodec, RowsPackedInPiecesAsTheOptimizerWritesThemMakeTheSameMessageAsPackingAtOnce) {
-  const size_t n = 3000;
-  const std::vector<float> base = normal(n, 30, 0.5f);
-  auto whole = codec("sr:ef:topk:0.02+zstd:1", ExpertStreamCodec::Traffic::kWeights, n);
-  auto pieces = codec("sr:ef:topk:0.02+zstd:1", ExpertStreamCodec::Traffic::kWeights, n);
-  Rng rng(31);
-  for (int step = 0; step < 4; ++step) {
-    std::vector<float> a = normal(n, 40 + step), b = normal(n, 50 + step);
-    const std::vector<ExpertTensorRef> refs{{1, a.data(), base.data()}, {2, b.data(), base.data()}};
-    std::vector<float> packed_whole, packed(2 * n);
-    EncodedTensor enc_whole, enc;
-    ReconstructionError err_whole, err;
-    ASSERT_TRUE(whole.encode(refs, &packed_whole, &enc_whole, &err_whole).is_ok());
-    PackSums sums;
-    for (size_t i = 0; i < refs.size(); ++i)
-      for (size_t from = 0; from < n;) {
-        const size_t count = std::min(n - from, (size_t)(1 + rng.uniform() * 700));
-        pieces.pack(refs[i], from, count, packed.data() + i * n + from, &sums);
-        from += count;
-      }
-    ASSERT_TRUE(pieces.encode(refs, &packed, &enc, &err, &sums).is_ok());
-    EXPECT_EQ(enc.metadata, enc_whole.metadata) << "step " << step;
-    EXPECT_EQ(enc.payload, enc_whole.payload) << "step " << step;
-    EXPECT_EQ(0, std::memcmp(packed.data(), packed_whole.data(), packed.size() * sizeof(float))) << "step " << step;
-    EXPECT_NEAR(err.error, err_whole.error, 1e-9 * (1 + err_whole.error));
-    EXPECT_NEAR(err.signal, err_whole.signal, 1e-9 * err_whole.signal);
+  for (const char* spec : {"sr:ef:topk:0.02+zstd:1", "sr:ef:pred:topk:0.02+zstd:1"}) {
+    SCOPED_TRACE(spec);
+    const size_t n = 3000;
+    const std::vector<float> base = normal(n, 30, 0.5f);
+    auto whole = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+    auto pieces = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+    Rng rng(31);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> a = normal(n, 40 + step), b = normal(n, 50 + step);
+      const std::vector<ExpertTensorRef> refs{{1, a.data(), base.data()}, {2, b.data(), base.data()}};
+      std::vector<float> packed_whole, packed(2 * n);
+      EncodedTensor enc_whole, enc;
+      ReconstructionError err_whole, err;
+      ASSERT_TRUE(whole.encode(refs, &packed_whole, &enc_whole, &err_whole).is_ok());
+      PackSums sums;
+      for (size_t i = 0; i < refs.size(); ++i)
+        for (size_t from = 0; from < n;) {
+          const size_t count = std::min(n - from, (size_t)(1 + rng.uniform() * 700));
+          pieces.pack(refs[i], from, count, packed.data() + i * n + from, &sums);
+          from += count;
+        }
+      ASSERT_TRUE(pieces.encode(refs, &packed, &enc, &err, &sums).is_ok());
+      EXPECT_EQ(enc.metadata, enc_whole.metadata) << "step " << step;
+      EXPECT_EQ(enc.payload, enc_whole.payload) << "step " << step;
+      EXPECT_EQ(0, std::memcmp(packed.data(), packed_whole.data(), packed.size() * sizeof(float))) << "step " << step;
+      EXPECT_NEAR(err.error, err_whole.error, 1e-9 * (1 + err_whole.error));
+      EXPECT_NEAR(err.signal, err_whole.signal, 1e-9 * err_whole.signal);
+    }
   }
+}
+
+TEST(ExpertStreamCodec, PredictionTracksWeightsThatDriftAsUnderAdamWithAFractionOfFeedbacksError) {
+  // Weights that move a little every step, mostly the same way (AdamW at a
+  // steady learning rate): x_t = x_{t-1} + u + noise. Feedback alone lags
+  // the drift between an entry's corrections; the prediction follows it.
+  const size_t n = 4096;
+  const std::vector<float> start = normal(n, 60), drift = normal(n, 61, 0.01f), base = normal(n, 62, 0.5f);
+  double nmse[2] = {0, 0};
+  const char* specs[2] = {"sr:ef:topk_sign:0.1", "sr:ef:pred:topk_sign:0.1"};
+  for (int s = 0; s < 2; ++s) {
+    auto sender = codec(specs[s], ExpertStreamCodec::Traffic::kWeights, n);
+    auto receiver = codec(specs[s], ExpertStreamCodec::Traffic::kWeights, n);
+    std::vector<float> x = start;
+    for (int step = 0; step < 80; ++step) {
+      const std::vector<float> noise = normal(n, 1000 + step, 0.002f);
+      for (size_t i = 0; i < n; ++i) x[i] += drift[i] + noise[i];
+      ReconstructionError err;
+      const std::vector<float> got = send_once(sender, receiver, x, base.data(), &err);
+      double actual = 0;
+      for (size_t i = 0; i < n; ++i) actual += (double(x[i]) - got[i]) * (double(x[i]) - got[i]);
+      EXPECT_NEAR(err.error, actual, 1e-4 * actual + 1e-9) << specs[s] << " step " << step;
+      if (step >= 40) nmse[s] += err.error / err.signal;
+    }
+  }
+  EXPECT_LT(nmse[1], nmse[0] / 3) << "feedback alone " << nmse[0] / 40 << ", with prediction " << nmse[1] / 40;
 }
 
 // ---- four workers, 2 DCs x 2, HybridEP with every expert gathered ----------
@@ -365,62 +399,69 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
 }
 
 TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideTheOwnerGetItExactly) {
-  const JobConfig job = job_for("sr:ef:topk:0.05+zstd:1");
-  Workers w = start_workers(job);
-  const ModelConfig& mc = job.train.model;
-  const size_t ef = expert_floats(job);
-  std::vector<StepMetrics> metrics;
-  for (int step = 0; step < 5; ++step) {
-    step_all(w, &metrics);
-    for (int layer = 0; layer < mc.num_layers; ++layer)
-      for (int e = 0; e < mc.num_experts; ++e) {
-        // Workers 2 d and 2 d + 1 form DC d. The AG runs outer level first:
-        // the owner sends e across the DC (compressed) and to its DC
-        // neighbour (raw, exact); the receiver across the DC forwards its
-        // rebuilt copy, raw, to its own neighbour.
-        const int owner = e / 2, neighbour = owner ^ 1, across = (owner + 2) % 4, across_neighbour = across ^ 1;
-        auto w2 = [&](int r) { return w.trainers[r]->expert_communicator().replica(layer, e).w2; };
-        const std::string where = "layer " + std::to_string(layer) + " expert " + std::to_string(e) +
-                                  " after step " + std::to_string(step + 1);
-        ASSERT_EQ(0, std::memcmp(w2(owner), w2(neighbour), ef * sizeof(float))) << where;
-        ASSERT_EQ(0, std::memcmp(w2(across), w2(across_neighbour), ef * sizeof(float))) << where;
-        ASSERT_NE(0, std::memcmp(w2(owner), w2(across), ef * sizeof(float))) << where << ": top-k is lossy";
-      }
+  for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk_sign:0.1+zstd:1"}) {
+    SCOPED_TRACE(spec);
+    const JobConfig job = job_for(spec);
+    Workers w = start_workers(job);
+    const ModelConfig& mc = job.train.model;
+    const size_t ef = expert_floats(job);
+    std::vector<StepMetrics> metrics;
+    for (int step = 0; step < 5; ++step) {
+      step_all(w, &metrics);
+      for (int layer = 0; layer < mc.num_layers; ++layer)
+        for (int e = 0; e < mc.num_experts; ++e) {
+          // Workers 2 d and 2 d + 1 form DC d. The AG runs outer level first:
+          // the owner sends e across the DC (compressed) and to its DC
+          // neighbour (raw, exact); the receiver across the DC forwards its
+          // rebuilt copy, raw, to its own neighbour.
+          const int owner = e / 2, neighbour = owner ^ 1, across = (owner + 2) % 4, across_neighbour = across ^ 1;
+          auto w2 = [&](int r) { return w.trainers[r]->expert_communicator().replica(layer, e).w2; };
+          const std::string where = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " after step " +
+                                    std::to_string(step + 1);
+          ASSERT_EQ(0, std::memcmp(w2(owner), w2(neighbour), ef * sizeof(float))) << where;
+          ASSERT_EQ(0, std::memcmp(w2(across), w2(across_neighbour), ef * sizeof(float))) << where;
+          ASSERT_NE(0, std::memcmp(w2(owner), w2(across), ef * sizeof(float))) << where << ": top-k is lossy";
+        }
+    }
+    // Feedback: far better than the first step's reconstruction.
+    EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
   }
-  // Feedback: far better than the first step's reconstruction.
-  EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
 }
 
 TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsASeparatePass) {
-  JobConfig fused = job_for("sr:ef:topk:0.05+zstd:1");
-  JobConfig separate = fused;
-  separate.cluster.expert_parallel.fused_encode = false;
-  separate.cluster.expert_parallel.base_sync_every = fused.cluster.expert_parallel.base_sync_every = 2;
-  Workers a = start_workers(fused), b = start_workers(separate);
-  std::vector<StepMetrics> ma, mb;
-  for (int step = 0; step < 5; ++step) {
-    step_all(a, &ma);
-    step_all(b, &mb);
+  for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk:0.05+zstd:1"}) {
+    SCOPED_TRACE(spec);
+    JobConfig fused = job_for(spec);
+    JobConfig separate = fused;
+    separate.cluster.expert_parallel.fused_encode = false;
+    separate.cluster.expert_parallel.base_sync_every = fused.cluster.expert_parallel.base_sync_every = 2;
+    Workers a = start_workers(fused), b = start_workers(separate);
+    std::vector<StepMetrics> ma, mb;
+    for (int step = 0; step < 5; ++step) {
+      step_all(a, &ma);
+      step_all(b, &mb);
+      for (size_t r = 0; r < a.trainers.size(); ++r) {
+        EXPECT_EQ(ma[r].loss, mb[r].loss) << "worker " << r << " step " << step + 1;
+        const std::vector<float>& pa = a.trainers[r]->model().params();
+        const std::vector<float>& pb = b.trainers[r]->model().params();
+        ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)))
+            << "worker " << r << " step " << step + 1;
+        const std::vector<float> base_a = a.trainers[r]->expert_communicator().base_copy();
+        const std::vector<float> base_b = b.trainers[r]->expert_communicator().base_copy();
+        ASSERT_EQ(0, std::memcmp(base_a.data(), base_b.data(), base_a.size() * sizeof(float)));
+      }
+      // Feedback's first transfer (step 1's gather) is raw; later ones are lossy.
+      if (step > 0) {
+        EXPECT_GT(ma[0].nmse.at("dc/expert_gather"), 0.0) << "the codec is lossy, so the packing mattered";
+      }
+    }
+    // The gathers of steps 2-6 go from rows the update packed: one DC message
+    // per layer each (step 1's gather starts before any update).
+    const int layers = fused.train.model.num_layers;
     for (size_t r = 0; r < a.trainers.size(); ++r) {
-      EXPECT_EQ(ma[r].loss, mb[r].loss) << "worker " << r << " step " << step + 1;
-      const std::vector<float>& pa = a.trainers[r]->model().params();
-      const std::vector<float>& pb = b.trainers[r]->model().params();
-      ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float))) << "worker " << r << " step " << step + 1;
-      const std::vector<float> base_a = a.trainers[r]->expert_communicator().base_copy();
-      const std::vector<float> base_b = b.trainers[r]->expert_communicator().base_copy();
-      ASSERT_EQ(0, std::memcmp(base_a.data(), base_b.data(), base_a.size() * sizeof(float)));
+      EXPECT_EQ(a.trainers[r]->expert_communicator().fused_messages(), 5 * layers) << "worker " << r;
+      EXPECT_EQ(b.trainers[r]->expert_communicator().fused_messages(), 0) << "worker " << r;
     }
-    // Feedback's first transfer (step 1's gather) is raw; later ones are lossy.
-    if (step > 0) {
-      EXPECT_GT(ma[0].nmse.at("dc/expert_gather"), 0.0) << "the codec is lossy, so the packing mattered";
-    }
-  }
-  // The gathers of steps 2-6 go from rows the update packed: one DC message
-  // per layer each (step 1's gather starts before any update).
-  const int layers = fused.train.model.num_layers;
-  for (size_t r = 0; r < a.trainers.size(); ++r) {
-    EXPECT_EQ(a.trainers[r]->expert_communicator().fused_messages(), 5 * layers) << "worker " << r;
-    EXPECT_EQ(b.trainers[r]->expert_communicator().fused_messages(), 0) << "worker " << r;
   }
 }
 

@@ -396,10 +396,18 @@ TEST(ExpertCodecSpec, ReadsTheBaseAndFeedbackPrefixesAndRefusesTheRestNamingTheF
   EXPECT_FALSE(plain->feedback);
   EXPECT_TRUE(ExpertCodecSpec::parse("raw")->is_raw());
   EXPECT_FALSE(ExpertCodecSpec::parse("ef:raw")->is_raw());
-  for (const char* bad : {"sr:", "ef:sr:topk:0.1", "sr:sr:bf16", "sr:topk:0", "mean:bf16"}) {
+  auto pred = ExpertCodecSpec::parse("sr:ef:pred:topk_sign:0.1+zstd:1");
+  ASSERT_TRUE(pred) << pred.status().to_string();
+  EXPECT_TRUE(pred->predict);
+  EXPECT_FLOAT_EQ(pred->velocity_gain(), 0.1f) << "an entry is corrected about every 1/density steps";
+  EXPECT_EQ(ExpertCodecSpec::parse(pred->spec())->spec(), pred->spec());
+  EXPECT_FLOAT_EQ(ExpertCodecSpec::parse("ef:pred:bf16")->velocity_gain(), 1.0f);
+  EXPECT_FALSE(sr->predict);
+  for (const char* bad : {"sr:", "ef:sr:topk:0.1", "sr:sr:bf16", "sr:topk:0", "mean:bf16", "pred:topk:0.1",
+                          "sr:pred:ef:topk:0.1", "ef:pred:pred:bf16"}) {
     auto r = ExpertCodecSpec::parse(bad);
     ASSERT_FALSE(r) << bad;
-    EXPECT_NE(r.status().message().find("[sr:][ef:]PIPELINE"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("[sr:][ef:][pred:]PIPELINE"), std::string::npos) << r.status().message();
   }
 }
 
