@@ -154,10 +154,11 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   ExpertCommunicator* c = comm.get();
   model_->set_expert_resolver([c](int layer, int expert) { return c->replica(layer, expert); });
   c->set_timeline(&timeline_);
-  exchange->set_before_experts([c](int layer) { c->wait_gathered(layer); });
+  exchange->set_before_replicas([c](int layer) { c->wait_gathered(layer); });
+  exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
   MoeTransformer<float>::BackwardHooks hooks;
   const int layers = mc.num_layers;
-  hooks.experts_done = [c, this](int layer) { c->start_reduce((uint32_t)step_, layer); };
+  hooks.experts_done = [c](int layer) { c->owned_grads_final(layer); };
   hooks.grads_ready = [this, layers](int group) {
     // group -1: the embedding's, the last. The expert norm goes apart
     // (reduce_dense_gradients), so no bucket waits for the replica gradients.

@@ -455,7 +455,6 @@ void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<
 
 void HybridExpertExchange::finish_to_experts(const ExchangeTag& tag, std::vector<float>* out,
                                              std::vector<int>* out_counts) {
-  if (tag.phase == (int)ExchangePhase::kDispatch && before_experts_) before_experts_(tag.layer);
   Result r = wait_result(tag);
   *out = std::move(r.rows);
   *out_counts = std::move(r.counts);

@@ -47,8 +47,10 @@ class WorkThread;
 
 class HybridExpertExchange final : public ExpertExchange<float> {
  public:
-  // Called on the compute thread before a layer's experts compute on its
-  // Dispatched rows: HybridEP waits there for the layer's gathered experts.
+  // Called on the compute thread: before_replicas, before a layer's
+  // gathered replicas compute (HybridEP waits there for the layer's
+  // all-gather; owned experts have computed meanwhile); after_replica_grads,
+  // once a layer's replica gradients are final (their return starts).
   using LayerHook = std::function<void(int layer)>;
 
   HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
@@ -56,7 +58,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   ~HybridExpertExchange() override;
 
   void set_step(uint32_t step) { step_ = step; }
-  void set_before_experts(LayerHook hook) { before_experts_ = std::move(hook); }
+  void set_before_replicas(LayerHook hook) { before_replicas_ = std::move(hook); }
+  void set_after_replica_grads(LayerHook hook) { after_replica_grads_ = std::move(hook); }
   // true (the default): exchanges run on the comm threads.
   void set_overlapped(bool overlapped);
   // Transfers (comm threads) and waits (compute thread) go here (may be null).
@@ -82,6 +85,13 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override;
   void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override;
   const std::vector<int>& computed_experts() const override { return computed_; }
+  bool is_replica(size_t computed_index) const override { return owner_of(computed_[computed_index]) != rank_; }
+  void before_replicas(int layer) override {
+    if (before_replicas_) before_replicas_(layer);
+  }
+  void replicas_backward_done(int layer) override {
+    if (after_replica_grads_) after_replica_grads_(layer);
+  }
 
   // The worker holding expert e's weights as owner.
   int owner_of(int expert) const { return expert / experts_per_worker_; }
@@ -146,7 +156,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   bool local_only_ = true;           // no all-to-all peer at any level
   std::chrono::milliseconds timeout_;
   uint32_t step_ = 0;             // compute thread
-  LayerHook before_experts_;
+  LayerHook before_replicas_, after_replica_grads_;
   std::array<double, 2> blocked_s_{};  // compute thread
   Timeline* timeline_ = nullptr;
 

@@ -61,6 +61,21 @@ class ExpertExchange {
   virtual void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) = 0;
   // Global ids of the experts whose rows this worker receives, in order.
   virtual const std::vector<int>& computed_experts() const = 0;
+  // HybridEP replicas: computed experts (by index into computed_experts())
+  // whose weights arrive by the all-gather and whose weight gradients go
+  // back to their owners. The MoE layer computes the owned experts first and
+  // calls before_replicas(layer) before the first replica of each chunk (the
+  // wait for the layer's gathered weights, which own-expert compute hides);
+  // in backward it computes the replicas' weight gradients first and calls
+  // replicas_backward_done(layer) once the last chunk's are final, before
+  // the owned experts' (so their return overlaps that compute). The order of
+  // experts changes no sum: each writes its own rows and gradients.
+  virtual bool is_replica(size_t computed_index) const {
+    (void)computed_index;
+    return false;
+  }
+  virtual void before_replicas(int layer) { (void)layer; }
+  virtual void replicas_backward_done(int layer) { (void)layer; }
 
   // start then finish.
   void to_experts(const ExchangeTag& tag, const T* rows, const std::vector<int>& counts, int width,

@@ -13,6 +13,17 @@ ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) {
   return ExchangeTag{dm.layer, static_cast<int>(phase), chunk};
 }
 
+// The first row of each expert's group, from the rows per expert.
+std::vector<size_t> row_offsets(const std::vector<int>& counts) {
+  std::vector<size_t> first(counts.size());
+  size_t row = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    first[j] = row;
+    row += counts[j];
+  }
+  return first;
+}
+
 // Splits each expert's plan rows into `r` contiguous parts; chunk i takes the
 // i-th part of every expert, so each chunk is grouped by expert too.
 template <typename T>
@@ -62,12 +73,16 @@ void moe_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<
     XD_CHECK(ch.expert_counts.size() == computed);
     ch.expert_cache.resize(computed);
     std::vector<T> out(ch.expert_in.size());
-    size_t row = 0;
-    for (size_t j = 0; j < computed; ++j) {
-      const int n = ch.expert_counts[j];
-      swiglu_expert_forward(out.data() + row * d, &ch.expert_cache[j], ch.expert_in.data() + row * d,
-                            w.computed[j], n, d, dm.expert_ff);
-      row += n;
+    const std::vector<size_t> first_row = row_offsets(ch.expert_counts);
+    // Owned experts while the replicas' weights may still be arriving.
+    for (bool replicas : {false, true}) {
+      if (replicas) exchange->before_replicas(dm.layer);
+      for (size_t j = 0; j < computed; ++j) {
+        if (exchange->is_replica(j) != replicas) continue;
+        const size_t row = first_row[j];
+        swiglu_expert_forward(out.data() + row * d, &ch.expert_cache[j], ch.expert_in.data() + row * d,
+                              w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
+      }
     }
     exchange->start_to_sources(tag_of(dm, ExchangePhase::kCombine, i), std::move(out), d);
   }
@@ -150,12 +165,16 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
       row += n;
     }
     exchange->start_to_sources(tag_of(dm, ExchangePhase::kDispatchBackward, i), std::move(din), d);
-    row = 0;
-    for (size_t j = 0; j < ch.expert_counts.size(); ++j) {
-      const int n = ch.expert_counts[j];
-      swiglu_expert_backward_weights(ch.expert_dout.data() + row * d, ch.expert_in.data() + row * d,
-                                     ch.expert_cache[j], w.computed[j], n, d, dm.expert_ff);
-      row += n;
+    // Replicas first: their gradients leave once the last chunk's are final.
+    const std::vector<size_t> first_row = row_offsets(ch.expert_counts);
+    for (bool replicas : {true, false}) {
+      for (size_t j = 0; j < ch.expert_counts.size(); ++j) {
+        if (exchange->is_replica(j) != replicas) continue;
+        const size_t r = first_row[j];
+        swiglu_expert_backward_weights(ch.expert_dout.data() + r * d, ch.expert_in.data() + r * d,
+                                       ch.expert_cache[j], w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
+      }
+      if (replicas && i == dm.chunks - 1) exchange->replicas_backward_done(dm.layer);
     }
   }
 }

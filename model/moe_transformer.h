@@ -41,10 +41,11 @@ class MoeTransformer {
   using ExpertResolver = std::function<ExpertParams<T>(int layer, int expert)>;
   // Called from backward() on this thread as gradients become final:
   // `experts_done(layer)` once the layer's routed-expert gradients are (all
-  // chunks), `grads_ready(group)` once a group of dense gradients is: group
-  // num_layers is the LM head and final norm (first), then each layer from
-  // the last down (its attention, norms, router and shared experts), and -1
-  // the token embedding (last).
+  // chunks; the replicas' are final a little earlier,
+  // ExpertExchange::replicas_backward_done), `grads_ready(group)` once a
+  // group of dense gradients is: group num_layers is the LM head and final
+  // norm (first), then each layer from the last down (its attention, norms,
+  // router and shared experts), and -1 the token embedding (last).
   struct BackwardHooks {
     std::function<void(int layer)> experts_done;
     std::function<void(int group)> grads_ready;

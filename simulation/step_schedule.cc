@@ -133,7 +133,7 @@ CommKind kind_of(int phase) {
 // makes. Not overlapped, the runtime moves the rows inside start_* (inline on
 // the compute thread), so the wait follows the start at once. Before a
 // Dispatch's rows are handed over, the runtime waits for the layer's gathered
-// experts (HybridExpertExchange::set_before_experts).
+// experts (HybridExpertExchange::set_before_replicas).
 class RecordingExchange final : public ExpertExchange<float> {
  public:
   RecordingExchange(int num_experts, Recorder* rec, bool overlapped, bool gathers)
@@ -144,10 +144,19 @@ class RecordingExchange final : public ExpertExchange<float> {
     inner_.start_to_experts(tag, std::move(rows), counts, width);
   }
   void finish_to_experts(const ExchangeTag& tag, std::vector<float>* out, std::vector<int>* out_counts) override {
+    // The runtime computes owned experts between the Dispatch and the wait
+    // for the gathered ones; the recording keeps all of the routed experts'
+    // compute after both (a little pessimistic where the gather is late).
     if (tag.phase == (int)ExchangePhase::kDispatch && gathers_ && gather_waited_.insert(tag.layer).second)
       rec_->wait(CommKind::kExpertGather, tag.layer, 0);
     finished(tag);
     inner_.finish_to_experts(tag, out, out_counts);
+  }
+  // The runtime sends the replica gradients before the owned experts'
+  // weight gradients; the recording puts the start after the layer's whole
+  // weight backward (the same pessimism).
+  void replicas_backward_done(int layer) override {
+    if (gathers_) rec_->start(CommKind::kReplicaGradients, layer, 0);
   }
   void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override {
     started(tag);
@@ -229,13 +238,9 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   timeline.set_enabled(true);
   model.set_timeline(&timeline);
   const int buckets = static_cast<int>(dense_gradient_buckets(layout).size());
-  // DistributedTrainer's hooks: replica gradients leave when a layer's expert
-  // backward is done; overlapped, a dense bucket leaves when backward has
-  // finished it (group -1: the embedding's, the last).
+  // DistributedTrainer's hooks: overlapped, a dense bucket leaves when
+  // backward has finished it (group -1: the embedding's, the last).
   MoeTransformer<float>::BackwardHooks hooks;
-  hooks.experts_done = [&](int layer) {
-    if (shape.gathers_experts) rec.start(CommKind::kReplicaGradients, layer, 0);
-  };
   hooks.grads_ready = [&](int group) {
     if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
   };

@@ -163,22 +163,62 @@ TEST(MoeTransformer, PipelineChunksGiveTheLossAndGradientsOfOneChunk) {
   }
 }
 
+// Records what the MoE layer asks of its exchange about replicas; odd
+// computed experts play the part of gathered replicas.
+class ReplicaRecordingExchange final : public ExpertExchange<double> {
+ public:
+  ReplicaRecordingExchange(int experts, std::vector<std::string>* order) : inner_(experts), order_(order) {}
+  void start_to_experts(const ExchangeTag& t, std::vector<double> rows, const std::vector<int>& counts,
+                        int width) override {
+    inner_.start_to_experts(t, std::move(rows), counts, width);
+  }
+  void finish_to_experts(const ExchangeTag& t, std::vector<double>* out, std::vector<int>* counts) override {
+    inner_.finish_to_experts(t, out, counts);
+  }
+  void start_to_sources(const ExchangeTag& t, std::vector<double> rows, int width) override {
+    inner_.start_to_sources(t, std::move(rows), width);
+  }
+  void finish_to_sources(const ExchangeTag& t, std::vector<double>* out) override { inner_.finish_to_sources(t, out); }
+  const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
+  bool is_replica(size_t j) const override { return j % 2 == 1; }
+  void before_replicas(int layer) override { order_->push_back("replicas " + std::to_string(layer)); }
+  void replicas_backward_done(int layer) override { order_->push_back("experts " + std::to_string(layer)); }
+
+ private:
+  LocalExpertExchange<double> inner_;
+  std::vector<std::string>* order_;
+};
+
 // The backward hooks fire in the order the gradients become final: the LM
-// head first, then each layer's experts before its dense group, last layer
-// first, the embedding last.
+// head first, then each layer's replica gradients (the exchange's), its
+// owned experts' and its dense group, last layer first, the embedding last. Forward waits for
+// the replicas once per layer and chunk, after the owned experts.
 TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
   ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, Connectivity::kFarSkip);
   ParamLayout layout(cfg);
   MoeTransformer<double> model(layout);
   model.init(7);
+  model.set_pipeline_degree(2);
   std::vector<std::string> order;
-  model.set_backward_hooks({[&](int l) { order.push_back("experts " + std::to_string(l)); },
+  model.set_backward_hooks({[&](int l) { order.push_back("owned " + std::to_string(l)); },
                             [&](int g) { order.push_back("dense " + std::to_string(g)); }});
+  ReplicaRecordingExchange exchange(cfg.num_experts, &order);
   auto in = random_tokens(12, cfg.vocab_size, 1), tg = random_tokens(12, cfg.vocab_size, 2);
-  model.forward(in.data(), tg.data(), 2, 6);
-  model.backward();
-  EXPECT_EQ(order, (std::vector<std::string>{"dense 3", "experts 2", "dense 2", "experts 1", "dense 1", "experts 0",
-                                             "dense 0", "dense -1"}));
+  const double loss = model.forward(in.data(), tg.data(), 2, 6, &exchange).loss;
+  EXPECT_EQ(order, (std::vector<std::string>{"replicas 0", "replicas 0", "replicas 1", "replicas 1", "replicas 2",
+                                             "replicas 2"}));
+  order.clear();
+  model.backward(&exchange);
+  EXPECT_EQ(order, (std::vector<std::string>{"dense 3", "experts 2", "owned 2", "dense 2", "experts 1", "owned 1",
+                                             "dense 1", "experts 0", "owned 0", "dense 0", "dense -1"}));
+  // Owned experts first changes no sum: the same bits as the plain order.
+  const std::vector<double> grads = model.grads();
+  MoeTransformer<double> plain(layout);
+  plain.init(7);
+  plain.set_pipeline_degree(2);
+  EXPECT_EQ(plain.forward(in.data(), tg.data(), 2, 6).loss, loss);
+  plain.backward();
+  EXPECT_EQ(plain.grads(), grads);
 }
 
 TEST(MoeBlock, WeightedSumOfSelectedExpertsMatchesADirectComputation) {
