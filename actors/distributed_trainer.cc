@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/gradient_buckets.h"
@@ -31,7 +32,9 @@ double peak_rss_bytes() {
 }
 }  // namespace
 
-DistributedTrainer::~DistributedTrainer() = default;
+DistributedTrainer::~DistributedTrainer() {
+  if (transport_) transport_->set_timeline(nullptr);
+}
 
 Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const JobConfig& job,
                                                                          const DistributedOptions& o,
@@ -40,6 +43,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   t->job_ = job;
   t->opts_ = o;
   t->transport_ = transport;
+  transport->set_timeline(&t->timeline_);
   const TrainConfig& tc = job.train;
   const ModelConfig& mc = tc.model;
   auto topo = Topology::create(o.level_sizes, o.domain_sizes);
@@ -304,6 +308,10 @@ Expected<StepMetrics> DistributedTrainer::step() {
                             non_finite_tensors(*layout_, model_->params().data()) + " (train.nan_policy: stop)");
   const TransportStats mid = transport_->stats();
   const double forward_s = seconds_since(start);
+  // A plan update is taken here, before the optimizer step sends anything
+  // for the next step (the coordinator sends it steps ahead).
+  if (opts_.take_plan)
+    if (auto p = opts_.take_plan()) next_plan_ = std::move(*p);
   model_->backward(exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
   double expert_norm_sq = 0;
@@ -331,10 +339,12 @@ Expected<StepMetrics> DistributedTrainer::step() {
     skipped_in_a_row_ = 0;
     const double lr = tc.learning_rate_at(step_);
     ScopedSpan span(&timeline_, "optimizer");
-    // The next step's first-level AG rows are packed as the update writes
-    // the weights (empty when there is nothing to pack, or no next step).
-    const auto fused = step_ + 1 < tc.steps ? comm_->fused_encoder(static_cast<uint32_t>(step_ + 1))
-                                            : std::function<void(size_t, size_t)>{};
+    // The next step's first-level AG rows are packed, and each layer's sent,
+    // as the update writes the weights (nothing when there is no next step,
+    // or the next one runs another plan: the communicator is rebuilt).
+    const bool switching = next_plan_ && next_plan_->step == step_ + 2;
+    const auto fused = step_ + 1 < tc.steps && !switching ? comm_->fused_encoder(static_cast<uint32_t>(step_ + 1))
+                                                          : std::function<void(size_t, size_t)>{};
     optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq, fused);
   }
   ++step_;
@@ -365,8 +375,6 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.peak_rss_bytes = peak_rss_bytes();
   // A new plan takes effect at this boundary: the next step's replicas have
   // not started moving yet. Every worker switches at the same step.
-  if (opts_.take_plan)
-    if (auto p = opts_.take_plan()) next_plan_ = std::move(*p);
   if (next_plan_ && next_plan_->step <= step_)
     return Status::internal("a plan update for step " + std::to_string(next_plan_->step) + " arrived after step " +
                             std::to_string(step_) + "; the workers would disagree on the domains");
@@ -397,11 +405,24 @@ void DistributedTrainer::write_trace(int64_t step) {
   for (Lane lane : {Lane::kCompute, Lane::kToExperts, Lane::kToSources, Lane::kExperts, Lane::kDense})
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", (int)lane},
                       {"args", {{"name", lane_name(lane)}}}});
+  // Each shaped link class's egress gets a row of its own after the threads.
+  auto link_name = [&](int c) {
+    return (c < (int)opts_.link_names.size() ? opts_.link_names[c] : "class " + std::to_string(c)) + " link egress";
+  };
+  std::set<int> link_classes;
+  for (const Span& s : spans)
+    if (s.lane == Lane::kLink) link_classes.insert(s.layer);
+  for (int c : link_classes)
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", (int)Lane::kLink + c},
+                      {"args", {{"name", link_name(c)}}}});
   for (const Span& s : spans) {
-    nlohmann::json e = {{"name", s.name}, {"cat", s.wait ? "wait" : s.lane == Lane::kCompute ? "compute" : "comm"},
-                        {"ph", "X"}, {"pid", pid}, {"tid", (int)s.lane},
+    const bool link = s.lane == Lane::kLink;
+    nlohmann::json e = {{"name", s.name},
+                        {"cat", s.wait ? "wait" : link ? "link" : s.lane == Lane::kCompute ? "compute" : "comm"},
+                        {"ph", "X"}, {"pid", pid}, {"tid", (int)s.lane + (link ? s.layer : 0)},
                         {"ts", (s.start_s - t0) * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6}};
-    if (s.layer >= 0) e["args"] = {{"layer", s.layer}};
+    if (link) e["args"] = {{"link", link_name(s.layer)}};
+    else if (s.layer >= 0) e["args"] = {{"layer", s.layer}};
     events.push_back(std::move(e));
   }
   nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},

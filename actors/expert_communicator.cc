@@ -236,6 +236,33 @@ std::vector<float> ExpertCommunicator::base_share() {
 
 std::function<void(size_t, size_t)> ExpertCommunicator::fused_encoder(uint32_t next_step) {
   prepared_ = Prepared{};
+  std::function<void(size_t, size_t)> pack = packer(next_step);
+  // With an SR base the sends wait behind the base all-reduce (start_gather).
+  if (!holds_replicas() || uses_base_ || first_gather_ || next_step == 0 || first_gather_level() < 0) return pack;
+  // Where each layer's own experts end in the parameters: once the update
+  // has passed it, that layer's messages can leave.
+  std::vector<size_t> layer_end(layers_, 0);
+  const float* params = model_->params().data();
+  const size_t span = (size_t)experts_per_worker_ * expert_floats_;
+  for (int layer = 0; layer < layers_; ++layer)
+    for (int which = 0; which < 3; ++which)
+      layer_end[layer] =
+          std::max(layer_end[layer], (size_t)(weights_of(layer, rank_ * experts_per_worker_, which) - params) + span);
+  prepared_.step = next_step;
+  prepared_.sent.assign(layers_, FirstSend{});
+  return [this, pack = std::move(pack), layer_end = std::move(layer_end), next_step, next = 0](
+             size_t begin, size_t end) mutable {
+    if (pack) pack(begin, end);
+    for (; next < layers_ && end >= layer_end[next]; ++next) {
+      std::shared_ptr<PackedRows> rows = prepared_.rows.empty() ? nullptr : prepared_.rows[next];
+      prepared_.sent[next] = post_first_send(next_step, next, std::move(rows));
+      ++sent_during_update_;
+    }
+  };
+}
+
+// fused_encoder's packing: the next base's share and the first-level rows.
+std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_step) {
   // Before the first gather the base is synced first, against weights this
   // update has not written yet: nothing to fuse.
   if (!holds_replicas() || !codec_options_.fused_encode || first_gather_ || next_step == 0) return {};
@@ -333,21 +360,17 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   // overlap; the actor thread takes them in layer order. With sr: the sends
   // stay on the actor thread, behind the base all-reduce they encode against.
   // One sender closure per layer, so layer k waits only for its own send.
+  // Layers the optimizer step sent already keep their sends.
   std::vector<std::shared_ptr<LevelExchange>> sent(layers_);
   std::vector<std::shared_future<void>> layer_sent(layers_);
   std::vector<std::shared_ptr<PackedRows>> rows = std::move(prep.rows);
   rows.resize(layers_);
+  prep.sent.resize(layers_);
   if (!uses_base_) {
     for (int layer = 0; layer < layers_; ++layer) {
-      auto x = std::make_shared<LevelExchange>();
-      auto done = std::make_shared<std::promise<void>>();
-      layer_sent[layer] = done->get_future().share();
-      sent[layer] = x;
-      sender_->post([this, step, layer, x, done, r = rows[layer]] {
-        const int l = first_gather_level();
-        if (l >= 0) x->status = send_gather_level(step, layer, l, x.get(), r.get());
-        done->set_value();
-      });
+      FirstSend f = prep.sent[layer].exchange ? prep.sent[layer] : post_first_send(step, layer, rows[layer]);
+      sent[layer] = f.exchange;
+      layer_sent[layer] = f.sent;
     }
   }
   for (int layer = 0; layer < layers_; ++layer)
@@ -357,6 +380,19 @@ void ExpertCommunicator::start_gather(uint32_t step) {
       finish(layer, true, gather_layer(step, layer, x.get(), r.get()));
     });
   if (due && !first) post_sync();
+}
+
+ExpertCommunicator::FirstSend ExpertCommunicator::post_first_send(uint32_t step, int layer,
+                                                                  std::shared_ptr<PackedRows> rows) {
+  auto x = std::make_shared<LevelExchange>();
+  auto done = std::make_shared<std::promise<void>>();
+  FirstSend f{x, done->get_future().share()};
+  sender_->post([this, step, layer, x, done, rows = std::move(rows)] {
+    const int l = first_gather_level();
+    if (l >= 0) x->status = send_gather_level(step, layer, l, x.get(), rows.get());
+    done->set_value();
+  });
+  return f;
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {

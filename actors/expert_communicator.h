@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -90,13 +91,19 @@ class ExpertCommunicator {
   // The optimizer step's hook (HybridEP Fig. 10a, SREncode fused with the
   // update). Call on the compute thread after wait_reduced() and before
   // start_gather(next_step). The function returned (empty when there is
-  // nothing to fuse) takes each block [begin, end) of the model's parameters
-  // right after the optimizer has written it and packs from it, while it is
-  // in cache, this worker's share of the next base and its first-level AG
-  // rows; start_gather(next_step) sends those without another pass.
+  // nothing to do) takes each block [begin, end) of the model's parameters
+  // right after the optimizer has written it, in order, and packs from it,
+  // while it is in cache, this worker's share of the next base and its
+  // first-level AG rows; without an SR base, it also sends each layer's
+  // first-level AG messages as soon as the update has written that layer's
+  // own experts, while it goes on with the later layers (HybridEP Fig. 10:
+  // the all-gather starts as early as the weights allow).
+  // start_gather(next_step) sends the rest and takes the receives.
   std::function<void(size_t begin, size_t end)> fused_encoder(uint32_t next_step);
   // Messages sent from rows the optimizer step packed, so far.
   int64_t fused_messages() const { return fused_messages_.load(); }
+  // Layers whose first-level AG messages the optimizer step sent, so far.
+  int64_t sent_during_update() const { return sent_during_update_.load(); }
   void start_gather(uint32_t step);  // every layer, in order
   void wait_gathered(int layer);     // blocks; its time is counted as AG wait
   // The layer's replica gradients are final (compute thread): they leave
@@ -127,11 +134,19 @@ class ExpertCommunicator {
   // One layer's first-level AG rows, packed by fused_encoder().
   struct PackedRows;
   // What fused_encoder() packed for start_gather(step); compute thread only.
+  // A layer's first-level AG messages, handed to the sender thread.
+  struct FirstSend {
+    std::shared_ptr<LevelExchange> exchange;  // null: not sent yet
+    std::shared_future<void> sent;
+  };
   struct Prepared {
     uint32_t step = 0;
     std::shared_ptr<std::vector<float>> base_sums;  // (layers, 3, ff*d), or null
     std::vector<std::shared_ptr<PackedRows>> rows;  // per layer, or empty
+    std::vector<FirstSend> sent;                    // per layer, or empty: sent during the update
   };
+  FirstSend post_first_send(uint32_t step, int layer, std::shared_ptr<PackedRows> rows);
+  std::function<void(size_t, size_t)> packer(uint32_t next_step);
   // Every level in order; the first level with peers may have been sent
   // already (`first_sent`, or null), or its rows packed (`rows`, or null).
   Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows);
@@ -177,6 +192,7 @@ class ExpertCommunicator {
   bool first_gather_ = true;  // caller's thread (start_gather)
   Prepared prepared_;         // caller's thread (fused_encoder, start_gather)
   std::atomic<int64_t> fused_messages_{0};
+  std::atomic<int64_t> sent_during_update_{0};
   std::vector<float> base_;  // (layers, 3, ff*d) with sr:, else empty; written on the actor thread under mu_
   Status base_status_;       // actor thread only: a failed base all-reduce
   std::atomic<uint64_t> base_version_{0};  // counts the installed bases

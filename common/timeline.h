@@ -20,6 +20,7 @@ enum class Lane : int {
   kToSources = 2,   // Combine and the backward of Dispatch
   kExperts = 3,     // HybridEP expert all-gather, replica gradients, SR base
   kDense = 4,       // dense-gradient all-reduce buckets
+  kLink = 5,        // a shaped link class's egress transmitting (Span::layer: the class)
 };
 const char* lane_name(Lane lane);
 
@@ -81,6 +82,7 @@ inline const char* lane_name(Lane lane) {
     case Lane::kToSources: return "to sources";
     case Lane::kExperts: return "expert gather / grads";
     case Lane::kDense: return "dense all-reduce";
+    case Lane::kLink: return "link egress";
   }
   return "?";
 }

@@ -2,7 +2,9 @@
 """Renders xdmoe step traces (Chrome trace JSON, one file per worker) as a PNG
 timeline with gnuplot: one row per worker thread, compute in blue, the compute
 thread's waits for communication in red, transfers on the comm threads in
-green. The same files open in Perfetto (ui.perfetto.dev) or chrome://tracing.
+green, and one row per shaped link class in grey: when its egress was
+transmitting (the gaps are when it idled). The same files open in Perfetto
+(ui.perfetto.dev) or chrome://tracing.
 
   scripts/trace_png.py runs/trace --step 20 --out runs/trace/step20.png
 
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-COLORS = {"compute": "0x4C72B0", "wait": "0xC44E52", "comm": "0x55A868"}
+COLORS = {"compute": "0x4C72B0", "wait": "0xC44E52", "comm": "0x55A868", "link": "0x777777"}
 LANES = ["compute", "to experts", "to sources", "expert gather / grads", "dense all-reduce"]
 
 
@@ -60,9 +62,9 @@ def main():
     ranks = sorted({e["pid"] for e in events})
     rows = {}
     for r in ranks:
-        for tid in range(len(LANES)):
-            if any(e["pid"] == r and e["tid"] == tid for e in events):
-                rows[(r, tid)] = len(rows)
+        # The threads' lanes, then the link rows (tids after them).
+        for tid in sorted({e["tid"] for e in events if e["pid"] == r}):
+            rows[(r, tid)] = len(rows)
     end_ms = max((e["ts"] + e["dur"]) / 1e3 for e in events)
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "spans.dat")
@@ -73,15 +75,15 @@ def main():
                 x0, x1 = e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3
                 h = 0.35 if e["cat"] != "wait" else 0.2
                 f.write(f"{(x0 + x1) / 2} {y} {x0} {x1} {y - h} {y + h} {COLORS.get(e['cat'], '0x888888')}\n")
-        labels = ", ".join(f'"w{r} {meta.get((r, t), LANES[t])}" {len(rows) - 1 - i}'
-                           for (r, t), i in rows.items())
+        labels = ", ".join(f'"w{r} {meta.get((r, t), LANES[t] if t < len(LANES) else "lane " + str(t))}" '
+                           f'{len(rows) - 1 - i}' for (r, t), i in rows.items())
         title = f"step {step}" if step is not None else os.path.basename(a.trace)
         if a.title:
             title += "\\n" + a.title
         script = f"""
 set terminal pngcairo size 1600,{160 + 34 * len(rows)} font ",10"
 set output "{out}"
-set title "{title}: compute (blue), compute waiting for communication (red), transfers (green)"
+set title "{title}: compute (blue), compute waiting for communication (red), transfers (green), link transmitting (grey)"
 set xlabel "ms since the worker's first span"
 set ytics ({labels})
 set yrange [-0.7:{len(rows) - 0.3}]

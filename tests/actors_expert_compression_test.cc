@@ -11,6 +11,7 @@
 #include "actors/distributed_trainer.h"
 #include "cluster/job_config.h"
 #include "common/rng.h"
+#include "compression/bfloat16.h"
 #include "compression/expert_stream_codec.h"
 #include "job_runner.h"
 
@@ -463,6 +464,35 @@ TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsAS
       EXPECT_EQ(b.trainers[r]->expert_communicator().fused_messages(), 0) << "worker " << r;
     }
   }
+}
+
+TEST(ExpertCompression, TheUpdateSendsEachLayersGatherOnceItsExpertsAreWrittenAndReceiversGetTheUpdatedWeights) {
+  // No SR base, so nothing waits for a base all-reduce: each layer's
+  // messages across the DC leave from inside the optimizer step.
+  const JobConfig job = job_for("bf16");
+  Workers w = start_workers(job);
+  const ModelConfig& mc = job.train.model;
+  const size_t ef = expert_floats(job);
+  std::vector<StepMetrics> metrics;
+  for (int step = 0; step < 3; ++step) {
+    step_all(w, &metrics);
+    for (int layer = 0; layer < mc.num_layers; ++layer)
+      for (int e = 0; e < mc.num_experts; ++e) {
+        // Let the next step's gather land, then compare with the owner's
+        // weights as this update left them, rounded to bf16 for the DC link.
+        const int owner = e / 2, across = (owner + 2) % 4;
+        w.trainers[across]->expert_communicator().wait_gathered(layer);
+        std::vector<uint16_t> bits(ef);
+        std::vector<float> expect(ef);
+        floats_to_bf16(w.trainers[owner]->expert_communicator().replica(layer, e).w2, ef, bits.data());
+        bf16_to_floats(bits.data(), ef, expect.data());
+        ASSERT_EQ(0, std::memcmp(expect.data(), w.trainers[across]->expert_communicator().replica(layer, e).w2,
+                                 ef * sizeof(float)))
+            << "layer " << layer << " expert " << e << " after step " << step + 1;
+      }
+  }
+  for (size_t r = 0; r < w.trainers.size(); ++r)
+    EXPECT_EQ(w.trainers[r]->expert_communicator().sent_during_update(), 3 * mc.num_layers) << "worker " << r;
 }
 
 struct TrainingResult {

@@ -166,8 +166,8 @@ TEST(FarSkipOverlap, AHeavilyDelayedLinkGivesIdenticalResults) {
 }
 
 // A traced step: every worker writes a Chrome trace of it with compute
-// spans, waits and transfers on the comm threads, and scripts/trace_png.py
-// draws them with gnuplot.
+// spans, waits, transfers on the comm threads and the shaped links'
+// transmissions, and scripts/trace_png.py draws them with gnuplot.
 TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
   const std::string dir = temp_dir("trace");
   std::string yaml = farskip_yaml(true, dir + "/ckpt") + cluster_yaml(2);
@@ -178,9 +178,10 @@ TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
     std::ifstream in(dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
     ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
     const nlohmann::json trace = nlohmann::json::parse(in);
-    std::set<std::string> names, categories;
+    std::set<std::string> names, categories, rows;
     std::set<int> lanes;
     for (const auto& e : trace["traceEvents"]) {
+      if (e["name"] == "thread_name") rows.insert(e["args"]["name"].get<std::string>());
       if (e["ph"] != "X") continue;
       names.insert(e["name"].get<std::string>());
       categories.insert(e["cat"].get<std::string>());
@@ -193,6 +194,11 @@ TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
       EXPECT_TRUE(names.count(name)) << "rank " << rank << " has no '" << name << "' span";
     EXPECT_TRUE(categories.count("compute") && categories.count("comm")) << "rank " << rank;
     EXPECT_GE(lanes.size(), 4u) << "compute, both exchange threads, the dense all-reduce";
+    // The shaped DC link's egress has a row of transmissions; the unshaped
+    // worker link has none.
+    EXPECT_TRUE(names.count("transmit") && categories.count("link")) << "rank " << rank;
+    EXPECT_TRUE(rows.count("dc link egress")) << "rank " << rank;
+    EXPECT_FALSE(rows.count("worker link egress")) << "rank " << rank;
   }
   EXPECT_FALSE(fs::exists(dir + "/trace/trace-step3-rank0.json")) << "only the asked-for step";
   if (testing::run("command -v gnuplot").first != 0) {

@@ -416,6 +416,10 @@ void Transport::Impl::transmit(int link_class, double now) {
                              : sh.accounted_bytes_per_s > 0 ? bytes / sh.accounted_bytes_per_s
                                                             : 0.0;
     class_transmit_ns[link_class].fetch_add(static_cast<uint64_t>(counted_s * 1e9), std::memory_order_relaxed);
+    if (transmit_s > 0 && has_timeline.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> lock(timeline_mu);
+      if (timeline) timeline->add(Span{"transmit", link_class, Lane::kLink, false, start, busy_until});
+    }
     // Latency delays delivery but not the next transmission; FIFO per link.
     next->last_release = std::max(busy_until + sh.latency_s, next->last_release);
     s.release_at = next->last_release;
@@ -705,6 +709,12 @@ void Transport::cancel(const Status& why) {
   for (auto& w : impl_->live_sends)
     if (auto c = w.lock()) c->abort(why);
   impl_->live_sends.clear();
+}
+
+void Transport::set_timeline(Timeline* timeline) {
+  std::lock_guard<std::mutex> lock(impl_->timeline_mu);
+  impl_->timeline = timeline;
+  impl_->has_timeline.store(timeline != nullptr, std::memory_order_relaxed);
 }
 
 void Transport::set_shaping(int link_class, const LinkShaping& s) {

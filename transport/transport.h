@@ -30,6 +30,8 @@
 
 namespace xd {
 
+class Timeline;
+
 struct PeerInfo {
   // A constructor, so that {rank, endpoint, link_class} still reads well.
   PeerInfo(int rank_ = 0, std::string endpoint_ = "", int link_class_ = 0, std::string public_key_ = "")
@@ -139,6 +141,11 @@ class Transport {
   void cancel(const Status& why);
 
   void set_shaping(int link_class, const LinkShaping& shaping);
+  // Each transmission of a shaped link class is recorded on `timeline` (when
+  // it is enabled) as a span of Lane::kLink whose layer is the link class:
+  // when the egress was busy, and when it idled. Null: none. The timeline
+  // must outlive the transport or be unset first.
+  void set_timeline(Timeline* timeline);
   TransportStats stats() const;
 
   class Impl;

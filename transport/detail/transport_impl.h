@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/timeline.h"
 #include "common/mailbox.h"
 #include "transport/transport.h"
 
@@ -108,6 +109,11 @@ class Transport::Impl {
   // Per link class: nanoseconds its shaped egress spent transmitting
   // (bytes / bandwidth of every message), written by the I/O thread.
   std::unique_ptr<std::atomic<uint64_t>[]> class_transmit_ns;
+  // Where transmissions are recorded (Transport::set_timeline); the mutex
+  // lets set_timeline(nullptr) return only once no span is being added.
+  std::atomic<bool> has_timeline{false};
+  std::mutex timeline_mu;
+  Timeline* timeline = nullptr;
   // Per link class: the periods during which some of its bytes waited to
   // leave (queued, pacing, latency, until ZeroMQ released them), each a
   // sample of t = alpha + bytes * beta for the coordinator's re-fit.
