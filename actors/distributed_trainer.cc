@@ -338,6 +338,9 @@ Expected<StepMetrics> DistributedTrainer::step() {
   } else {
     skipped_in_a_row_ = 0;
     const double lr = tc.learning_rate_at(step_);
+    // A traced next step's trace begins with this update: its expert
+    // all-gather leaves from inside it.
+    if (!traced && traces(step_ + 2)) timeline_.set_enabled(true);
     ScopedSpan span(&timeline_, "optimizer");
     // The next step's first-level AG rows are packed, and each layer's sent,
     // as the update writes the weights (nothing when there is no next step,
@@ -349,7 +352,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
   }
   ++step_;
   if (traced) write_trace(step_);
-  // A traced step's trace begins with its replicas' all-gather, which starts here.
+  // Otherwise a traced step's trace begins with its all-gather's receives.
   if (traces(step_ + 1)) timeline_.set_enabled(true);
 
   StepMetrics m;
