@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 
 namespace xd {
 
@@ -30,6 +31,7 @@ void Actor::join() {
 void Actor::post(Message fn, bool urgent) { mailbox_.push(std::move(fn), urgent); }
 
 void Actor::loop() {
+  set_thread_name("xd-" + name_);
   try {
     on_start();
     auto next_tick = std::chrono::steady_clock::now() + tick_;

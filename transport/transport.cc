@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "transport/detail/same_host.h"
 #include "transport/detail/received_frames.h"
 #include "transport/detail/transport_impl.h"
@@ -216,6 +217,7 @@ void Transport::Impl::deliver(IncomingMessage m) {
 }
 
 void Transport::Impl::run() {
+  set_thread_name("xd-transport");
   try {
     router_ = std::make_unique<zmq::socket_t>(context, zmq::socket_type::router);
     router_->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 
 namespace xd::detail {
 namespace {
@@ -45,6 +46,7 @@ class Pool {
 
  private:
   void loop() {
+    set_thread_name("xd-collective");
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       if (!cv_.wait_for(lock, kIdleExit, [this] { return !jobs_.empty(); })) {
