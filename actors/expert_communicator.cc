@@ -237,8 +237,10 @@ std::vector<float> ExpertCommunicator::base_share() {
 std::function<void(size_t, size_t)> ExpertCommunicator::fused_encoder(uint32_t next_step) {
   prepared_ = Prepared{};
   std::function<void(size_t, size_t)> pack = packer(next_step);
-  // With an SR base the sends wait behind the base all-reduce (start_gather).
-  if (!holds_replicas() || uses_base_ || first_gather_ || next_step == 0 || first_gather_level() < 0) return pack;
+  // The first gathers of a communicator wait behind its first base
+  // all-reduce (start_gather). Later ones encode against the base installed
+  // by now (wait_reduced() ran after every base all-reduce posted so far).
+  if (!holds_replicas() || first_gather_ || next_step == 0 || first_gather_level() < 0) return pack;
   // Where each layer's own experts end in the parameters: once the update
   // has passed it, that layer's messages can leave.
   std::vector<size_t> layer_end(layers_, 0);
@@ -358,7 +360,10 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   // Every layer's first-level messages leave at once (from the sender
   // thread), so the link never idles between layers and their latencies
   // overlap; the actor thread takes them in layer order. With sr: the sends
-  // stay on the actor thread, behind the base all-reduce they encode against.
+  // stay on the actor thread, behind the base all-reduce they encode against,
+  // unless the optimizer step sent them: after wait_reduced() the actor
+  // thread has installed every base posted before, and a base due now is
+  // installed after this step's gathers.
   // One sender closure per layer, so layer k waits only for its own send.
   // Layers the optimizer step sent already keep their sends.
   std::vector<std::shared_ptr<LevelExchange>> sent(layers_);
@@ -366,15 +371,14 @@ void ExpertCommunicator::start_gather(uint32_t step) {
   std::vector<std::shared_ptr<PackedRows>> rows = std::move(prep.rows);
   rows.resize(layers_);
   prep.sent.resize(layers_);
-  if (!uses_base_) {
-    for (int layer = 0; layer < layers_; ++layer) {
-      FirstSend f = prep.sent[layer].exchange ? prep.sent[layer] : post_first_send(step, layer, rows[layer]);
-      sent[layer] = f.exchange;
-      layer_sent[layer] = f.sent;
-    }
+  for (int layer = 0; layer < layers_; ++layer) {
+    if (!prep.sent[layer].exchange && uses_base_) continue;  // the actor thread sends
+    FirstSend f = prep.sent[layer].exchange ? prep.sent[layer] : post_first_send(step, layer, rows[layer]);
+    sent[layer] = f.exchange;
+    layer_sent[layer] = f.sent;
   }
   for (int layer = 0; layer < layers_; ++layer)
-    actor_->post([this, step, layer, x = sent[layer], ready = layer_sent[layer], r = uses_base_ ? rows[layer] : nullptr] {
+    actor_->post([this, step, layer, x = sent[layer], ready = layer_sent[layer], r = sent[layer] ? nullptr : rows[layer]] {
       ScopedSpan span(timeline_, "expert all-gather", layer, Lane::kExperts);
       if (ready.valid()) ready.wait();
       finish(layer, true, gather_layer(step, layer, x.get(), r.get()));

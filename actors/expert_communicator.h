@@ -94,10 +94,10 @@ class ExpertCommunicator {
   // nothing to do) takes each block [begin, end) of the model's parameters
   // right after the optimizer has written it, in order, and packs from it,
   // while it is in cache, this worker's share of the next base and its
-  // first-level AG rows; without an SR base, it also sends each layer's
-  // first-level AG messages as soon as the update has written that layer's
-  // own experts, while it goes on with the later layers (HybridEP Fig. 10:
-  // the all-gather starts as early as the weights allow).
+  // first-level AG rows; it also sends each layer's first-level AG messages
+  // as soon as the update has written that layer's own experts, while it
+  // goes on with the later layers (HybridEP Fig. 10: the all-gather starts
+  // as early as the weights allow).
   // start_gather(next_step) sends the rest and takes the receives.
   std::function<void(size_t begin, size_t end)> fused_encoder(uint32_t next_step);
   // Messages sent from rows the optimizer step packed, so far.

@@ -462,6 +462,10 @@ TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsAS
     for (size_t r = 0; r < a.trainers.size(); ++r) {
       EXPECT_EQ(a.trainers[r]->expert_communicator().fused_messages(), 5 * layers) << "worker " << r;
       EXPECT_EQ(b.trainers[r]->expert_communicator().fused_messages(), 0) << "worker " << r;
+      // Either way, each update sends every layer's gather as it goes (an SR
+      // base, synced every other step, installs after the gathers).
+      EXPECT_EQ(a.trainers[r]->expert_communicator().sent_during_update(), 5 * layers) << "worker " << r;
+      EXPECT_EQ(b.trainers[r]->expert_communicator().sent_during_update(), 5 * layers) << "worker " << r;
     }
   }
 }
