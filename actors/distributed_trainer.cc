@@ -309,7 +309,9 @@ Expected<StepMetrics> DistributedTrainer::step() {
   const TransportStats mid = transport_->stats();
   const double forward_s = seconds_since(start);
   // A plan update is taken here, before the optimizer step sends anything
-  // for the next step (the coordinator sends it steps ahead).
+  // for the next step: one that switches at the next step must be known
+  // before it (the coordinator sends updates at least lead_seconds and 3
+  // steps ahead; one that comes later than this fails the job below).
   if (opts_.take_plan)
     if (auto p = opts_.take_plan()) next_plan_ = std::move(*p);
   model_->backward(exchange_.get());

@@ -333,6 +333,9 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
 void ExpertCommunicator::start_gather(uint32_t step) {
   Prepared prep = std::move(prepared_);
   prepared_ = Prepared{};
+  // Messages the update sent have moved the codecs' state: this must be
+  // their step.
+  for (const FirstSend& f : prep.sent) XD_CHECK(!f.exchange || prep.step == step);
   if (prep.step != step) prep = Prepared{};  // packed for another step (or nothing)
   if (!holds_replicas()) return;
   {

@@ -1,14 +1,17 @@
 // ExpertCommunicator: HybridEP's asynchronous expert communicator (Fig. 10).
-// Right after an optimizer step every layer's experts are queued, layer by
-// layer, for the all-gather inside the expert domains (outer level first);
-// layer k takes its replicas only when its Dispatch needs them, so the AG of
-// later layers overlaps the compute of earlier ones. In the backward pass the
-// replicas' gradients go back to their owners, level by level in reverse
-// (a reduce-scatter), as soon as each layer's expert backward is done.
-// The transfers run on the communicator's own actor thread; wait_* calls come
-// from the compute thread. Own experts' weights are read and their gradients
-// added to in place, so the caller must not touch a layer's expert gradients
-// between start_reduce(layer) and wait_reduced().
+// During an optimizer step every layer's experts are queued, layer by layer
+// as the update writes them, for the all-gather inside the expert domains
+// (outer level first); layer k takes its replicas only when its Dispatch
+// needs them, so the AG of later layers overlaps the compute of earlier
+// ones. In the backward pass the replicas' gradients go back to their
+// owners, level by level in reverse (a reduce-scatter), as soon as each
+// layer's replica gradients are final. The transfers run on the
+// communicator's own threads; wait_* calls come from the compute thread.
+// Own experts' weights are read, and what comes back for them is added to
+// their gradients in place once owned_grads_final(layer) says the compute
+// thread is done with them; the caller must not touch a layer's replica
+// gradients between start_reduce(layer) and wait_reduced(), nor its owned
+// gradients between owned_grads_final(layer) and wait_reduced().
 //
 // Compression (set_codecs): each level's weights and gradients go through an
 // ExpertCodecSpec. The SR base experts (the mean of each layer's experts) are

@@ -45,7 +45,8 @@ std::vector<float> send_once(ExpertStreamCodec& sender, ExpertStreamCodec& recei
 }
 
 TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndTheSenderKnowsWhatTheReceiverHolds) {
-  for (const char* spec : {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1", "sr:ef:pred:topk_sign:0.05+zstd:1"}) {
+  for (const char* spec :
+       {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1", "sr:ef:pred:topk_sign:0.05+zstd:1", "sr:ef:pred:bf16"}) {
     SCOPED_TRACE(spec);
     const size_t n = 4096;
     std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
@@ -76,7 +77,9 @@ TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndThe
       if (step == 0) first = err.error / err.signal;
       last = err.error / err.signal;
     }
-    EXPECT_GT(first, 0.5) << "5% of the entries cannot describe an unrelated tensor at once";
+    if (ExpertCodecSpec::parse(spec)->pipeline.is_sparse()) {
+      EXPECT_GT(first, 0.5) << "5% of the entries cannot describe an unrelated tensor at once";
+    }
     EXPECT_LT(last, 1e-4) << "what one step drops, later steps send";
   }
 }
@@ -400,7 +403,7 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
 }
 
 TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideTheOwnerGetItExactly) {
-  for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk_sign:0.1+zstd:1"}) {
+  for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk_sign:0.1+zstd:1", "sr:ef:pred:bf16"}) {
     SCOPED_TRACE(spec);
     const JobConfig job = job_for(spec);
     Workers w = start_workers(job);
