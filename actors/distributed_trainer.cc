@@ -220,8 +220,7 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq, bool l
   return Status::ok();
 }
 
-void DistributedTrainer::record_link_figures(const TransportStats& mid, StepMetrics* m) {
-  TransportStats now = transport_->stats();
+void DistributedTrainer::record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m) {
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
   for (const LinkStats& l : now.links) {
@@ -320,6 +319,8 @@ Expected<StepMetrics> DistributedTrainer::step() {
   // A non-finite local loss joins the all-reduced norm as NaN, so that every
   // worker sees it and takes the same decision below.
   XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq, std::isfinite(loss.loss)));
+  // The step's traffic ends here: the update sends the next step's gathers.
+  const TransportStats before_update = transport_->stats();
   double dense_norm_sq = 0;
   const std::vector<float>& g = model_->grads();
   for (auto [b, e] : dense_ranges_)
@@ -375,7 +376,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
   norm_wait_s_ = 0;
   m.exposed_comm_s = m.fwd_exposed_s + m.bwd_exposed_s;
   m.compute_s = std::max(0.0, m.step_s - m.exposed_comm_s);
-  record_link_figures(mid, &m);
+  record_link_figures(mid, before_update, &m);
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
   // A new plan takes effect at this boundary: the next step's replicas have

@@ -95,9 +95,10 @@ class DistributedTrainer {
   Status reduce_dense_gradients(double* expert_norm_sq, bool loss_finite);
   static constexpr uint16_t kNormSumPhase = 3;  // the norm's tag, apart from the buckets' and the SR base's
   // Bytes per link class and operation, and total communication time, of
-  // the step just taken (one transport snapshot; `mid` is the one taken when
-  // backward began).
-  void record_link_figures(const TransportStats& mid, StepMetrics* m);
+  // the step just taken: from the last step's `now` to this one's, taken
+  // before the optimizer step (which sends the next step's all-gather);
+  // `mid` is the one taken when backward began.
+  void record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m);
   // Takes this worker's share of a checkpoint (options.resume_dir).
   Status resume(const std::string& dir);
   // Names the tensors whose gradient is not finite on this worker (for the log).

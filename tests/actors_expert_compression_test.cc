@@ -474,8 +474,9 @@ TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsAS
 }
 
 TEST(ExpertCompression, TheUpdateSendsEachLayersGatherOnceItsExpertsAreWrittenAndReceiversGetTheUpdatedWeights) {
-  // No SR base, so nothing waits for a base all-reduce: each layer's
-  // messages across the DC leave from inside the optimizer step.
+  // bf16 across the DC, so what a receiver holds is known exactly: the
+  // owner's weights after the update, rounded. Were a layer sent before the
+  // update had written it, the receiver would hold the old weights.
   const JobConfig job = job_for("bf16");
   Workers w = start_workers(job);
   const ModelConfig& mc = job.train.model;
