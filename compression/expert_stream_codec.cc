@@ -20,16 +20,13 @@ float* ExpertStreamCodec::velocity(uint64_t key) {
   return v.data();
 }
 
+void ExpertStreamCodec::predict(float* held, const float* velocity) const {
+  for (size_t k = 0; velocity && k < n_; ++k) held[k] += velocity[k];
+}
+
 void ExpertStreamCodec::advance(float* held, float* velocity, const float* d, bool fresh) const {
-  if (!velocity) {
-    for (size_t k = 0; k < n_; ++k) held[k] += d[k];
-    return;
-  }
-  for (size_t k = 0; k < n_; ++k) {
-    held[k] += velocity[k];
-    held[k] += d[k];
-    if (!fresh) velocity[k] += gain_ * d[k];
-  }
+  predict(held, velocity);
+  for (size_t k = 0; k < n_; ++k) correct(held, velocity, k, d[k], fresh);
 }
 
 std::vector<float>& ExpertStreamCodec::state(uint64_t key) {
@@ -127,8 +124,7 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     if (!weights)
       for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) std::copy(r + i * n_, r + (i + 1) * n_, st[i]);
     // The prediction moves every entry; the kept ones are corrected after.
-    for (size_t i = 0; i < tensors.size(); ++i)
-      for (size_t k = 0; vel[i] && k < n_; ++k) st[i][k] += vel[i][k];
+    for (size_t i = 0; i < tensors.size(); ++i) predict(st[i], vel[i]);
     // Only the kept entries differ from dropping everything: the error is
     // the residual's energy less what each kept entry took away.
     double taken = 0;
@@ -138,13 +134,9 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
       const double left = double(r[at]) - v;
       taken += double(r[at]) * r[at] - left * left;
       if (!spec_.feedback) continue;
-      float* s = st[at / n_] + at % n_;
-      if (!weights) {
-        *s = r[at] - v;
-      } else {
-        *s += v;
-        if (vel[at / n_] && !fresh[at / n_]) vel[at / n_][at % n_] += gain_ * v;
-      }
+      const size_t i = at / n_;
+      if (weights) correct(st[i], vel[i], at % n_, v, fresh[i]);
+      else st[i][at % n_] = r[at] - v;
     }
     err->error += std::max(0.0, sums.residual - taken);
     return Status::ok();
@@ -202,13 +194,11 @@ void ExpertStreamCodec::apply_sparse(const std::vector<ExpertTensorRef>& tensors
       fresh[i] = !state_.count(tensors[i].key);
       st[i] = state(tensors[i].key).data();
       vel[i] = velocity(tensors[i].key);
-      // The prediction moves every entry (as the sender's encode did).
-      for (size_t k = 0; vel[i] && k < n_; ++k) st[i][k] += vel[i][k];
+      predict(st[i], vel[i]);  // every entry, as the sender's encode did
     }
     for (size_t j = 0; j < entries; ++j) {
-      const size_t i = decoded.index[j] / n_, k = decoded.index[j] % n_;
-      st[i][k] += decoded.value[j];
-      if (vel[i] && !fresh[i]) vel[i][k] += gain_ * decoded.value[j];
+      const size_t i = decoded.index[j] / n_;
+      correct(st[i], vel[i], decoded.index[j] % n_, decoded.value[j], fresh[i]);
     }
     // A replica last rebuilt against this base changes only where `held`
     // did (with pred:, everywhere).

@@ -94,12 +94,18 @@ class ExpertStreamCodec {
   std::vector<float>& state(uint64_t key);
   const std::vector<float>* find_state(uint64_t key) const;
   float* velocity(uint64_t key);  // pred: only; null otherwise
-  // A message's dense change d of one weight tensor into `held`, the same
-  // float operations on the sender and the receivers (the sparse path does
-  // them entry by entry): held += d, or with pred: held += velocity, then
-  // += d, and velocity += gain * d unless the tensor is `fresh` (its first
-  // message, which is no change).
+  // A message's change d of one weight tensor into `held`, the same float
+  // operations on the sender and the receivers: held += d, or with pred:
+  // held += velocity (predict), then += d and velocity += gain * d unless
+  // the tensor is `fresh` (its first message, which is no change). advance
+  // takes a dense d; the sparse path calls predict, then correct per kept
+  // entry.
   void advance(float* held, float* velocity, const float* d, bool fresh) const;
+  void predict(float* held, const float* velocity) const;  // no-op without a velocity
+  void correct(float* held, float* velocity, size_t k, float d, bool fresh) const {
+    held[k] += d;
+    if (velocity && !fresh) velocity[k] += gain_ * d;
+  }
 
   ExpertCodecSpec spec_;
   Traffic traffic_;
