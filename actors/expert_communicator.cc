@@ -244,12 +244,9 @@ std::function<void(size_t, size_t)> ExpertCommunicator::fused_encoder(uint32_t n
   // Where each layer's own experts end in the parameters: once the update
   // has passed it, that layer's messages can leave.
   std::vector<size_t> layer_end(layers_, 0);
-  const float* params = model_->params().data();
   const size_t span = (size_t)experts_per_worker_ * expert_floats_;
   for (int layer = 0; layer < layers_; ++layer)
-    for (int which = 0; which < 3; ++which)
-      layer_end[layer] =
-          std::max(layer_end[layer], (size_t)(weights_of(layer, rank_ * experts_per_worker_, which) - params) + span);
+    for (int which = 0; which < 3; ++which) layer_end[layer] = std::max(layer_end[layer], own_block(layer, which) + span);
   prepared_.step = next_step;
   prepared_.sent.assign(layers_, FirstSend{});
   return [this, pack = std::move(pack), layer_end = std::move(layer_end), next_step, next = 0](
@@ -290,10 +287,8 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
     int layer, which;
   };
   std::vector<Block> blocks;
-  const float* params = model_->params().data();
   for (int layer = 0; layer < layers_; ++layer)
-    for (int which = 0; which < 3; ++which)
-      blocks.push_back({(size_t)(weights_of(layer, rank_ * experts_per_worker_, which) - params), layer, which});
+    for (int which = 0; which < 3; ++which) blocks.push_back({own_block(layer, which), layer, which});
   return [this, blocks = std::move(blocks), codec, prep = &prepared_](size_t begin, size_t end) {
     const size_t n = expert_floats_, span = (size_t)experts_per_worker_ * n;
     double pack_s = 0;
@@ -387,6 +382,10 @@ void ExpertCommunicator::start_gather(uint32_t step) {
       finish(layer, true, gather_layer(step, layer, x.get(), r.get()));
     });
   if (due && !first) post_sync();
+}
+
+size_t ExpertCommunicator::own_block(int layer, int which) {
+  return (size_t)(weights_of(layer, rank_ * experts_per_worker_, which) - model_->params().data());
 }
 
 ExpertCommunicator::FirstSend ExpertCommunicator::post_first_send(uint32_t step, int layer,

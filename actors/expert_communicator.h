@@ -150,6 +150,9 @@ class ExpertCommunicator {
   };
   FirstSend post_first_send(uint32_t step, int layer, std::shared_ptr<PackedRows> rows);
   std::function<void(size_t, size_t)> packer(uint32_t next_step);
+  // Where this worker's experts' (layer, which) block, (experts per worker,
+  // ff*d), starts in the model's parameters.
+  size_t own_block(int layer, int which);
   // Every level in order; the first level with peers may have been sent
   // already (`first_sent`, or null), or its rows packed (`rows`, or null).
   Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows);
