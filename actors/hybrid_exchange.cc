@@ -474,4 +474,9 @@ void HybridExpertExchange::finish_to_sources(const ExchangeTag& tag, std::vector
   *out = std::move(wait_result(tag).rows);
 }
 
+bool HybridExpertExchange::landed(const ExchangeTag& tag) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return results_.count(tag) > 0;
+}
+
 }  // namespace xd

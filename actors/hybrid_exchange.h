@@ -84,6 +84,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void finish_to_experts(const ExchangeTag& tag, std::vector<float>* out, std::vector<int>* out_counts) override;
   void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override;
   void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override;
+  bool landed(const ExchangeTag& tag) const override;
   const std::vector<int>& computed_experts() const override { return computed_; }
   bool is_replica(size_t computed_index) const override { return owner_of(computed_[computed_index]) != rank_; }
   void before_replicas(int layer) override {

@@ -5,7 +5,7 @@ overlapped, what every step did before overlap existed), FarSkip simple (the
 same math, nothing overlapped), FarSkip overlapped with r = 1 and with the
 planner's r, and regular connectivity overlapped -- in EP and in HybridEP.
 
-Four settings, each on shaped links where communication is comparable to
+Five settings, each on shaped links where communication is comparable to
 compute (the ratio, busiest link's transmit time / compute, is measured on
 the first run and printed):
   ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
@@ -13,6 +13,9 @@ the first run and printed):
           FarSkip overlaps it with, on paper
   eplong  the same at 2 Gbit/s, 1 ms, with sequences of 256 instead of 64
           (the same tokens): 4x the attention to hide each Dispatch under
+  eplongbal  eplong with expert-choice routing: every expert, so every
+          worker, gets the same number of tokens, so no worker waits for a
+          more loaded peer's Combine
   hybrid  2 DCs x 2 workers (the README demo's job), HybridEP domains [2, 1],
           inter-DC 100 Mbit/s, 10 ms
 Every run is a real `xdmoe launch`: a coordinator and worker processes over
@@ -21,7 +24,7 @@ time, speedup over the first run, overlap % per direction, step / bound, and
 the planner's prediction (at start-up, and again with the measured compute).
 
 usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
-           [--settings ep,ep4g,eplong,hybrid] [--trace-step 12] [--out bench/results]
+           [--settings ep,ep4g,eplong,eplongbal,hybrid] [--trace-step 12] [--out bench/results]
 Writes <out>/farskip_overlap.csv and .txt, and a trace of one step of the
 planner's-r FarSkip run of each setting, <out>/farskip_trace_<setting>.png
 (scripts/trace_png.py; the Chrome trace JSONs stay in the run directory).
@@ -47,11 +50,14 @@ train:
 """
 
 
-def ep_setting(bandwidth, seq=64):
+def ep_setting(bandwidth, seq=64, gating=None):
     """2 DCs x 1 worker, EP, the inter-DC link at `bandwidth` and 1 ms;
-    2048 tokens a step in sequences of `seq`."""
+    2048 tokens a step in sequences of `seq`; `gating` overrides the router."""
+    model = MODEL.format(seq=seq)
+    if gating:
+        model = model.replace("model:\n", "model:\n  gating: %s\n" % gating, 1)
     return {
-        "yaml": MODEL.format(seq=seq) + """cluster:
+        "yaml": model + """cluster:
   levels:
     - name: dc
       size: 2
@@ -68,6 +74,7 @@ SETTINGS = {
     "ep": ep_setting("800mbit"),
     "ep4g": ep_setting("4gbit"),
     "eplong": ep_setting("2gbit", seq=256),
+    "eplongbal": ep_setting("2gbit", seq=256, gating="expert_choice"),
     "hybrid": {
         "yaml": MODEL.format(seq=64) + """cluster:
   expert_parallel:
@@ -111,7 +118,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--settings", default="ep,ep4g,eplong,hybrid")
+    p.add_argument("--settings", default="ep,ep4g,eplong,eplongbal,hybrid")
     p.add_argument("--trace-step", type=int, default=12)
     p.add_argument("--out", default="bench/results")
     a = p.parse_args()

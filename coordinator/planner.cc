@@ -368,14 +368,26 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     const Connectivity conn = connectivity(k);
     if (!farskip_attention(conn)) wait_for(combined);
     compute(qkv_fwd);                   // attention (a)
+    // Work while waiting: attention (b) but its router runs while
+    // Combine(k-1) is still in flight.
+    double attention_b = attention_fwd - qkv_fwd;  // with the router
+    if (w.overlapped && farskip_attention(conn) && combined > t) {
+      const double early = std::min(std::max(0.0, attention_b - w.router_fwd_s), combined - t);
+      compute(early);
+      attention_b -= early;
+    }
     wait_for(combined);
     std::vector<double> dispatched(r);
     auto route = [&] {
       for (int i = 0; i < r; ++i) dispatched[i] = a2a(to_experts_chunk, &to_experts_free);
     };
     if (farskip_moe(conn)) route();
-    compute(attention_fwd - qkv_fwd);  // attention (b), router
+    compute(attention_b);  // attention (b), router
     if (!farskip_moe(conn)) route();
+    // The shared experts take the place of a Dispatch still in flight, but
+    // in the last layer, whose Combine only they can hide.
+    const bool shared_first = w.overlapped && k + 1 < layers && dispatched[0] > t;
+    if (shared_first) compute(w.shared_fwd_s);
     // The layer's experts must have landed.
     const double wait = std::max(0.0, gathered[k] - t);
     t += wait;
@@ -385,7 +397,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       compute(expert_fwd);
       combined = a2a(to_sources_chunk, &to_sources_free);
     }
-    compute(w.shared_fwd_s);
+    if (!shared_first) compute(w.shared_fwd_s);
   }
   wait_for(combined);
   compute(w.post_s);
@@ -400,6 +412,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     std::vector<double> to_experts(r);
     for (int i = 0; i < r; ++i) to_experts[i] = a2a(to_experts_chunk, &to_experts_free);  // backward of Combine
     if (farskip_moe(conn)) compute(attention_fwd * bwd_scale);
+    // The shared experts' backward takes the place of a Combine backward
+    // still in flight.
+    const bool shared_first = w.overlapped && to_experts[0] > t;
+    if (shared_first) compute(w.shared_fwd_s * bwd_scale);
     double returned = t;
     for (int i = 0; i < r; ++i) {
       wait_for(to_experts[i]);
@@ -409,7 +425,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     // This layer's replica gradients go home.
     if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
-    compute(w.shared_fwd_s * bwd_scale);
+    if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
     if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale);
     release_bucket(layers - k);

@@ -76,6 +76,15 @@ class ExpertExchange {
   }
   virtual void before_replicas(int layer) { (void)layer; }
   virtual void replicas_backward_done(int layer) { (void)layer; }
+  // True when finish_* of this started tag would not block: its rows have
+  // landed. A peek for the compute thread, which then does other ready work
+  // instead of waiting (docs/overlap.md, "work while waiting"); it never
+  // changes what finish_* returns. An exchange that moves rows in start_*
+  // has always landed.
+  virtual bool landed(const ExchangeTag& tag) const {
+    (void)tag;
+    return true;
+  }
 
   // start then finish.
   void to_experts(const ExchangeTag& tag, const T* rows, const std::vector<int>& counts, int width,

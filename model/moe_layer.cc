@@ -117,6 +117,23 @@ void moe_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchan
 }
 
 template <typename T>
+bool moe_dispatch_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
+  return exchange.landed(tag_of(dm, ExchangePhase::kDispatch, 0));
+}
+
+template <typename T>
+bool moe_combine_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
+  for (int i = 0; i < dm.chunks; ++i)
+    if (!exchange.landed(tag_of(dm, ExchangePhase::kCombine, i))) return false;
+  return true;
+}
+
+template <typename T>
+bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
+  return exchange.landed(tag_of(dm, ExchangePhase::kCombineBackward, 0));
+}
+
+template <typename T>
 void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange<T>* exchange, const MoeDims& dm) {
   const int d = dm.hidden;
   // d(weight) locally; the weighted output grads go to the experts, written
@@ -220,6 +237,9 @@ void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* c, const T* xn, cons
                                        const MoeDims&);                                                       \
   template void moe_shared_forward<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&, const MoeDims&);      \
   template void moe_combine_finish<T>(T*, MoeCache<T>*, ExpertExchange<T>*, const MoeDims&);                  \
+  template bool moe_dispatch_landed<T>(const ExpertExchange<T>&, const MoeDims&);                             \
+  template bool moe_combine_landed<T>(const ExpertExchange<T>&, const MoeDims&);                              \
+  template bool moe_combine_backward_landed<T>(const ExpertExchange<T>&, const MoeDims&);                     \
   template void moe_combine_backward_start<T>(MoeCache<T>*, const T*, ExpertExchange<T>*, const MoeDims&);    \
   template void moe_router_backward<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&, const ModelConfig&,  \
                                        const MoeDims&, double);                                               \

@@ -77,6 +77,14 @@ void moe_shared_forward(T* shared_out, MoeCache<T>* cache, const T* xn, const Mo
 // Finishes every chunk's Combine; routed_out (N, d) is overwritten.
 template <typename T>
 void moe_combine_finish(T* routed_out, MoeCache<T>* cache, ExpertExchange<T>* exchange, const MoeDims& dims);
+// Peeks, never blocks: whether chunk 0's Dispatch / every chunk's Combine of
+// dims.layer has landed, so the caller can do independent work first.
+template <typename T>
+bool moe_dispatch_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);
+template <typename T>
+bool moe_combine_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);
+template <typename T>
+bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);  // chunk 0
 
 // --- Backward, in schedule order; dxn (N, d) accumulates ---
 // d(weight) locally; starts the backward of Combine (output grads to the experts).

@@ -195,7 +195,28 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
       rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
       rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
     }
-    if (!combined) finish_combine(l - 1);
+    // Work while waiting: attention (b)'s core needs neither o_{l-1} nor the
+    // router, so while Combine(l-1) is still in flight (a slower peer, a busy
+    // link) it runs sequence by sequence instead of the wait; what is left
+    // of it then hides Dispatch(l). Per sequence it is the same arithmetic.
+    c.probs.resize((size_t)batch * H * seq * seq);
+    c.context.resize((size_t)N * H * hd);
+    int attended = 0;  // sequences whose attention core is done
+    auto attend = [&](int upto) {
+      const size_t b0 = attended;
+      attention_forward(c.context.data() + b0 * seq * H * hd, c.probs.data() + b0 * H * seq * seq,
+                        c.q.data() + b0 * seq * H * hd, c.k.data() + b0 * seq * KVH * hd,
+                        c.v.data() + b0 * seq * KVH * hd, AttentionDims{upto - attended, seq, H, KVH, hd});
+      attended = upto;
+    };
+    if (!combined) {
+      if (!moe_combine_landed(*exchange, dims(l - 1))) {
+        ScopedSpan span(timeline_, "attention (b)", l);
+        do attend(attended + 1);
+        while (attended < batch && !moe_combine_landed(*exchange, dims(l - 1)));
+      }
+      finish_combine(l - 1);
+    }
     const MoeWeights<T> mw = moe_weights(l, *exchange);
     auto route = [&] {
       ScopedSpan span(timeline_, "router", l);
@@ -211,10 +232,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     }
     {
       ScopedSpan span(timeline_, "attention (b)", l);
-      c.probs.resize((size_t)batch * H * seq * seq);
-      c.context.resize((size_t)N * H * hd);
-      attention_forward(c.context.data(), c.probs.data(), c.q.data(), c.k.data(), c.v.data(),
-                        AttentionDims{batch, seq, H, KVH, hd});
+      if (attended < batch) attend(batch);
       c.attn_out.resize(Nd);
       linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
     }
@@ -226,17 +244,23 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     stats.aux_loss += c.moe.router.gate.aux_loss;
     stats.z_loss += c.moe.router.gate.z_loss;
     stats.dropped += c.moe.plan.dropped;
+    // The shared experts need no Dispatch: when it has not landed they run
+    // first, in its place; otherwise after the routed experts, hiding
+    // Combine(l). The last layer's Combine has nothing else to hide under.
+    auto shared_experts = [&] {
+      ScopedSpan span(timeline_, "shared experts", l);
+      c.shared_out.resize(Nd);
+      moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
+    };
+    const bool shared_first = l + 1 < L && !moe_dispatch_landed(*exchange, dm);
+    if (shared_first) shared_experts();
     {
       ScopedSpan span(timeline_, "routed experts", l);
       moe_experts_forward(&c.moe, mw, exchange, dm);
     }
-    {
-      ScopedSpan span(timeline_, "shared experts", l);
-      c.shared_out.resize(Nd);
-      moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
-      c.partial.resize(Nd);
-      for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];
-    }
+    if (!shared_first) shared_experts();
+    c.partial.resize(Nd);
+    for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];
   }
   finish_combine(L - 1);
 
@@ -277,8 +301,8 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
 
   // p_k feeds o_k and, under FarSkip attention, layer k+1's attention input:
   // d p_k = d o_k + dp_extra, while d r_k = d o_k.
-  std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv, dnorm1(Nd),
-      dattn_in(Nd);
+  std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dshared_xn(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv,
+      dnorm1(Nd), dattn_in(Nd);
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -316,15 +340,23 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
       ScopedSpan span(timeline_, "router backward", l);
       moe_router_backward(dnorm2.data(), &c.moe, c.norm2.data(), mw, cfg, dm, 1.0);
     }
+    // The shared experts' backward needs no expert answer: when the backward
+    // of Combine has not landed it runs first, in its place. It sums into its
+    // own buffer, added at one fixed point, so the order changes no bit.
+    auto shared_backward = [&] {
+      ScopedSpan span(timeline_, "shared experts backward", l);
+      std::fill(dshared_xn.begin(), dshared_xn.end(), T(0));
+      moe_shared_backward(dshared_xn.data(), dp.data(), &c.moe, c.norm2.data(), mw, dm);  // d s_k = d p_k
+    };
+    const bool shared_first = !moe_combine_backward_landed(*exchange, dm);
+    if (shared_first) shared_backward();
     {
       ScopedSpan span(timeline_, "routed experts backward", l);
       moe_experts_backward(&c.moe, mw, exchange, dm);
     }
     if (hooks_.experts_done) hooks_.experts_done(l);
-    {
-      ScopedSpan span(timeline_, "shared experts backward", l);
-      moe_shared_backward(dnorm2.data(), dp.data(), &c.moe, c.norm2.data(), mw, dm);  // d s_k = d p_k
-    }
+    if (!shared_first) shared_backward();
+    for (size_t j = 0; j < Nd; ++j) dnorm2[j] += dshared_xn[j];
     moe_dispatch_backward_finish(dnorm2.data(), &c.moe, c.norm2.data(), mw, exchange, cfg, dm);
     std::fill(dmoe_in.begin(), dmoe_in.end(), T(0));
     rmsnorm_backward(dmoe_in.data(), G.post_attention_layernorm, dnorm2.data(), c.moe_in.data(),

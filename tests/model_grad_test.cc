@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -219,6 +220,61 @@ TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
   EXPECT_EQ(plain.forward(in.data(), tg.data(), 2, 6).loss, loss);
   plain.backward();
   EXPECT_EQ(plain.grads(), grads);
+}
+
+// Every exchange still in flight whenever the compute thread peeks: the
+// moves of "work while waiting" all happen (docs/overlap.md).
+class LateExchange final : public ExpertExchange<float> {
+ public:
+  explicit LateExchange(int experts) : inner_(experts) {}
+  void start_to_experts(const ExchangeTag& t, std::vector<float> rows, const std::vector<int>& counts,
+                        int width) override {
+    inner_.start_to_experts(t, std::move(rows), counts, width);
+  }
+  void finish_to_experts(const ExchangeTag& t, std::vector<float>* out, std::vector<int>* counts) override {
+    inner_.finish_to_experts(t, out, counts);
+  }
+  void start_to_sources(const ExchangeTag& t, std::vector<float> rows, int width) override {
+    inner_.start_to_sources(t, std::move(rows), width);
+  }
+  void finish_to_sources(const ExchangeTag& t, std::vector<float>* out) override { inner_.finish_to_sources(t, out); }
+  const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
+  bool landed(const ExchangeTag& t) const override {
+    ++peeks_[t.phase];
+    return false;
+  }
+  mutable std::map<int, int> peeks_;  // by ExchangePhase
+
+ private:
+  LocalExpertExchange<float> inner_;
+};
+
+// Attention (b) sequence by sequence ahead of the router, the shared
+// experts ahead of the routed ones (forward and backward): the same bits as
+// the planned order, in fp32 as the workers run it.
+TEST(MoeTransformer, WorkWhileWaitingChangesNoBit) {
+  for (Connectivity conn : {Connectivity::kFarSkip, Connectivity::kFarSkipAttention, Connectivity::kRegular}) {
+    ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, conn);
+    ParamLayout layout(cfg);
+    auto in = random_tokens(24, cfg.vocab_size, 1), tg = random_tokens(24, cfg.vocab_size, 2);
+    MoeTransformer<float> late(layout), plain(layout);
+    late.init(7);
+    plain.init(7);
+    late.set_pipeline_degree(2);
+    plain.set_pipeline_degree(2);
+    LateExchange exchange(cfg.num_experts);
+    const double loss = late.forward(in.data(), tg.data(), 3, 8, &exchange).loss;
+    late.backward(&exchange);
+    EXPECT_EQ(plain.forward(in.data(), tg.data(), 3, 8).loss, loss) << connectivity_name(conn);
+    plain.backward();
+    EXPECT_EQ(plain.grads(), late.grads()) << connectivity_name(conn);
+    // Combine peeked in layers 1 and 2 when the attention skips (once per
+    // sequence), Dispatch in layers 0 and 1, Combine backward in every layer.
+    const bool skips = conn != Connectivity::kRegular;
+    EXPECT_EQ(exchange.peeks_[int(ExchangePhase::kCombine)], skips ? 2 * 3 : 0) << connectivity_name(conn);
+    EXPECT_EQ(exchange.peeks_[int(ExchangePhase::kDispatch)], 2) << connectivity_name(conn);
+    EXPECT_EQ(exchange.peeks_[int(ExchangePhase::kCombineBackward)], 3) << connectivity_name(conn);
+  }
 }
 
 TEST(MoeBlock, WeightedSumOfSelectedExpertsMatchesADirectComputation) {

@@ -130,6 +130,41 @@ TEST(StepSchedule, EachChunkComputesItsExpertsOnceItsRowsAreIn) {
   EXPECT_LT(gather0, experts0);
 }
 
+// A traced run's compute spans with the moves of "work while waiting"
+// (docs/overlap.md) undone: an early piece of attention (b) before the
+// router, the shared experts before the routed ones, forward or backward.
+// Anything else out of place stays out of place.
+std::vector<std::string> without_waiting_moves(std::vector<std::string> spans) {
+  auto layer_of = [](const std::string& s) { return s.substr(s.rfind(' ') + 1); };
+  for (size_t i = 0; i + 1 < spans.size();) {
+    if (spans[i].rfind("attention (b) ", 0) == 0 && spans[i + 1] == "router " + layer_of(spans[i]))
+      spans.erase(spans.begin() + i);
+    else
+      ++i;
+  }
+  for (size_t i = 0; i + 1 < spans.size(); ++i) {
+    const std::string layer = layer_of(spans[i]);
+    if ((spans[i] == "shared experts " + layer && spans[i + 1] == "routed experts " + layer) ||
+        (spans[i] == "shared experts backward " + layer && spans[i + 1] == "routed experts backward " + layer))
+      std::swap(spans[i], spans[i + 1]);
+  }
+  return spans;
+}
+
+TEST(StepSchedule, WaitingMovesAreUndoneAndNothingElse) {
+  const std::vector<std::string> moved = {"attention (a) 1",  "attention (b) 1",          "router 1",
+                                          "attention (b) 1",  "shared experts 1",         "routed experts 1",
+                                          "shared experts backward 1", "routed experts backward 1"};
+  const std::vector<std::string> planned = {"attention (a) 1", "router 1", "attention (b) 1",
+                                            "routed experts 1", "shared experts 1", "routed experts backward 1",
+                                            "shared experts backward 1"};
+  EXPECT_EQ(without_waiting_moves(moved), planned);
+  EXPECT_EQ(without_waiting_moves(planned), planned);
+  // Shared experts of another layer, or attention (b) after the router, stay.
+  const std::vector<std::string> other = {"shared experts 0", "routed experts 1", "router 1", "attention (b) 1"};
+  EXPECT_EQ(without_waiting_moves(other), other);
+}
+
 // The compute spans a traced real run makes, in order, are the schedule's:
 // the schedule is the runtime's, not a copy of it.
 TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
@@ -175,6 +210,7 @@ TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
     std::sort(spans.begin(), spans.end());
     std::vector<std::string> got;
     for (auto& [t, name] : spans) got.push_back(name);
+    got = without_waiting_moves(got);
     EXPECT_EQ(got, expected) << "rank " << rank << "\nschedule:\n" << s->describe();
   }
   fs::remove_all(dir);
