@@ -10,23 +10,6 @@
 
 namespace xd {
 
-namespace {
-// The most a peer's compressed rows may decode to: the transport's default
-// cap on one message (TransportOptions::max_message_bytes).
-constexpr uint64_t kMaxDecodedBytes = uint64_t(2) << 30;
-
-// A frame over `count` elements of `buf` from `first`; it keeps the whole
-// buffer alive until ZeroMQ has sent it, so the slices of one staged buffer go
-// out without a copy per peer, and an early error return cannot free them.
-template <typename T>
-OutFrame slice_frame(const std::shared_ptr<std::vector<T>>& buf, size_t first, size_t count) {
-  OutFrame f;
-  f.data = buf->data() + first;
-  f.size = count * sizeof(T);
-  f.owner = std::shared_ptr<const void>(buf, buf->data());
-  return f;
-}
-}  // namespace
 
 HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
                                            std::chrono::milliseconds timeout)
@@ -65,6 +48,9 @@ void HybridExpertExchange::set_overlapped(bool overlapped) {
     std::lock_guard<std::mutex> lock(mu_);
     XD_CHECK_MSG(results_.empty(), "set_overlapped with exchanges in flight");
   }
+  XD_CHECK_MSG(direct_passes_.empty(), "set_overlapped with exchanges in flight");
+  overlapped_ = overlapped;
+  update_direct();
   if (overlapped && !to_experts_thread_) {
     to_experts_thread_ = std::make_unique<detail::WorkThread>("to-experts");
     to_sources_thread_ = std::make_unique<detail::WorkThread>("to-sources");
@@ -78,6 +64,7 @@ void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std
   XD_CHECK(to_experts.size() == static_cast<size_t>(topology_.world_size()) && to_sources.size() == to_experts.size());
   codec_to_experts_ = std::move(to_experts);
   codec_to_sources_ = std::move(to_sources);
+  update_direct();
 }
 
 double HybridExpertExchange::take_codec_seconds() {
@@ -130,202 +117,6 @@ HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag)
   return routes_[{tag.layer, tag.chunk}];
 }
 
-Status HybridExpertExchange::move(const Tag& tag, int level, Hop* hop, bool forward, bool discover,
-                                  int width, std::vector<float>* data, std::vector<int>* ids) {
-  // One span per level's hop inside the exchange's span: a trace shows which
-  // level's transfer takes the time (levels past the fourth are not named).
-  static const char* const kHopNames[] = {"hop, level 0", "hop, level 1", "hop, level 2", "hop, level 3"};
-  ScopedSpan hop_span(level < 4 ? timeline_ : nullptr, level < 4 ? kHopNames[level] : "",
-                      tag.layer == kNoLayer ? -1 : (int)tag.layer,
-                      tag.kind == MessageKind::kMoeDispatch ? Lane::kToExperts : Lane::kToSources);
-  const std::vector<int> group = topology_.level_group(rank_, level);
-  const int me = topology_.coordinate(rank_, level);
-  const int members = static_cast<int>(group.size());
-  const std::vector<int>& out_counts = forward ? hop->send_counts : hop->recv_counts;
-  std::vector<int> in_counts = forward ? hop->recv_counts : hop->send_counts;
-  if (discover) in_counts.assign(members, 0);
-  std::vector<int> out_off(members + 1, 0);
-  for (int i = 0; i < members; ++i) out_off[i + 1] = out_off[i] + out_counts[i];
-
-  // Outgoing rows grouped by member: forward permutes into send order, reverse
-  // already holds the received layout.
-  auto staged_buffer = std::make_shared<std::vector<float>>();
-  auto staged_ids_buffer = std::make_shared<std::vector<int32_t>>();
-  std::vector<float>& staged = *staged_buffer;
-  std::vector<int32_t>& staged_ids = *staged_ids_buffer;
-  if (forward) {
-    staged.resize(hop->send_order.size() * (size_t)width);
-    for (size_t k = 0; k < hop->send_order.size(); ++k)
-      std::memcpy(&staged[k * width], &(*data)[(size_t)hop->send_order[k] * width], sizeof(float) * width);
-    if (ids) {
-      staged_ids.resize(hop->send_order.size());
-      for (size_t k = 0; k < hop->send_order.size(); ++k) staged_ids[k] = (*ids)[hop->send_order[k]];
-    }
-  } else {
-    staged = std::move(*data);
-  }
-
-  // Rows move only between A2A pairs of this level; every A2A peer gets a
-  // message, empty or not, so nobody waits for a message that never comes.
-  std::vector<std::shared_ptr<RecvSlot>> slots(members);
-  for (int i = 0; i < members; ++i) {
-    if (i == me) continue;
-    if (topology_.pair_type(rank_, group[i], level) != PairType::kAllToAll) {
-      XD_CHECK_MSG(out_counts[i] == 0, "a row was routed to a non-A2A peer");
-      continue;
-    }
-    slots[i] = transport_->recv(group[i], tag);
-  }
-  const bool toward_experts = tag.kind == MessageKind::kMoeDispatch;
-  const std::vector<CodecPipeline>& codecs = toward_experts ? codec_to_experts_ : codec_to_sources_;
-  std::vector<std::shared_ptr<Completion>> sends;
-  for (int i = 0; i < members; ++i) {
-    if (!slots[i]) continue;
-    const size_t rows = out_counts[i];
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      raw_bytes_[group[i]][toward_experts ? 0 : 1] += double(rows) * width * sizeof(float);
-    }
-    std::vector<OutFrame> frames;
-    if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
-    const CodecPipeline* codec = codecs.empty() ? nullptr : &codecs[group[i]];
-    if (codec && !codec->is_raw()) {
-      auto encoded = std::make_shared<EncodedTensor>();
-      const double t0 = steady_seconds();
-      Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());
-      add_codec_seconds(steady_seconds() - t0);
-      if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
-      frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
-                                std::shared_ptr<const void>(encoded, encoded->payload.data())});
-      sends.push_back(transport_->send(group[i], tag, std::move(frames), std::move(encoded->metadata), kFlagCompressed));
-    } else {
-      frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
-      sends.push_back(transport_->send(group[i], tag, std::move(frames)));
-    }
-  }
-
-  std::vector<IncomingMessage> received(members);
-  std::vector<std::vector<float>> decoded(members);  // rows of compressed messages
-  for (int i = 0; i < members; ++i) {
-    if (!slots[i]) continue;
-    auto m = slots[i]->wait(timeout_);
-    if (!m) return m.status().with_context("MoE exchange with rank " + std::to_string(group[i]));
-    const size_t frame = ids ? 1 : 0;
-    const std::string from = " from rank " + std::to_string(group[i]);
-    if (m->num_tensors() != frame + 1) return Status::corruption("MoE exchange: malformed rows" + from);
-    int nrows = 0;
-    if (m->header().flags & kFlagCompressed) {
-      auto record = parse_codec_record(std::string(static_cast<const char*>(m->meta_data()), m->meta_size()));
-      if (!record) return record.status().with_context("MoE exchange" + from);
-      const TensorShape* shape = &record->shape;
-      if (shape->cols != static_cast<uint64_t>(width))
-        return Status::corruption("MoE exchange: compressed rows of the wrong width" + from);
-      // Check the row count before allocating for it: the count we expect,
-      // or, while discovering it, no more than a raw message could carry.
-      if (!discover && shape->rows != static_cast<uint64_t>(in_counts[i]))
-        return Status::corruption("MoE exchange: " + std::to_string(shape->rows) + " compressed rows" + from +
-                                  ", expected " + std::to_string(in_counts[i]));
-      if (shape->rows * width * sizeof(float) > kMaxDecodedBytes)
-        return Status::corruption("MoE exchange: compressed rows beyond the message size limit" + from);
-      nrows = static_cast<int>(shape->rows);
-      decoded[i].resize((size_t)nrows * width);
-      const double t0 = steady_seconds();
-      Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
-                                decoded[i].data(), decoded[i].size());
-      add_codec_seconds(steady_seconds() - t0);
-      XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
-    } else {
-      if (m->tensor_size(frame) % (sizeof(float) * width) != 0)
-        return Status::corruption("MoE exchange: malformed rows" + from);
-      nrows = static_cast<int>(m->tensor_size(frame) / (sizeof(float) * width));
-    }
-    if (ids && m->tensor_size(0) != (size_t)nrows * sizeof(int32_t))
-      return Status::corruption("MoE exchange: expert ids do not match rows from rank " + std::to_string(group[i]));
-    if (discover) in_counts[i] = nrows;
-    else if (nrows != in_counts[i])
-      return Status::corruption("MoE exchange: rank " + std::to_string(group[i]) + " sent " +
-                                std::to_string(nrows) + " rows, expected " + std::to_string(in_counts[i]));
-    received[i] = std::move(*m);
-  }
-  {
-    size_t rows_out = 0, rows_in = 0;
-    for (int i = 0; i < members; ++i)
-      if (slots[i]) rows_out += out_counts[i], rows_in += in_counts[i];
-    std::lock_guard<std::mutex> lock(mu_);
-    peak_bytes_[level] += double(std::max(rows_out, rows_in)) * width * sizeof(float);
-  }
-  in_counts[me] = out_counts[me];
-  std::vector<int> in_off(members + 1, 0);
-  for (int i = 0; i < members; ++i) in_off[i + 1] = in_off[i] + in_counts[i];
-  std::vector<float> result((size_t)in_off[members] * width);
-  std::vector<int> result_ids(ids ? in_off[members] : 0);
-  for (int i = 0; i < members; ++i) {
-    if (in_counts[i] == 0) continue;
-    const size_t bytes = (size_t)in_counts[i] * width * sizeof(float);
-    if (i == me) {
-      std::memcpy(&result[(size_t)in_off[i] * width], &staged[(size_t)out_off[i] * width], bytes);
-      if (ids) std::memcpy(&result_ids[in_off[i]], &staged_ids[out_off[i]], sizeof(int) * in_counts[i]);
-    } else {
-      const size_t frame = ids ? 1 : 0;
-      const void* rows = decoded[i].empty() ? received[i].tensor_data(frame) : decoded[i].data();
-      std::memcpy(&result[(size_t)in_off[i] * width], rows, bytes);
-      if (ids) std::memcpy(&result_ids[in_off[i]], received[i].tensor_data(0), sizeof(int32_t) * in_counts[i]);
-    }
-  }
-  for (auto& c : sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
-
-  if (forward) {
-    if (discover) hop->recv_counts = in_counts;
-    *data = std::move(result);
-    if (ids) *ids = std::move(result_ids);
-  } else {
-    std::vector<float> restored(hop->send_order.size() * (size_t)width);
-    for (size_t k = 0; k < hop->send_order.size(); ++k)
-      std::memcpy(&restored[(size_t)hop->send_order[k] * width], &result[k * width], sizeof(float) * width);
-    *data = std::move(restored);
-  }
-  return Status::ok();
-}
-
-Status HybridExpertExchange::dispatch(Route* route, const ExchangeTag& tag, const std::vector<int>& counts,
-                                      int width, uint32_t step, std::vector<float>* data) {
-  Route& r = *route;
-  r = Route{};
-  r.counts_in = counts;
-  r.rows_in = std::accumulate(counts.begin(), counts.end(), 0);
-  if (data->size() != (size_t)r.rows_in * width) return Status::internal("MoE exchange: rows do not match counts");
-  std::vector<int> ids;
-  for (int e = 0; e < (int)counts.size(); ++e) ids.insert(ids.end(), counts[e], e);
-  for (int l = 0; l < topology_.num_levels(); ++l) {
-    const int members = topology_.level_sizes()[l];
-    const int S = topology_.domain_sizes()[l];
-    const int my_domain = topology_.domain(rank_, l), my_offset = topology_.offset(rank_, l);
-    std::vector<int> dest(ids.size());
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const int owner_domain = topology_.domain(owner_of(ids[k]), l);
-      dest[k] = owner_domain == my_domain ? topology_.coordinate(rank_, l) : owner_domain * S + my_offset;
-    }
-    Hop hop;
-    hop.send_order.resize(ids.size());
-    std::iota(hop.send_order.begin(), hop.send_order.end(), 0);
-    std::stable_sort(hop.send_order.begin(), hop.send_order.end(),
-                     [&](int a, int b) { return dest[a] < dest[b]; });
-    hop.send_counts.assign(members, 0);
-    for (int d : dest) hop.send_counts[d]++;
-    XD_RETURN_IF_ERROR(move(wire_tag(tag, true, l, step), l, &hop, true, true, width, data, &ids));
-    r.hops.push_back(std::move(hop));
-  }
-  r.final_order.resize(ids.size());
-  std::iota(r.final_order.begin(), r.final_order.end(), 0);
-  for (int id : ids)
-    if (computed_index_[id] < 0) return Status::internal("a row reached a worker without its expert");
-  std::stable_sort(r.final_order.begin(), r.final_order.end(),
-                   [&](int a, int b) { return computed_index_[ids[a]] < computed_index_[ids[b]]; });
-  r.out_counts.assign(computed_.size(), 0);
-  for (int id : ids) r.out_counts[computed_index_[id]]++;
-  return Status::ok();
-}
-
 void HybridExpertExchange::add_codec_seconds(double s) {
   std::lock_guard<std::mutex> lock(mu_);
   codec_s_ += s;
@@ -338,72 +129,163 @@ void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {
   done_.notify_all();
 }
 
+HybridExpertExchange::Hop HybridExpertExchange::dispatch_hop(int l, const std::vector<int>& ids) const {
+  const int members = topology_.level_sizes()[l];
+  const int S = topology_.domain_sizes()[l];
+  const int my_domain = topology_.domain(rank_, l), my_offset = topology_.offset(rank_, l);
+  std::vector<int> dest(ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int owner_domain = topology_.domain(owner_of(ids[k]), l);
+    dest[k] = owner_domain == my_domain ? topology_.coordinate(rank_, l) : owner_domain * S + my_offset;
+  }
+  Hop hop;
+  hop.send_order.resize(ids.size());
+  std::iota(hop.send_order.begin(), hop.send_order.end(), 0);
+  std::stable_sort(hop.send_order.begin(), hop.send_order.end(), [&](int a, int b) { return dest[a] < dest[b]; });
+  hop.send_counts.assign(members, 0);
+  for (int d : dest) hop.send_counts[d]++;
+  return hop;
+}
+
+HybridExpertExchange::Pass HybridExpertExchange::begin_pass(const ExchangeTag& tag, std::vector<float> rows,
+                                                            const std::vector<int>& counts, int width,
+                                                            uint32_t step) {
+  Pass p;
+  p.tag = tag;
+  p.step = step;
+  p.width = width;
+  p.to_experts = tag.phase == (int)ExchangePhase::kDispatch || tag.phase == (int)ExchangePhase::kCombineBackward;
+  p.route = &route(tag);
+  p.counts = counts;
+  p.status = status();  // after a failure, only shapes are kept (conclude)
+  p.started = steady_seconds();
+  Route& r = *p.route;
+  const size_t levels = topology_.num_levels();
+  if (tag.phase == (int)ExchangePhase::kDispatch) {
+    if (!p.status.is_ok()) return p;
+    r = Route{};
+    r.counts_in = counts;
+    r.rows_in = std::accumulate(counts.begin(), counts.end(), 0);
+    r.hops.reserve(levels);  // hops in flight point into it
+    if (rows.size() != (size_t)r.rows_in * width)
+      p.status = Status::internal("MoE exchange: rows do not match counts");
+    for (int e = 0; e < (int)counts.size(); ++e) p.ids.insert(p.ids.end(), counts[e], e);
+    p.data = std::move(rows);
+  } else if (p.to_experts) {
+    if (p.status.is_ok() && r.hops.size() != levels)
+      p.status = Status::internal("MoE exchange: a backward exchange without its Dispatch");
+    else if (p.status.is_ok() && counts != r.counts_in)
+      p.status = Status::internal("MoE exchange: backward with other counts than the Dispatch");
+    p.data = std::move(rows);
+  } else {
+    p.data.assign(r.final_order.size() * (size_t)width, 0.0f);
+    if (p.status.is_ok() && r.hops.size() != levels)
+      p.status = Status::internal("MoE exchange: rows sent back without a Dispatch");
+    if (p.status.is_ok() && rows.size() != p.data.size())
+      p.status = Status::internal("MoE exchange: rows do not match the route");
+    if (p.status.is_ok())
+      for (size_t k = 0; k < r.final_order.size(); ++k)
+        std::memcpy(&p.data[(size_t)r.final_order[k] * width], &rows[k * width], sizeof(float) * width);
+  }
+  return p;
+}
+
+bool HybridExpertExchange::networked(const HopInFlight& h) const {
+  for (const auto& slot : h.slots)
+    if (slot) return true;
+  return false;
+}
+
+void HybridExpertExchange::advance(Pass* p, bool stop_after_send) {
+  // One span per level's hop inside the exchange's span: a trace shows which
+  // level's transfer takes the time (levels past the fourth are not named).
+  static const char* const kHopNames[] = {"hop, level 0", "hop, level 1", "hop, level 2", "hop, level 3"};
+  const int levels = topology_.num_levels();
+  const bool dispatching = p->tag.phase == (int)ExchangePhase::kDispatch;
+  while (p->status.is_ok() && p->levels_done < levels) {
+    const int l = p->to_experts ? p->levels_done : levels - 1 - p->levels_done;
+    auto h = std::make_unique<HopInFlight>();
+    h->tag = wire_tag(p->tag, p->to_experts, l, p->step);
+    h->level = l;
+    if (dispatching) p->route->hops.push_back(dispatch_hop(l, p->ids));
+    h->hop = &p->route->hops[l];
+    h->forward = p->to_experts;
+    h->discover = dispatching;
+    h->width = p->width;
+    h->sent_at = steady_seconds();
+    std::vector<int>* ids = dispatching ? &p->ids : nullptr;
+    p->status = send_hop(h.get(), &p->data, ids);
+    ++p->levels_done;
+    if (!p->status.is_ok()) break;
+    if (stop_after_send && networked(*h)) {
+      p->in_flight = std::move(h);
+      return;
+    }
+    p->status = receive_hop(h.get(), &p->data, ids, true, nullptr);
+    if (timeline_ && timeline_->enabled() && l < 4)
+      timeline_->add(Span{kHopNames[l], p->tag.layer, p->to_experts ? Lane::kToExperts : Lane::kToSources, false,
+                          h->sent_at, steady_seconds()});
+  }
+}
+
+HybridExpertExchange::Result HybridExpertExchange::conclude(Pass* p) {
+  Route& r = *p->route;
+  const int width = p->width;
+  const bool dispatching = p->tag.phase == (int)ExchangePhase::kDispatch;
+  if (p->status.is_ok() && dispatching) {
+    r.final_order.resize(p->ids.size());
+    std::iota(r.final_order.begin(), r.final_order.end(), 0);
+    for (int id : p->ids)
+      if (computed_index_[id] < 0) p->status = Status::internal("a row reached a worker without its expert");
+    if (p->status.is_ok()) {
+      std::stable_sort(r.final_order.begin(), r.final_order.end(), [&](int a, int b) {
+        return computed_index_[p->ids[a]] < computed_index_[p->ids[b]];
+      });
+      r.out_counts.assign(computed_.size(), 0);
+      for (int id : p->ids) r.out_counts[computed_index_[id]]++;
+    }
+  }
+  if (p->status.is_ok() && !p->to_experts && p->data.size() != (size_t)r.rows_in * width)
+    p->status = Status::internal("MoE exchange lost rows");
+  Result result;
+  result.status = p->status;
+  if (!p->status.is_ok()) {
+    // Keep shapes consistent so the math can finish; the trainer checks
+    // status() and abandons the step.
+    if (dispatching) {
+      // This call's route, so its Combine returns as many rows as were sent.
+      r = Route{};
+      r.counts_in = p->counts;
+      r.rows_in = std::accumulate(p->counts.begin(), p->counts.end(), 0);
+      r.out_counts.assign(computed_.size(), 0);
+    }
+    result.rows.assign((p->to_experts ? r.final_order.size() : (size_t)r.rows_in) * width, 0.0f);
+  } else if (p->to_experts) {
+    result.rows.resize(r.final_order.size() * (size_t)width);
+    for (size_t k = 0; k < r.final_order.size(); ++k)
+      std::memcpy(&result.rows[k * width], &p->data[(size_t)r.final_order[k] * width], sizeof(float) * width);
+  } else {
+    result.rows = std::move(p->data);
+  }
+  if (p->to_experts) result.counts = r.out_counts;
+  return result;
+}
+
 void HybridExpertExchange::run_to_experts(const ExchangeTag& tag, std::vector<float> rows,
                                           const std::vector<int>& counts, int width, uint32_t step) {
   ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kDispatch ? "dispatch" : "combine backward", tag.layer,
                   Lane::kToExperts);
-  Route& r = route(tag);
-  Result result;
-  std::vector<float>& data = result.rows;
-  data = std::move(rows);
-  Status st = status();  // after a failure, only shapes are kept (below)
-  if (st.is_ok()) {
-    if (tag.phase == (int)ExchangePhase::kDispatch) {
-      st = dispatch(&r, tag, counts, width, step, &data);
-    } else if (r.hops.size() != (size_t)topology_.num_levels()) {
-      st = Status::internal("MoE exchange: a backward exchange without its Dispatch");
-    } else if (counts != r.counts_in) {
-      st = Status::internal("MoE exchange: backward with other counts than the Dispatch");
-    } else {
-      for (int l = 0; l < topology_.num_levels() && st.is_ok(); ++l)
-        st = move(wire_tag(tag, true, l, step), l, &r.hops[l], true, false, width, &data, nullptr);
-    }
-  }
-  if (!st.is_ok()) {
-    // Keep shapes consistent so the math can finish; the trainer checks
-    // status() and abandons the step.
-    if (tag.phase == (int)ExchangePhase::kDispatch) {
-      // This call's route, so its Combine returns as many rows as were sent.
-      r = Route{};
-      r.counts_in = counts;
-      r.rows_in = std::accumulate(counts.begin(), counts.end(), 0);
-      r.out_counts.assign(computed_.size(), 0);
-    }
-    result.status = st;
-    result.rows.assign(r.final_order.size() * (size_t)width, 0.0f);
-  } else {
-    std::vector<float> ordered(r.final_order.size() * (size_t)width);
-    for (size_t k = 0; k < r.final_order.size(); ++k)
-      std::memcpy(&ordered[k * width], &data[(size_t)r.final_order[k] * width], sizeof(float) * width);
-    result.rows = std::move(ordered);
-  }
-  result.counts = r.out_counts;
-  publish(tag, std::move(result));
+  Pass p = begin_pass(tag, std::move(rows), counts, width, step);
+  advance(&p, false);
+  publish(tag, conclude(&p));
 }
 
 void HybridExpertExchange::run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step) {
   ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kCombine ? "combine" : "dispatch backward", tag.layer,
                   Lane::kToSources);
-  Route& r = route(tag);
-  Result result;
-  Status st = status();
-  std::vector<float> data(r.final_order.size() * (size_t)width);
-  if (st.is_ok() && r.hops.size() != (size_t)topology_.num_levels())
-    st = Status::internal("MoE exchange: rows sent back without a Dispatch");
-  if (st.is_ok() && rows.size() != data.size()) st = Status::internal("MoE exchange: rows do not match the route");
-  if (st.is_ok())
-    for (size_t k = 0; k < r.final_order.size(); ++k)
-      std::memcpy(&data[(size_t)r.final_order[k] * width], &rows[k * width], sizeof(float) * width);
-  for (int l = topology_.num_levels() - 1; l >= 0 && st.is_ok(); --l)
-    st = move(wire_tag(tag, false, l, step), l, &r.hops[l], false, false, width, &data, nullptr);
-  if (st.is_ok() && (int)data.size() != r.rows_in * width) st = Status::internal("MoE exchange lost rows");
-  if (!st.is_ok()) {
-    result.status = st;
-    result.rows.assign((size_t)r.rows_in * width, 0.0f);
-  } else {
-    result.rows = std::move(data);
-  }
-  publish(tag, std::move(result));
+  Pass p = begin_pass(tag, std::move(rows), {}, width, step);
+  advance(&p, false);
+  publish(tag, conclude(&p));
 }
 
 namespace {
@@ -445,6 +327,7 @@ HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag
 void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<float> rows,
                                             const std::vector<int>& counts, int width) {
   const uint32_t step = step_;
+  if (direct_) return start_direct(tag, std::move(rows), counts, width);
   if (!to_experts_thread_ || local_only_)
     return run_inline(tag, [&] { run_to_experts(tag, std::move(rows), counts, width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
@@ -455,13 +338,14 @@ void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<
 
 void HybridExpertExchange::finish_to_experts(const ExchangeTag& tag, std::vector<float>* out,
                                              std::vector<int>* out_counts) {
-  Result r = wait_result(tag);
+  Result r = direct_ ? finish_direct(tag) : wait_result(tag);
   *out = std::move(r.rows);
   *out_counts = std::move(r.counts);
 }
 
 void HybridExpertExchange::start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) {
   const uint32_t step = step_;
+  if (direct_) return start_direct(tag, std::move(rows), {}, width);
   if (!to_sources_thread_ || local_only_)
     return run_inline(tag, [&] { run_to_sources(tag, std::move(rows), width, step); });
   auto shared_rows = std::make_shared<std::vector<float>>(std::move(rows));
@@ -471,12 +355,84 @@ void HybridExpertExchange::start_to_sources(const ExchangeTag& tag, std::vector<
 }
 
 void HybridExpertExchange::finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) {
-  *out = std::move(wait_result(tag).rows);
+  *out = std::move((direct_ ? finish_direct(tag) : wait_result(tag)).rows);
 }
 
 bool HybridExpertExchange::landed(const ExchangeTag& tag) const {
+  if (direct_) {
+    auto it = direct_passes_.find(tag);
+    return it == direct_passes_.end() || !it->second.in_flight || hop_landed(*it->second.in_flight);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   return results_.count(tag) > 0;
+}
+
+// With one level of all-to-all peers and raw rows, an exchange needs no comm
+// thread: start_* stages and queues its messages (the transport's thread
+// paces them), finish_* takes what arrived. The next chunk's messages queue
+// behind this one's at once, so the link never idles while a comm thread
+// waits for a peer's chunk or for a core, and a transfer that has landed
+// costs the compute thread no hand-off. Hops on levels without peers run
+// locally on either side of it.
+void HybridExpertExchange::update_direct() {
+  int networked_levels = 0;
+  for (int l = 0; l < topology_.num_levels(); ++l) networked_levels += !topology_.a2a_peers(rank_, l).empty();
+  bool raw = true;
+  for (const auto* codecs : {&codec_to_experts_, &codec_to_sources_})
+    for (const CodecPipeline& c : *codecs) raw = raw && c.is_raw();
+  direct_ = overlapped_ && networked_levels == 1 && raw;
+}
+
+void HybridExpertExchange::start_direct(const ExchangeTag& tag, std::vector<float> rows,
+                                        const std::vector<int>& counts, int width) {
+  Pass p = begin_pass(tag, std::move(rows), counts, width, step_);
+  advance(&p, true);
+  XD_CHECK_MSG(direct_passes_.count(tag) == 0, "an exchange tag started twice");
+  direct_passes_.emplace(tag, std::move(p));
+}
+
+HybridExpertExchange::Result HybridExpertExchange::finish_direct(const ExchangeTag& tag) {
+  auto it = direct_passes_.find(tag);
+  XD_CHECK_MSG(it != direct_passes_.end(), "finish of an exchange that was not started");
+  Pass p = std::move(it->second);
+  direct_passes_.erase(it);
+  HopWait waited;
+  if (p.in_flight) {
+    HopInFlight& h = *p.in_flight;
+    const bool dispatching = tag.phase == (int)ExchangePhase::kDispatch;
+    p.status = receive_hop(&h, &p.data, dispatching ? &p.ids : nullptr, false, &waited);
+    // This worker's own messages may still be on their way; the next step
+    // checks them (set_step), so compute never waits for its own sends.
+    direct_sends_.insert(direct_sends_.end(), h.sends.begin(), h.sends.end());
+    p.in_flight.reset();
+    advance(&p, false);
+  }
+  Result result = conclude(&p);
+  if (!result.status.is_ok()) fail(result.status);
+  blocked_s_[is_backward(tag) ? 1 : 0] += waited.seconds;
+  if (timeline_ && timeline_->enabled()) {
+    static const char* const kNames[] = {"dispatch", "combine", "combine backward", "dispatch backward"};
+    static const char* const kWaits[] = {"wait dispatch", "wait combine", "wait combine backward",
+                                         "wait dispatch backward"};
+    if (waited.seconds > 0)
+      timeline_->add(Span{kWaits[tag.phase & 3], tag.layer, Lane::kCompute, true, waited.from, waited.until});
+    timeline_->add(Span{kNames[tag.phase & 3], tag.layer, p.to_experts ? Lane::kToExperts : Lane::kToSources, false,
+                        p.started, steady_seconds()});
+  }
+  return result;
+}
+
+void HybridExpertExchange::drain_direct_sends() {
+  for (const auto& c : direct_sends_) {
+    Status st = c->wait(timeout_);
+    if (!st.is_ok()) fail(st.with_context("MoE exchange: sending rows"));
+  }
+  direct_sends_.clear();
+}
+
+void HybridExpertExchange::set_step(uint32_t step) {
+  drain_direct_sends();
+  step_ = step;
 }
 
 }  // namespace xd

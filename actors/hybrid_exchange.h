@@ -13,7 +13,12 @@
 // changes the rows the other side computes with, raw (the default) nothing.
 // Asynchronous: with set_overlapped(true) (the default) start_* queues the
 // exchange on one of two comm threads -- rows toward the experts, rows back
-// to their sources -- and returns; finish_* blocks until it is done. With
+// to their sources -- and returns; finish_* blocks until it is done. When
+// only one level has all-to-all peers and the rows travel raw (EP over one
+// level; HybridEP whose domains leave one level of A2A), no comm thread is
+// needed: start_* sends from the caller's thread and finish_* receives on it
+// ("direct", update_direct()), so a pipeline's chunks queue on the link back
+// to back and a landed transfer costs no thread hand-off. With
 // set_overlapped(false) start_* does the whole exchange on the caller's
 // thread (FarSkip's "simple" implementation: the same messages, no overlap).
 // An exchange with no all-to-all peer at any level (the domains span every
@@ -57,7 +62,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
   ~HybridExpertExchange() override;
 
-  void set_step(uint32_t step) { step_ = step; }
+  void set_step(uint32_t step);
   void set_before_replicas(LayerHook hook) { before_replicas_ = std::move(hook); }
   void set_after_replica_grads(LayerHook hook) { after_replica_grads_ = std::move(hook); }
   // true (the default): exchanges run on the comm threads.
@@ -116,25 +121,74 @@ class HybridExpertExchange final : public ExpertExchange<float> {
     std::vector<int> counts_in;    // the Dispatch counts, to check the backward
   };
 
-  // Moves `data` (rows x width) one level along `hop`; `expert_ids` (may be
-  // null) travel along. Forward: rows in send_order go out, the received
-  // layout comes back (with `discover`, recv_counts are learnt from the
-  // messages). Reverse: the received layout goes back and the rows return to
-  // their order before the hop.
-  Status move(const Tag& tag, int level, Hop* hop, bool forward, bool discover, int width,
-              std::vector<float>* data, std::vector<int>* expert_ids);
-  Status dispatch(Route* route, const ExchangeTag& tag, const std::vector<int>& counts, int width, uint32_t step,
-                  std::vector<float>* data);
-  // The exchanges themselves; on a comm thread, or the caller's when not
-  // overlapped. They publish into results_.
-  void run_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width,
-                      uint32_t step);
-  void run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step);
+  // One level's hop of `data` (rows x width) between its sends and its
+  // receives (actors/hybrid_exchange_hop.cc). Forward: rows in send_order go
+  // out, the received layout comes back (with `discover`, recv_counts are
+  // learnt from the messages). Reverse: the received layout goes back and the
+  // rows return to their order before the hop. Expert ids (Dispatch) travel
+  // along when given, to both calls alike.
+  struct HopInFlight {
+    Tag tag;
+    int level = 0;
+    Hop* hop = nullptr;
+    bool forward = true, discover = false;
+    int width = 0;
+    std::vector<int> group, in_counts, out_off;
+    int me = 0, members = 0;
+    std::shared_ptr<std::vector<float>> staged;
+    std::shared_ptr<std::vector<int32_t>> staged_ids;
+    std::vector<std::shared_ptr<RecvSlot>> slots;  // per member; null: no message
+    std::vector<std::shared_ptr<Completion>> sends;
+    double sent_at = 0;
+  };
+  struct HopWait {  // the time a receive blocked, and from when until when
+    double seconds = 0, from = 0, until = 0;
+  };
+  Status send_hop(HopInFlight* h, std::vector<float>* data, const std::vector<int>* ids);
+  Status receive_hop(HopInFlight* h, std::vector<float>* data, std::vector<int>* ids, bool wait_sends,
+                     HopWait* waited);
+  bool hop_landed(const HopInFlight& h) const;
+  bool networked(const HopInFlight& h) const;  // some member gets a message
+
   struct Result {
     Status status;
     std::vector<float> rows;
     std::vector<int> counts;  // to experts: per computed expert
   };
+  // One exchange on its way through the levels: toward the experts from the
+  // outermost level in, back to the sources from the innermost out.
+  struct Pass {
+    ExchangeTag tag;
+    uint32_t step = 0;
+    int width = 0;
+    bool to_experts = true;
+    Route* route = nullptr;
+    std::vector<int> counts;  // toward the experts: the caller's, per expert
+    std::vector<float> data;
+    std::vector<int> ids;     // Dispatch: each row's expert
+    Status status;
+    int levels_done = 0;
+    std::unique_ptr<HopInFlight> in_flight;  // sent, its receives not taken
+    double started = 0;
+  };
+  Pass begin_pass(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width,
+                  uint32_t step);
+  Hop dispatch_hop(int level, const std::vector<int>& ids) const;
+  // Hops the pass through its levels; with `stop_after_send`, it returns once
+  // a level with peers has sent, its receives left in pass->in_flight.
+  void advance(Pass* pass, bool stop_after_send);
+  Result conclude(Pass* pass);
+  // The exchanges themselves; on a comm thread, or the caller's when not
+  // overlapped. They publish into results_.
+  void run_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width,
+                      uint32_t step);
+  void run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step);
+  // Direct exchanges (direct_): start_* sends from the compute thread and
+  // finish_* receives on it, no comm thread in between.
+  void start_direct(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width);
+  Result finish_direct(const ExchangeTag& tag);
+  void update_direct();
+  void drain_direct_sends();
   Result wait_result(const ExchangeTag& tag);
   void publish(const ExchangeTag& tag, Result result);
   template <typename F>
@@ -160,6 +214,10 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   LayerHook before_replicas_, after_replica_grads_;
   std::array<double, 2> blocked_s_{};  // compute thread
   Timeline* timeline_ = nullptr;
+  bool overlapped_ = false;
+  bool direct_ = false;                                      // see start_direct
+  std::map<ExchangeTag, Pass> direct_passes_;                // compute thread
+  std::vector<std::shared_ptr<Completion>> direct_sends_;    // compute thread; checked at the next step
 
   mutable std::mutex mu_;          // guards what follows
   std::condition_variable done_;
