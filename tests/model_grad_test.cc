@@ -164,29 +164,40 @@ TEST(MoeTransformer, PipelineChunksGiveTheLossAndGradientsOfOneChunk) {
   }
 }
 
-// Records what the MoE layer asks of its exchange about replicas; odd
-// computed experts play the part of gathered replicas.
-class ReplicaRecordingExchange final : public ExpertExchange<double> {
+// The one-process exchange underneath, for test exchanges that only watch
+// or change what the MoE layer asks besides the rows.
+template <typename T>
+class ForwardingExchange : public ExpertExchange<T> {
  public:
-  ReplicaRecordingExchange(int experts, std::vector<std::string>* order) : inner_(experts), order_(order) {}
-  void start_to_experts(const ExchangeTag& t, std::vector<double> rows, const std::vector<int>& counts,
+  explicit ForwardingExchange(int experts) : inner_(experts) {}
+  void start_to_experts(const ExchangeTag& t, std::vector<T> rows, const std::vector<int>& counts,
                         int width) override {
     inner_.start_to_experts(t, std::move(rows), counts, width);
   }
-  void finish_to_experts(const ExchangeTag& t, std::vector<double>* out, std::vector<int>* counts) override {
+  void finish_to_experts(const ExchangeTag& t, std::vector<T>* out, std::vector<int>* counts) override {
     inner_.finish_to_experts(t, out, counts);
   }
-  void start_to_sources(const ExchangeTag& t, std::vector<double> rows, int width) override {
+  void start_to_sources(const ExchangeTag& t, std::vector<T> rows, int width) override {
     inner_.start_to_sources(t, std::move(rows), width);
   }
-  void finish_to_sources(const ExchangeTag& t, std::vector<double>* out) override { inner_.finish_to_sources(t, out); }
+  void finish_to_sources(const ExchangeTag& t, std::vector<T>* out) override { inner_.finish_to_sources(t, out); }
   const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
+
+ private:
+  LocalExpertExchange<T> inner_;
+};
+
+// Records what the MoE layer asks of its exchange about replicas; odd
+// computed experts play the part of gathered replicas.
+class ReplicaRecordingExchange final : public ForwardingExchange<double> {
+ public:
+  ReplicaRecordingExchange(int experts, std::vector<std::string>* order)
+      : ForwardingExchange<double>(experts), order_(order) {}
   bool is_replica(size_t j) const override { return j % 2 == 1; }
   void before_replicas(int layer) override { order_->push_back("replicas " + std::to_string(layer)); }
   void replicas_backward_done(int layer) override { order_->push_back("experts " + std::to_string(layer)); }
 
  private:
-  LocalExpertExchange<double> inner_;
   std::vector<std::string>* order_;
 };
 
@@ -224,29 +235,14 @@ TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
 
 // Every exchange still in flight whenever the compute thread peeks: the
 // moves of "work while waiting" all happen (docs/overlap.md).
-class LateExchange final : public ExpertExchange<float> {
+class LateExchange final : public ForwardingExchange<float> {
  public:
-  explicit LateExchange(int experts) : inner_(experts) {}
-  void start_to_experts(const ExchangeTag& t, std::vector<float> rows, const std::vector<int>& counts,
-                        int width) override {
-    inner_.start_to_experts(t, std::move(rows), counts, width);
-  }
-  void finish_to_experts(const ExchangeTag& t, std::vector<float>* out, std::vector<int>* counts) override {
-    inner_.finish_to_experts(t, out, counts);
-  }
-  void start_to_sources(const ExchangeTag& t, std::vector<float> rows, int width) override {
-    inner_.start_to_sources(t, std::move(rows), width);
-  }
-  void finish_to_sources(const ExchangeTag& t, std::vector<float>* out) override { inner_.finish_to_sources(t, out); }
-  const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
+  explicit LateExchange(int experts) : ForwardingExchange<float>(experts) {}
   bool landed(const ExchangeTag& t) const override {
     ++peeks_[t.phase];
     return false;
   }
   mutable std::map<int, int> peeks_;  // by ExchangePhase
-
- private:
-  LocalExpertExchange<float> inner_;
 };
 
 // Attention (b) sequence by sequence ahead of the router, the shared
