@@ -411,7 +411,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     const Connectivity conn = connectivity(k);
     std::vector<double> to_experts(r);
     for (int i = 0; i < r; ++i) to_experts[i] = a2a(to_experts_chunk, &to_experts_free);  // backward of Combine
-    if (farskip_moe(conn)) compute(attention_fwd * bwd_scale);
+    // With replicas (HybridEP) the attention backward waits until their
+    // gradients have left.
+    const bool attention_after_experts = farskip_moe(conn) && !rs_layer.empty();
+    if (farskip_moe(conn) && !attention_after_experts) compute(attention_fwd * bwd_scale);
     // The shared experts' backward takes the place of a Combine backward
     // still in flight.
     const bool shared_first = w.overlapped && to_experts[0] > t;
@@ -425,6 +428,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     // This layer's replica gradients go home.
     if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
+    if (attention_after_experts) compute(attention_fwd * bwd_scale);
     if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
     if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale);

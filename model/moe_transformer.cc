@@ -335,7 +335,15 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     // whatever does not need the experts' answer runs while it moves.
     moe_combine_backward_start(&c.moe, dout.data(), exchange, dm);
     std::fill(dnorm2.begin(), dnorm2.end(), T(0));
-    if (farskip_moe(conn)) attention_backward_pass(dp.data());  // d a_k = d p_k
+    // Under FarSkip MoE the attention backward (d a_k = d p_k) needs nothing
+    // of the experts. With gathered replicas (HybridEP) it waits until the
+    // experts' backward has sent their weight gradients home, the backward's
+    // longest transfer, and then hides that; otherwise it hides the
+    // backward of Combine.
+    bool replicas = false;
+    for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
+    const bool attention_after_experts = farskip_moe(conn) && replicas;
+    if (farskip_moe(conn) && !attention_after_experts) attention_backward_pass(dp.data());
     {
       ScopedSpan span(timeline_, "router backward", l);
       moe_router_backward(dnorm2.data(), &c.moe, c.norm2.data(), mw, cfg, dm, 1.0);
@@ -355,6 +363,7 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
       moe_experts_backward(&c.moe, mw, exchange, dm);
     }
     if (hooks_.experts_done) hooks_.experts_done(l);
+    if (attention_after_experts) attention_backward_pass(dp.data());
     if (!shared_first) shared_backward();
     for (size_t j = 0; j < Nd; ++j) dnorm2[j] += dshared_xn[j];
     moe_dispatch_backward_finish(dnorm2.data(), &c.moe, c.norm2.data(), mw, exchange, cfg, dm);

@@ -167,6 +167,9 @@ class RecordingExchange final : public ExpertExchange<float> {
     inner_.finish_to_sources(tag, out);
   }
   const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
+  // With gathered experts, half of them stand for the replicas (a domain of
+  // two): the model then orders its backward as the runtime's does.
+  bool is_replica(size_t j) const override { return gathers_ && j >= computed_experts().size() / 2; }
 
  private:
   void started(const ExchangeTag& tag) {

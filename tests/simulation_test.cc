@@ -144,9 +144,14 @@ std::vector<std::string> without_waiting_moves(std::vector<std::string> spans) {
   }
   for (size_t i = 0; i + 1 < spans.size(); ++i) {
     const std::string layer = layer_of(spans[i]);
-    if ((spans[i] == "shared experts " + layer && spans[i + 1] == "routed experts " + layer) ||
-        (spans[i] == "shared experts backward " + layer && spans[i + 1] == "routed experts backward " + layer))
+    if (spans[i] == "shared experts " + layer && spans[i + 1] == "routed experts " + layer)
       std::swap(spans[i], spans[i + 1]);
+    // Backward: back to its planned place, after the routed experts and
+    // after an attention backward that follows them (HybridEP).
+    if (spans[i] == "shared experts backward " + layer && spans[i + 1] == "routed experts backward " + layer) {
+      const size_t to = i + 2 < spans.size() && spans[i + 2] == "attention backward " + layer ? i + 2 : i + 1;
+      std::rotate(spans.begin() + i, spans.begin() + i + 1, spans.begin() + to + 1);
+    }
   }
   return spans;
 }
@@ -163,6 +168,11 @@ TEST(StepSchedule, WaitingMovesAreUndoneAndNothingElse) {
   // Shared experts of another layer, or attention (b) after the router, stay.
   const std::vector<std::string> other = {"shared experts 0", "routed experts 1", "router 1", "attention (b) 1"};
   EXPECT_EQ(without_waiting_moves(other), other);
+  // HybridEP's backward: the attention backward follows the routed experts.
+  EXPECT_EQ(without_waiting_moves({"shared experts backward 1", "routed experts backward 1", "attention backward 1",
+                                   "router backward 0"}),
+            (std::vector<std::string>{"routed experts backward 1", "attention backward 1",
+                                      "shared experts backward 1", "router backward 0"}));
 }
 
 // The compute spans a traced real run makes, in order, are the schedule's:
