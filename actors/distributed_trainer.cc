@@ -358,6 +358,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
   // Otherwise a traced step's trace begins with its all-gather's receives.
   if (traces(step_ + 1)) timeline_.set_enabled(true);
 
+  exchange_->complete_sends();
   StepMetrics m;
   m.step = step_;
   m.skipped = !finite;

@@ -402,7 +402,7 @@ HybridExpertExchange::Result HybridExpertExchange::finish_direct(const ExchangeT
     const bool dispatching = tag.phase == (int)ExchangePhase::kDispatch;
     p.status = receive_hop(&h, &p.data, dispatching ? &p.ids : nullptr, false, &waited);
     // This worker's own messages may still be on their way; the next step
-    // checks them (set_step), so compute never waits for its own sends.
+    // checks them (complete_sends), so compute never waits for its own sends.
     direct_sends_.insert(direct_sends_.end(), h.sends.begin(), h.sends.end());
     p.in_flight.reset();
     advance(&p, false);
@@ -422,7 +422,10 @@ HybridExpertExchange::Result HybridExpertExchange::finish_direct(const ExchangeT
   return result;
 }
 
-void HybridExpertExchange::drain_direct_sends() {
+void HybridExpertExchange::complete_sends() {
+  // After a failure the step was abandoned; a dead peer's sends may never
+  // complete, and the failure is already reported.
+  if (!status().is_ok()) direct_sends_.clear();
   for (const auto& c : direct_sends_) {
     Status st = c->wait(timeout_);
     if (!st.is_ok()) fail(st.with_context("MoE exchange: sending rows"));
@@ -431,7 +434,7 @@ void HybridExpertExchange::drain_direct_sends() {
 }
 
 void HybridExpertExchange::set_step(uint32_t step) {
-  drain_direct_sends();
+  complete_sends();
   step_ = step;
 }
 

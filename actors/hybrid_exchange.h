@@ -62,7 +62,11 @@ class HybridExpertExchange final : public ExpertExchange<float> {
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
   ~HybridExpertExchange() override;
 
-  void set_step(uint32_t step);
+  void set_step(uint32_t step);  // also complete_sends()
+  // Waits until this worker's own messages of direct exchanges have left
+  // (finish_* does not wait for them); called at the end of a step, before
+  // anything could tear the transport down under them.
+  void complete_sends();
   void set_before_replicas(LayerHook hook) { before_replicas_ = std::move(hook); }
   void set_after_replica_grads(LayerHook hook) { after_replica_grads_ = std::move(hook); }
   // true (the default): exchanges run on the comm threads.
@@ -188,7 +192,6 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void start_direct(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts, int width);
   Result finish_direct(const ExchangeTag& tag);
   void update_direct();
-  void drain_direct_sends();
   Result wait_result(const ExchangeTag& tag);
   void publish(const ExchangeTag& tag, Result result);
   template <typename F>
