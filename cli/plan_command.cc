@@ -127,6 +127,7 @@ int run_plan(const PlanOptions& o) {
                     {"gemm_overhead_s", compute.gemm_overhead_s},
                     {"r2", gemm_fit.r2},
                     {"non_gemm_factor", compute.non_gemm_factor},
+                    {"optimizer_s_per_param", compute.optimizer_s_per_param},
                     {"step_probe_tokens", step_probe.tokens},
                     {"step_probe_s", step_probe.seconds}};
     j["workload"] = {{"num_moe_layers", w.num_moe_layers},
@@ -178,9 +179,11 @@ int run_plan(const PlanOptions& o) {
                 fmt_bytes(w.token_bytes).c_str(), in.tokens_per_worker,
                 fmt_bytes(w.dense_param_bytes).c_str());
     std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f), x %.2f for "
-                "the non-GEMM work (a model step of %lld tokens took %s in one process)\n",
+                "the non-GEMM work (a model step of %lld tokens took %s in one process); the optimizer "
+                "%s per step (%.1f ns per parameter)\n",
                 compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2,
-                compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str());
+                compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str(),
+                fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
     std::printf("links:\n");
     for (const LinkEstimate& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),

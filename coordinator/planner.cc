@@ -33,6 +33,8 @@ Status PlannerInputs::validate() const {
   if (!(compute.gemm_overhead_s >= 0)) return bad("compute.gemm_overhead_s must be >= 0");
   if (!(compute.non_gemm_factor >= 1) || !std::isfinite(compute.non_gemm_factor))
     return bad("compute.non_gemm_factor must be finite and >= 1");
+  if (!(compute.optimizer_s_per_param >= 0) || !std::isfinite(compute.optimizer_s_per_param))
+    return bad("compute.optimizer_s_per_param must be finite and >= 0");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -133,6 +135,8 @@ Workload workload_of(const PlannerInputs& in) {
   w.expert_bwd_s = f * 2 * expert_flops / rate;
   w.post_s = f * (3 * head_flops / rate + 3 * ovh);
   w.gemm_overhead_s = f * ovh;
+  w.optimizer_s = in.compute.optimizer_s_per_param *
+                  (w.dense_param_bytes / bytes + w.experts_per_worker * m.num_layers * w.expert_bytes / bytes);
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   return w;
@@ -140,7 +144,7 @@ Workload workload_of(const PlannerInputs& in) {
 
 Workload with_compute_scaled(Workload w, double factor) {
   for (double* t : {&w.pre_expert_fwd_s, &w.pre_expert_bwd_s, &w.expert_fwd_s, &w.expert_bwd_s, &w.post_s,
-                    &w.gemm_overhead_s, &w.attention_qkv_fwd_s, &w.shared_fwd_s, &w.router_fwd_s})
+                    &w.gemm_overhead_s, &w.attention_qkv_fwd_s, &w.shared_fwd_s, &w.router_fwd_s, &w.optimizer_s})
     *t *= factor;
   return w;
 }
@@ -446,6 +450,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   const double end = std::max({t, norm_done, dense_done});
   c.exposed_allreduce_s = end - t;
   t = end;
+  compute(w.optimizer_s);  // once every gradient is in
   c.ag_s = total(ag_layer) * layers;
   c.rs_s = total(rs_layer) * layers;
   c.iteration_s = t;

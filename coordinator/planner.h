@@ -74,6 +74,7 @@ struct ComputeModel {
   double flops_per_s = 1e10;
   double gemm_overhead_s = 0;
   double non_gemm_factor = 1;
+  double optimizer_s_per_param = 0;  // AdamW's update with its clipping norm; 0: not counted
 };
 
 struct PlannerInputs {
@@ -124,6 +125,7 @@ struct Workload {
   double expert_fwd_s = 0;         // per MoE layer, the flops part
   double expert_bwd_s = 0;         // per MoE layer, the flops part
   double post_s = 0;               // LM head forward + backward, once
+  double optimizer_s = 0;          // the update of the worker's parameters (dense, owned experts), once
   double gemm_overhead_s = 0;      // per GEMM call; held experts add 3 (fwd) + 6 (bwd) calls
   double base_syncs_per_step = 1;  // SR base all-reduces per step (1 / base_sync_every; 0: never)
   // Parts of pre_expert_fwd_s (the rest is the attention core, o_proj and the

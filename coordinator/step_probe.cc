@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/rng.h"
+#include "model/adamw.h"
 #include "model/moe_transformer.h"
 #include "model/param_layout.h"
 
@@ -54,14 +55,28 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
     best = std::min(best, one_step());
     if (steady_seconds() - start + warm > options.max_seconds) break;
   }
+  // The update after it, on the gradients backward left.
+  AdamW<float> optimizer(net.params().size(), AdamWConfig{});
+  double best_update = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < std::max(1, options.repetitions); ++r) {
+    const double t0 = steady_seconds();
+    optimizer.step(net.params().data(), net.grads().data(), 1e-6);
+    best_update = std::min(best_update, steady_seconds() - t0);
+  }
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
-  return StepProbe{model, static_cast<long long>(batch) * seq_len, seq_len, best};
+  StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, best};
+  probe.optimizer_s_per_param = best_update / double(std::max<size_t>(1, net.params().size()));
+  return probe;
 }
 
 ComputeModel calibrated_compute_model(const ComputeModel& gemm_only, const StepProbe& probe) {
   ComputeModel out = gemm_only;
   out.non_gemm_factor = 1;
-  if (probe.seconds <= 0 || probe.tokens <= 0) return out;
+  out.optimizer_s_per_param = 0;  // the probe's step has no update: predict it without one
+  if (probe.seconds <= 0 || probe.tokens <= 0) {
+    out.optimizer_s_per_param = probe.optimizer_s_per_param;
+    return out;
+  }
   // The probe's step is one process holding every expert: one level of size 1.
   PlannerInputs in;
   in.model = probe.model;
@@ -75,6 +90,7 @@ ComputeModel calibrated_compute_model(const ComputeModel& gemm_only, const StepP
       evaluate_candidate(w, in.level_sizes, in.links, {1}, std::numeric_limits<double>::infinity())
           .compute_s;
   if (predicted > 0) out.non_gemm_factor = std::max(1.0, probe.seconds / predicted);
+  out.optimizer_s_per_param = probe.optimizer_s_per_param;
   return out;
 }
 

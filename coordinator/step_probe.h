@@ -32,13 +32,18 @@ struct StepProbe {
   long long tokens = 0;  // tokens of the timed batch
   int seq_len = 0;
   double seconds = 0;    // fastest forward + backward
+  // The fastest AdamW update of the probe's parameters (the clipping norm
+  // included), per parameter: the planner adds it once per step for the
+  // parameters a worker updates.
+  double optimizer_s_per_param = 0;
 };
 
 Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,
                                      const StepProbeOptions& options = {});
 
 // `gemm_only` with non_gemm_factor = probe.seconds / (its compute prediction
-// for the probe's model and batch in one process), at least 1.
+// for the probe's model and batch in one process), at least 1, and the
+// probe's optimizer time per parameter.
 ComputeModel calibrated_compute_model(const ComputeModel& gemm_only, const StepProbe& probe);
 
 }  // namespace xd

@@ -322,6 +322,29 @@ TEST(Planner, ChunksPayTheLatencyOfEveryChunk) {
   EXPECT_EQ(evaluate_candidate(farskip_layer(false, 0), {2}, latency, {1}, 1e300).pipeline_degree, 1);
 }
 
+// The update runs once per step, after every gradient is in, over the
+// parameters the worker updates: its dense ones and its owned experts.
+TEST(Planner, TheOptimizerUpdateIsComputeOncePerStepOverTheWorkersParameters) {
+  PlannerInputs in;
+  in.model = default_train_config().model;
+  in.tokens_per_worker = 256;
+  in.seq_len = 64;
+  in.level_sizes = {2};
+  in.links = {LinkModel{1e-3, 1e-9}};
+  const Workload without = workload_of(in);
+  in.compute.optimizer_s_per_param = 5e-9;
+  const Workload with = workload_of(in);
+  const double params = without.dense_param_bytes / 4 +
+                        without.experts_per_worker * in.model.num_layers * without.expert_bytes / 4;
+  EXPECT_NEAR(with.optimizer_s, 5e-9 * params, 1e-15);
+  EXPECT_EQ(without.optimizer_s, 0);
+  const PlanCandidate a = evaluate_candidate(without, {1}, in.links, {1}, 1e300);
+  const PlanCandidate b = evaluate_candidate(with, {1}, in.links, {1}, 1e300);
+  EXPECT_NEAR(b.compute_s - a.compute_s, with.optimizer_s, 1e-12);
+  EXPECT_NEAR(b.iteration_s - a.iteration_s, with.optimizer_s, 1e-12);
+  EXPECT_NEAR(with_compute_scaled(with, 2).optimizer_s, 2 * with.optimizer_s, 1e-15);
+}
+
 TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {
   const ModelConfig m = default_train_config().model;
   const ComputeModel gemm_only{1e10, 1e-6};
@@ -352,6 +375,13 @@ TEST(StepProbe, CalibrationScalesEveryComputeTermByMeasuredOverPredicted) {
   EXPECT_NEAR(w3.post_s, 3 * w1.post_s, 1e-12);
   EXPECT_NEAR(w3.gemm_overhead_s, 3 * w1.gemm_overhead_s, 1e-15);
   EXPECT_EQ(w3.token_bytes, w1.token_bytes);  // traffic does not change
+  // The probe's update time per parameter carries over, and does not enter
+  // the factor (the probe's step is forward and backward only).
+  StepProbe with_update{m, 256, 64, 3 * predicted};
+  with_update.optimizer_s_per_param = 4e-9;
+  const ComputeModel both = calibrated_compute_model(gemm_only, with_update);
+  EXPECT_NEAR(both.non_gemm_factor, 3.0, 1e-9);
+  EXPECT_EQ(both.optimizer_s_per_param, 4e-9);
 }
 
 TEST(StepProbe, AStepFasterThanItsGemmsLeavesTheModelAlone) {
