@@ -10,7 +10,6 @@
 
 namespace xd {
 
-
 HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
                                            std::chrono::milliseconds timeout)
     : transport_(transport),
