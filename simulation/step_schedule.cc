@@ -39,6 +39,7 @@ const char* compute_kind_name(ComputeKind k) {
     case ComputeKind::kSharedExperts: return "shared experts";
     case ComputeKind::kHead: return "head";
     case ComputeKind::kHeadBackward: return "head backward";
+    case ComputeKind::kOptimizer: return "optimizer";
     case ComputeKind::kAttentionBackward: return "attention backward";
     case ComputeKind::kRouterBackward: return "router backward";
     case ComputeKind::kExpertsInputBackward: return "routed experts backward (inputs)";
@@ -326,6 +327,8 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
       }
     }
   }
+  // The optimizer's update, after the last wait (the trainer's order).
+  s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kOptimizer, -1, -1});
   return s;
 }
 

@@ -64,6 +64,7 @@ enum class ComputeKind : int {
   kExpertsInputBackward = 9,   // one chunk: input gradients
   kExpertsWeightBackward = 10, // one chunk: weight gradients
   kSharedBackward = 11,
+  kOptimizer = 12,             // the update, once every gradient is in
 };
 const char* compute_kind_name(ComputeKind k);
 

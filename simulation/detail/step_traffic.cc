@@ -37,6 +37,7 @@ double StepTraffic::compute_seconds(ComputeKind kind) const {
     case ComputeKind::kExpertsInputBackward:
     case ComputeKind::kExpertsWeightBackward: return expert_bwd / 2;
     case ComputeKind::kSharedBackward: return w.shared_fwd_s * bwd_scale;
+    case ComputeKind::kOptimizer: return w.optimizer_s;
   }
   return 0;
 }
