@@ -303,6 +303,8 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   // d p_k = d o_k + dp_extra, while d r_k = d o_k.
   std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dshared_xn(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv,
       dnorm1(Nd), dattn_in(Nd);
+  bool replicas = false;  // gathered experts (HybridEP) among those computed here
+  for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -340,8 +342,6 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     // experts' backward has sent their weight gradients home, the backward's
     // longest transfer, and then hides that; otherwise it hides the
     // backward of Combine.
-    bool replicas = false;
-    for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
     const bool attention_after_experts = farskip_moe(conn) && replicas;
     if (farskip_moe(conn) && !attention_after_experts) attention_backward_pass(dp.data());
     {
