@@ -78,6 +78,7 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   row("step time (ms)", [](const RunResult& r) { return cell(r.summary, "mean_step_s", "%.1f", 1e3); });
   row("  compute (ms)", [](const RunResult& r) { return cell(r.summary, "mean_compute_s", "%.1f", 1e3); });
   row("  exposed comm (ms)", [](const RunResult& r) { return cell(r.summary, "mean_exposed_comm_s", "%.1f", 1e3); });
+  row("  compute spread (ms)", [](const RunResult& r) { return cell(r.summary, "mean_compute_spread_s", "%.1f", 1e3); });
   row("  overlap (%)", [](const RunResult& r) { return cell(r.summary, "overlap_percent", "%.0f"); });
   row("  overlap fwd / bwd (%)", [](const RunResult& r) {
     return cell(r.summary, "fwd_overlap_percent", "%.0f") + " / " + cell(r.summary, "bwd_overlap_percent", "%.0f");

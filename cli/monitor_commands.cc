@@ -241,6 +241,8 @@ int run_metrics(const MonitorFlags& f) {
                 num(l, "bwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str());
     std::printf("  bound %s ms, step / bound %s\n", num(l, "bound_s", "%.1f", 1e3).c_str(),
                 num(l, "step_over_bound", "%.2f").c_str());
+    std::printf("  compute spread %s ms (slowest worker's compute minus the fastest's: exposed time no overlap hides)\n",
+                num(l, "compute_spread_s", "%.1f", 1e3).c_str());
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());

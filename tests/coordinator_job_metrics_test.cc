@@ -36,6 +36,21 @@ TEST(JobMetrics, AStepIsCompleteWhenEveryWorkerReportedAndItsBoundIsTheLargerStr
   EXPECT_DOUBLE_EQ(s.bytes.at("dc/moe_dispatch_raw"), 200);  // summed over workers
 }
 
+TEST(JobMetrics, TheComputeSpreadIsTheSlowestWorkersComputeMinusTheFastestsWhateverTheOrder) {
+  JobMetrics metrics(3);
+  metrics.record(2, report(1, 0.35, 0.1));
+  metrics.record(0, report(1, 0.30, 0.1));
+  metrics.record(1, report(1, 0.42, 0.1));
+  ASSERT_NE(metrics.last_complete(), nullptr);
+  EXPECT_NEAR(metrics.last_complete()->compute_spread_s, 0.12, 1e-12);
+  metrics.record(1, report(2, 0.20, 0.1));
+  metrics.record(0, report(2, 0.20, 0.1));
+  metrics.record(2, report(2, 0.20, 0.1));
+  EXPECT_EQ(metrics.last_complete()->compute_spread_s, 0.0);
+  EXPECT_NEAR(metrics.mean(0).compute_spread_s, 0.06, 1e-12);
+  EXPECT_NE(metrics.prometheus("job", {"running", "running", "running"}).find("xdmoe_compute_spread_seconds"), std::string::npos);
+}
+
 TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) {
   JobMetrics metrics(1);
   metrics.record(0, report(1, 0.3, 0.5));
