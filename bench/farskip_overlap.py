@@ -147,6 +147,7 @@ def main():
                 "speedup": round(base["mean_step_s"] / j["mean_step_s"], 3),
                 "compute_ms": round(j["mean_compute_s"] * 1e3, 1),
                 "exposed_ms": round(j["mean_exposed_comm_s"] * 1e3, 1),
+                "compute_spread_ms": round(j.get("mean_compute_spread_s", 0) * 1e3, 1),
                 "fwd_overlap_pct": round(j["fwd_overlap_percent"], 1),
                 "bwd_overlap_pct": round(j["bwd_overlap_percent"], 1),
                 "bound_ms": round(j["bound_s"] * 1e3, 1),
@@ -166,17 +167,21 @@ def main():
         w.writeheader()
         w.writerows(rows)
     lines = []
-    header = (f"{'setting':8} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
-              f"{'bwd ovl%':>8} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} {'pred*':>7} {'loss':>7}")
+    header = (f"{'setting':9} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
+              f"{'bwd ovl%':>8} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} "
+              f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
-        lines.append(f"{r['setting']:8} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
-                     f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} {r['bound_ms']:>9} "
+        lines.append(f"{r['setting']:9} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
+                     f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
+                     f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
                      f"{r['step_over_bound']:>8.2f} {r['predicted_ms']:>8} {r['predicted_measured_compute_ms']:>7} "
                      f"{r['final_loss']:>7}")
     for name in a.settings.split(","):
         ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
         lines.append(f"{name}: busiest link's transmit time / compute = {ratio:.2f} (first run)")
+    lines.append("exp ms: exposed communication (the most-waiting worker's); spread: the slowest worker's "
+                 "compute minus the fastest's, which the others wait out as exposed time")
     lines.append("pred*: the planner's prediction again with the compute the run measured")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "farskip_overlap.txt"), "w") as f:
