@@ -146,9 +146,10 @@ void print_status(const nlohmann::json& s) {
     std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  bound %s ms (step / bound %s), overlap forward %s%%, backward %s%%\n",
+    std::printf("  bound %s ms (step / bound %s), overlap forward %s%%, backward %s%%, compute spread %s ms\n",
                 num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
-                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str());
+                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
+                num(l, "compute_spread_s", "%.1f", 1e3).c_str());
   }
 }
 
