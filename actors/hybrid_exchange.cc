@@ -10,6 +10,17 @@
 
 namespace xd {
 
+namespace {
+bool is_backward(const ExchangeTag& tag) {
+  return tag.phase == (int)ExchangePhase::kCombineBackward || tag.phase == (int)ExchangePhase::kDispatchBackward;
+}
+// Trace names by ExchangePhase: the transfer (a comm lane), and the compute
+// thread's wait for it.
+constexpr const char* kTransferNames[] = {"dispatch", "combine", "combine backward", "dispatch backward"};
+constexpr const char* kWaitNames[] = {"wait dispatch", "wait combine", "wait combine backward",
+                                      "wait dispatch backward"};
+}  // namespace
+
 HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
                                            std::chrono::milliseconds timeout)
     : transport_(transport),
@@ -48,8 +59,6 @@ void HybridExpertExchange::set_overlapped(bool overlapped) {
     XD_CHECK_MSG(results_.empty(), "set_overlapped with exchanges in flight");
   }
   XD_CHECK_MSG(direct_passes_.empty(), "set_overlapped with exchanges in flight");
-  overlapped_ = overlapped;
-  update_direct();
   if (overlapped && !to_experts_thread_) {
     to_experts_thread_ = std::make_unique<detail::WorkThread>("to-experts");
     to_sources_thread_ = std::make_unique<detail::WorkThread>("to-sources");
@@ -57,6 +66,7 @@ void HybridExpertExchange::set_overlapped(bool overlapped) {
     to_experts_thread_.reset();
     to_sources_thread_.reset();
   }
+  update_direct();
 }
 
 void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std::vector<CodecPipeline> to_sources) {
@@ -272,26 +282,19 @@ HybridExpertExchange::Result HybridExpertExchange::conclude(Pass* p) {
 
 void HybridExpertExchange::run_to_experts(const ExchangeTag& tag, std::vector<float> rows,
                                           const std::vector<int>& counts, int width, uint32_t step) {
-  ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kDispatch ? "dispatch" : "combine backward", tag.layer,
-                  Lane::kToExperts);
+  ScopedSpan span(timeline_, kTransferNames[tag.phase & 3], tag.layer, Lane::kToExperts);
   Pass p = begin_pass(tag, std::move(rows), counts, width, step);
   advance(&p, false);
   publish(tag, conclude(&p));
 }
 
 void HybridExpertExchange::run_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width, uint32_t step) {
-  ScopedSpan span(timeline_, tag.phase == (int)ExchangePhase::kCombine ? "combine" : "dispatch backward", tag.layer,
-                  Lane::kToSources);
+  ScopedSpan span(timeline_, kTransferNames[tag.phase & 3], tag.layer, Lane::kToSources);
   Pass p = begin_pass(tag, std::move(rows), {}, width, step);
   advance(&p, false);
   publish(tag, conclude(&p));
 }
 
-namespace {
-bool is_backward(const ExchangeTag& tag) {
-  return tag.phase == (int)ExchangePhase::kCombineBackward || tag.phase == (int)ExchangePhase::kDispatchBackward;
-}
-}  // namespace
 
 // Not overlapped, the whole exchange runs on the compute thread: all of it is
 // compute waiting for communication.
@@ -303,7 +306,6 @@ void HybridExpertExchange::run_inline(const ExchangeTag& tag, F run) {
 }
 
 HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag& tag) {
-  const bool backward = is_backward(tag);
   const double start = steady_seconds();
   Result result;
   {
@@ -314,13 +316,14 @@ HybridExpertExchange::Result HybridExpertExchange::wait_result(const ExchangeTag
     results_.erase(it);
   }
   const double end = steady_seconds();
-  blocked_s_[backward ? 1 : 0] += end - start;
-  if (timeline_ && timeline_->enabled()) {
-    static const char* const kNames[] = {"wait dispatch", "wait combine", "wait combine backward",
-                                         "wait dispatch backward"};
-    timeline_->add(Span{kNames[tag.phase & 3], tag.layer, Lane::kCompute, true, start, end});
-  }
+  note_wait(tag, end - start, start, end);
   return result;
+}
+
+void HybridExpertExchange::note_wait(const ExchangeTag& tag, double seconds, double from, double until) {
+  blocked_s_[is_backward(tag) ? 1 : 0] += seconds;
+  if (until > from && timeline_ && timeline_->enabled())
+    timeline_->add(Span{kWaitNames[tag.phase & 3], tag.layer, Lane::kCompute, true, from, until});
 }
 
 void HybridExpertExchange::start_to_experts(const ExchangeTag& tag, std::vector<float> rows,
@@ -379,7 +382,7 @@ void HybridExpertExchange::update_direct() {
   bool raw = true;
   for (const auto* codecs : {&codec_to_experts_, &codec_to_sources_})
     for (const CodecPipeline& c : *codecs) raw = raw && c.is_raw();
-  direct_ = overlapped_ && networked_levels == 1 && raw;
+  direct_ = to_experts_thread_ && networked_levels == 1 && raw;  // overlapped
 }
 
 void HybridExpertExchange::start_direct(const ExchangeTag& tag, std::vector<float> rows,
@@ -400,7 +403,7 @@ HybridExpertExchange::Result HybridExpertExchange::finish_direct(const ExchangeT
     HopInFlight& h = *p.in_flight;
     const bool dispatching = tag.phase == (int)ExchangePhase::kDispatch;
     p.status = receive_hop(&h, &p.data, dispatching ? &p.ids : nullptr, false, &waited);
-    // This worker's own messages may still be on their way; the next step
+    // This worker's own messages may still be on their way; the step's end
     // checks them (complete_sends), so compute never waits for its own sends.
     direct_sends_.insert(direct_sends_.end(), h.sends.begin(), h.sends.end());
     p.in_flight.reset();
@@ -408,16 +411,10 @@ HybridExpertExchange::Result HybridExpertExchange::finish_direct(const ExchangeT
   }
   Result result = conclude(&p);
   if (!result.status.is_ok()) fail(result.status);
-  blocked_s_[is_backward(tag) ? 1 : 0] += waited.seconds;
-  if (timeline_ && timeline_->enabled()) {
-    static const char* const kNames[] = {"dispatch", "combine", "combine backward", "dispatch backward"};
-    static const char* const kWaits[] = {"wait dispatch", "wait combine", "wait combine backward",
-                                         "wait dispatch backward"};
-    if (waited.seconds > 0)
-      timeline_->add(Span{kWaits[tag.phase & 3], tag.layer, Lane::kCompute, true, waited.from, waited.until});
-    timeline_->add(Span{kNames[tag.phase & 3], tag.layer, p.to_experts ? Lane::kToExperts : Lane::kToSources, false,
-                        p.started, steady_seconds()});
-  }
+  note_wait(tag, waited.seconds, waited.from, waited.until);
+  if (timeline_ && timeline_->enabled())
+    timeline_->add(Span{kTransferNames[tag.phase & 3], tag.layer, p.to_experts ? Lane::kToExperts : Lane::kToSources,
+                        false, p.started, steady_seconds()});
   return result;
 }
 
@@ -430,11 +427,6 @@ void HybridExpertExchange::complete_sends() {
     if (!st.is_ok()) fail(st.with_context("MoE exchange: sending rows"));
   }
   direct_sends_.clear();
-}
-
-void HybridExpertExchange::set_step(uint32_t step) {
-  complete_sends();
-  step_ = step;
 }
 
 }  // namespace xd

@@ -62,7 +62,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
   ~HybridExpertExchange() override;
 
-  void set_step(uint32_t step);  // also complete_sends()
+  void set_step(uint32_t step) { step_ = step; }
   // Waits until this worker's own messages of direct exchanges have left
   // (finish_* does not wait for them); called at the end of a step, before
   // anything could tear the transport down under them.
@@ -193,6 +193,9 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   Result finish_direct(const ExchangeTag& tag);
   void update_direct();
   Result wait_result(const ExchangeTag& tag);
+  // Counts `seconds` of the compute thread blocked on `tag`; traces from..until
+  // unless empty.
+  void note_wait(const ExchangeTag& tag, double seconds, double from, double until);
   void publish(const ExchangeTag& tag, Result result);
   template <typename F>
   void run_inline(const ExchangeTag& tag, F run);
@@ -217,7 +220,6 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   LayerHook before_replicas_, after_replica_grads_;
   std::array<double, 2> blocked_s_{};  // compute thread
   Timeline* timeline_ = nullptr;
-  bool overlapped_ = false;
   bool direct_ = false;                                      // see start_direct
   std::map<ExchangeTag, Pass> direct_passes_;                // compute thread
   std::vector<std::shared_ptr<Completion>> direct_sends_;    // compute thread; checked at the next step

@@ -693,7 +693,7 @@ void Coordinator::Impl::write_summary() {
     j["mean_tokens_per_s"] = mean.tokens_per_s;
     j["mean_step_s"] = mean.step_s;
     j["mean_compute_s"] = mean.compute_s;
-    j["mean_compute_spread_s"] = mean.compute_spread_s;
+    j["mean_compute_spread_s"] = mean.compute_spread_s();
     j["mean_comm_s"] = mean.comm_s;
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
@@ -743,7 +743,7 @@ void Coordinator::Impl::write_summary() {
                 mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent());
     std::printf("  compute spread %.1f ms: the slowest worker's compute minus the fastest's, which the others "
                 "wait out as exposed communication\n",
-                mean.compute_spread_s * 1e3);
+                mean.compute_spread_s() * 1e3);
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
     if (!mean.gather_wait_s.empty()) {

@@ -22,7 +22,6 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.step_s = std::max(s.step_s, m.step_s);
   s.compute_s = std::max(s.compute_s, m.compute_s);
   s.compute_min_s = s.reporters == 1 ? m.compute_s : std::min(s.compute_min_s, m.compute_s);
-  s.compute_spread_s = s.compute_s - s.compute_min_s;
   s.comm_s = std::max(s.comm_s, m.comm_s);
   s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
   s.link_busy_s = std::max(s.link_busy_s, m.link_busy_s);
@@ -70,7 +69,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.tokens_per_s += s.tokens_per_s;
     out.step_s += s.step_s;
     out.compute_s += s.compute_s;
-    out.compute_spread_s += s.compute_spread_s;
+    out.compute_min_s += s.compute_min_s;
     out.comm_s += s.comm_s;
     out.exposed_comm_s += s.exposed_comm_s;
     out.link_busy_s += s.link_busy_s;
@@ -96,7 +95,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.tokens_per_s /= n;
   out.step_s /= n;
   out.compute_s /= n;
-  out.compute_spread_s /= n;
+  out.compute_min_s /= n;
   out.comm_s /= n;
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
@@ -123,7 +122,7 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"tokens_per_s", s.tokens_per_s},
           {"step_s", s.step_s},
           {"compute_s", s.compute_s},
-          {"compute_spread_s", s.compute_spread_s},
+          {"compute_spread_s", s.compute_spread_s()},
           {"comm_s", s.comm_s},
           {"exposed_comm_s", s.exposed_comm_s},
           {"overlap_percent", s.overlap_percent()},
@@ -181,7 +180,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"step_seconds", "Slowest worker's step time.", s->step_s},
         {"compute_seconds", "Compute time of the step.", s->compute_s},
         {"compute_spread_seconds", "Slowest worker's compute minus the fastest's: waiting for a more loaded peer.",
-         s->compute_spread_s},
+         s->compute_spread_s()},
         {"exposed_comm_seconds", "Communication time not hidden behind compute.", s->exposed_comm_s},
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},

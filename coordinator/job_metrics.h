@@ -24,11 +24,11 @@ struct StepSummary {
   double loss = 0, ce_loss = 0, aux_loss = 0;  // mean over workers
   double tokens_per_s = 0;                     // sum over workers
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // max over workers
+  double compute_min_s = 0;  // the fastest worker's compute
   // The slowest worker's compute minus the fastest's: the part of the
   // others' exposed time that is waiting for a more loaded peer (routing
   // skew, a busier core), which no overlap can hide.
-  double compute_spread_s = 0;
-  double compute_min_s = 0;  // while the step's reports come in
+  double compute_spread_s() const { return compute_s - compute_min_s; }
   double link_busy_s = 0;                      // max over workers
   // Per direction (StepMetrics): link busy time and compute's wait, max over workers.
   double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;

@@ -42,12 +42,12 @@ TEST(JobMetrics, TheComputeSpreadIsTheSlowestWorkersComputeMinusTheFastestsWhate
   metrics.record(0, report(1, 0.30, 0.1));
   metrics.record(1, report(1, 0.42, 0.1));
   ASSERT_NE(metrics.last_complete(), nullptr);
-  EXPECT_NEAR(metrics.last_complete()->compute_spread_s, 0.12, 1e-12);
+  EXPECT_NEAR(metrics.last_complete()->compute_spread_s(), 0.12, 1e-12);
   metrics.record(1, report(2, 0.20, 0.1));
   metrics.record(0, report(2, 0.20, 0.1));
   metrics.record(2, report(2, 0.20, 0.1));
-  EXPECT_EQ(metrics.last_complete()->compute_spread_s, 0.0);
-  EXPECT_NEAR(metrics.mean(0).compute_spread_s, 0.06, 1e-12);
+  EXPECT_EQ(metrics.last_complete()->compute_spread_s(), 0.0);
+  EXPECT_NEAR(metrics.mean(0).compute_spread_s(), 0.06, 1e-12);
   EXPECT_NE(metrics.prometheus("job", {"running", "running", "running"}).find("xdmoe_compute_spread_seconds"), std::string::npos);
 }
 
