@@ -179,10 +179,12 @@ int run_plan(const PlanOptions& o) {
                 fmt_bytes(w.token_bytes).c_str(), in.tokens_per_worker,
                 fmt_bytes(w.dense_param_bytes).c_str());
     std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f), x %.2f for "
-                "the non-GEMM work (a model step of %lld tokens took %s in one process); the optimizer "
+                "the non-GEMM work (a model step of %lld tokens took %s, %s); the optimizer "
                 "%s per step (%.1f ns per parameter)\n",
                 compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2,
                 compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str(),
+                step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
+                                      : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
     std::printf("links:\n");
     for (const LinkEstimate& ls : links) {

@@ -22,6 +22,15 @@ double core_share(const JobConfig& job) {
   return std::min(1.0, cores / job.cluster.world_size());
 }
 
+// How many workers run on this machine's cores at once: the step probe
+// times that many copies together. One with a host list (the coordinator's
+// machine is not theirs).
+int workers_per_core_set(const JobConfig& job) {
+  if (!job.cluster.hosts.empty()) return 1;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp(job.cluster.world_size(), 1, cores);
+}
+
 // Wire fraction and encode + `decodes` decode seconds per raw byte of one
 // pipeline on `rows` random rows of `width` (fastest of three).
 std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width, int decodes = 1) {
@@ -97,8 +106,10 @@ ComputeModel fit_compute_model(const JobConfig& job, JobPlan* out) {
     compute.flops_per_s = 1.0 / out->gemm_fit.beta;
     compute.gemm_overhead_s = std::max(0.0, out->gemm_fit.alpha);
   }
+  StepProbeOptions po;
+  po.copies = workers_per_core_set(job);
   auto probe = probe_model_step(job.train.model, job.train.seq_len,
-                                static_cast<long long>(job.train.batch_size) * job.train.seq_len);
+                                static_cast<long long>(job.train.batch_size) * job.train.seq_len, po);
   if (probe) {
     compute = calibrated_compute_model(compute, *probe);
     out->step_probe = *probe;

@@ -227,13 +227,18 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   Route to_experts_chunk, to_sources_chunk, ag_layer, rs_layer;
   double gathered_per_layer_experts = 1;
   bool base_sync = false;
+  int a2a_levels = 0;     // levels with all-to-all peers
+  bool raw_tokens = true;  // no token codec on any level
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
     const LinkCodecCost codec = link_codecs.empty() ? LinkCodecCost{} : link_codecs[l];
     const int sf = level_sizes[l], s = domain_sizes[l];
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
+    raw_tokens = raw_tokens && codec.dispatch_fraction == 1 && codec.combine_fraction == 1 &&
+                 codec.dispatch_s_per_byte == 0 && codec.combine_s_per_byte == 0;
     if (a2a_msgs > 0) {
+      ++a2a_levels;
       to_experts_chunk.push_back(
           {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
       to_sources_chunk.insert(to_sources_chunk.begin(),
@@ -333,7 +338,12 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // The iteration as a timeline of the compute stream. Every transfer
   // crosses its levels' links hop by hop, each link a FIFO queue in wall
   // time. The two A2A directions each run one chunk at a time, as the
-  // runtime's two exchange threads do (every chunk pays every level's alpha).
+  // runtime's two exchange threads do (every chunk pays every level's
+  // alpha), but where the runtime exchanges direct (overlapped, one level of
+  // peers, raw rows: actors/hybrid_exchange.h): the compute thread queues
+  // every chunk on the link as it starts, so chunks leave back to back and
+  // their latencies overlap.
+  const bool direct = w.overlapped && a2a_levels == 1 && raw_tokens;
   std::vector<LinkQueue> link(num_levels);
   auto send = [&](double at, const Route& route) {
     for (const Hop& h : route) at = link[h.level].send(at, h.busy, h.alpha);
@@ -356,7 +366,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // Starts an A2A chunk now; returns when it lands. Not overlapped, compute
   // waits for it at once.
   auto a2a = [&](const Route& route, double* free) {
-    *free = send(std::max(t, *free), route);
+    *free = direct ? std::max(*free, send(t, route)) : send(std::max(t, *free), route);
     c.a2a_s += total(route);
     if (!w.overlapped) wait_for(*free);
     return *free;

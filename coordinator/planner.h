@@ -140,8 +140,9 @@ struct Workload {
 };
 Workload workload_of(const PlannerInputs& in);
 // The same workload with every compute term times `factor`: the prediction
-// again once a run has measured its compute (compute on a shared machine runs
-// slower than the start-up probe, which had a core to itself).
+// again once a run has measured its compute (a run's compute is slower than
+// the start-up probe's: the transport's threads take CPU time beside it, and
+// routing loads some workers more than others).
 Workload with_compute_scaled(Workload w, double factor);
 
 struct PlanCandidate {

@@ -1,7 +1,10 @@
 #include "coordinator/step_probe.h"
 
 #include <algorithm>
+#include <barrier>
 #include <limits>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <cblas.h>
@@ -28,44 +31,79 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   const long long want = std::max<long long>(seq_len, std::min(tokens, options.max_tokens));
   const int batch = static_cast<int>(want / seq_len);
 
+  // One copy: its own model, batch and optimizer, as one worker has.
+  struct Copy {
+    explicit Copy(const ParamLayout& layout) : net(layout), optimizer(net.params().size(), AdamWConfig{}) {}
+    MoeTransformer<float> net;
+    AdamW<float> optimizer;
+    std::vector<int32_t> inputs, targets;
+    double best_step = std::numeric_limits<double>::infinity();
+    double best_update = std::numeric_limits<double>::infinity();
+  };
   ParamLayout layout(model);
-  MoeTransformer<float> net(layout);
-  net.init(0x5eed);
-  std::vector<int32_t> inputs(size_t(batch) * seq_len), targets(inputs.size());
-  Rng rng(7);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
-    targets[i] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
+  const int copies = std::max(1, options.copies);
+  std::vector<std::unique_ptr<Copy>> runs;
+  for (int i = 0; i < copies; ++i) {
+    runs.push_back(std::make_unique<Copy>(layout));
+    Copy& c = *runs.back();
+    c.net.init(0x5eed);
+    c.inputs.resize(size_t(batch) * seq_len);
+    c.targets.resize(c.inputs.size());
+    Rng rng(7 + i);
+    for (size_t j = 0; j < c.inputs.size(); ++j) {
+      c.inputs[j] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
+      c.targets[j] = static_cast<int32_t>(rng.next_u64() % model.vocab_size);
+    }
   }
 
   const int saved_threads = openblas_get_num_threads();
   if (options.threads > 0) openblas_set_num_threads(options.threads);
-  auto one_step = [&] {
-    const double t0 = steady_seconds();
-    net.zero_grad();
-    net.forward(inputs.data(), targets.data(), batch, seq_len);
-    net.backward();
-    return steady_seconds() - t0;
+  // The copies start every timed step and update together, so each is timed
+  // while the others contend for the memory bus and the shared cache.
+  std::barrier together(copies);
+  double warm = 0;  // copy 0's first step (first touch of activations and gradients)
+  int repetitions = std::max(1, options.repetitions);
+  auto run = [&](int i) {
+    Copy& c = *runs[i];
+    auto one_step = [&] {
+      const double t0 = steady_seconds();
+      c.net.zero_grad();
+      c.net.forward(c.inputs.data(), c.targets.data(), batch, seq_len);
+      c.net.backward();
+      return steady_seconds() - t0;
+    };
+    const double first = one_step();
+    if (i == 0) {
+      warm = first;  // fewer repetitions when a step is slow
+      repetitions = std::clamp(static_cast<int>(options.max_seconds / std::max(1e-9, warm)) - 1, 1, repetitions);
+    }
+    together.arrive_and_wait();
+    // Fastest of the repetitions: other load on the machine only slows a step.
+    for (int r = 0; r < repetitions; ++r) {
+      together.arrive_and_wait();
+      c.best_step = std::min(c.best_step, one_step());
+    }
+    // The update after it, on the gradients backward left.
+    for (int r = 0; r < repetitions; ++r) {
+      together.arrive_and_wait();
+      const double t0 = steady_seconds();
+      c.optimizer.step(c.net.params().data(), c.net.grads().data(), 1e-6);
+      c.best_update = std::min(c.best_update, steady_seconds() - t0);
+    }
   };
-  const double warm = one_step();  // first touch of activations and gradients
-  // Fastest of the repetitions: other load on the machine only slows a step.
-  double best = std::numeric_limits<double>::infinity();
-  const double start = steady_seconds();
-  for (int r = 0; r < std::max(1, options.repetitions); ++r) {
-    best = std::min(best, one_step());
-    if (steady_seconds() - start + warm > options.max_seconds) break;
-  }
-  // The update after it, on the gradients backward left.
-  AdamW<float> optimizer(net.params().size(), AdamWConfig{});
-  double best_update = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < std::max(1, options.repetitions); ++r) {
-    const double t0 = steady_seconds();
-    optimizer.step(net.params().data(), net.grads().data(), 1e-6);
-    best_update = std::min(best_update, steady_seconds() - t0);
-  }
+  std::vector<std::thread> others;
+  for (int i = 1; i < copies; ++i) others.emplace_back(run, i);
+  run(0);
+  for (std::thread& t : others) t.join();
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
-  StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, best};
-  probe.optimizer_s_per_param = best_update / double(std::max<size_t>(1, net.params().size()));
+  double step_s = 0, update_s = 0;
+  for (const auto& c : runs) {
+    step_s += c->best_step / copies;
+    update_s += c->best_update / copies;
+  }
+  StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, step_s};
+  probe.copies = copies;
+  probe.optimizer_s_per_param = update_s / double(std::max<size_t>(1, runs[0]->net.params().size()));
   return probe;
 }
 

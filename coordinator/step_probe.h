@@ -9,7 +9,8 @@
 // model that only fits sharded; the factor is a ratio per layer, which that
 // does not change much. Sets OpenBLAS's
 // thread count for its duration (not thread-safe against other GEMMs of this
-// process running meanwhile).
+// process running meanwhile). With copies > 1 it runs that many copies at
+// once on their own threads and joins them before it returns.
 #pragma once
 
 #include "common/status.h"
@@ -25,6 +26,10 @@ struct StepProbeOptions {
   int repetitions = 3;          // timed steps after one warm-up; the fastest counts
   double max_seconds = 2.0;     // fewer repetitions when a step is slow
   int threads = 1;              // as every worker runs
+  // Copies timed at once, each on its own thread: as many as workers will
+  // share this machine's cores, so that the memory bus and the shared cache
+  // are contended as in the run. The figures are the copies' mean.
+  int copies = 1;
 };
 
 struct StepProbe {
@@ -36,6 +41,7 @@ struct StepProbe {
   // included), per parameter: the planner adds it once per step for the
   // parameters a worker updates.
   double optimizer_s_per_param = 0;
+  int copies = 1;  // timed at once (StepProbeOptions::copies)
 };
 
 Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,

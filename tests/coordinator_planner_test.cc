@@ -322,6 +322,27 @@ TEST(Planner, ChunksPayTheLatencyOfEveryChunk) {
   EXPECT_EQ(evaluate_candidate(farskip_layer(false, 0), {2}, latency, {1}, 1e300).pipeline_degree, 1);
 }
 
+// Overlapped, with one level of peers and raw rows, the runtime queues every
+// chunk of an A2A on the link as it starts (actors/hybrid_exchange.h), so
+// their latencies overlap; with a token codec a comm thread sends one chunk
+// after the other has landed, and each pays the latency in turn.
+TEST(Planner, DirectExchangesQueueTheirChunksBackToBackSoTheLatenciesOverlap) {
+  const std::vector<LinkModel> latency = {{2.0, 0.0}};  // longer than the compute between A2As
+  const Workload direct = farskip_layer(true, 4);
+  const PlanCandidate queued = evaluate_candidate(direct, {2}, latency, {1}, 1e300);
+  LinkCodecCost coded;  // a codec that changes no byte and costs no time, but is not raw
+  coded.dispatch_s_per_byte = coded.combine_s_per_byte = 1e-30;
+  const PlanCandidate in_turn = evaluate_candidate(direct, {2}, latency, {1}, 1e300, {coded});
+  EXPECT_NEAR(queued.a2a_s, in_turn.a2a_s, 1e-12);  // the same transfers
+  EXPECT_GT(in_turn.exposed_a2a_s, queued.exposed_a2a_s + 2.0);
+  // Queued, four chunks wait no longer than one A2A.
+  const PlanCandidate whole = evaluate_candidate(farskip_layer(true, 1), {2}, latency, {1}, 1e300);
+  EXPECT_LE(queued.exposed_a2a_s, whole.exposed_a2a_s + 1e-12);
+  // Not overlapped, nothing is direct: every chunk's latency is exposed.
+  const PlanCandidate simple = evaluate_candidate(farskip_layer(false, 4), {2}, latency, {1}, 1e300);
+  EXPECT_NEAR(simple.exposed_a2a_s, 4 * 4 * 2.0, 1e-12);
+}
+
 // The update runs once per step, after every gradient is in, over the
 // parameters the worker updates: its dense ones and its owned experts.
 TEST(Planner, TheOptimizerUpdateIsComputeOncePerStepOverTheWorkersParameters) {
@@ -426,6 +447,27 @@ TEST(StepProbe, TimesACutDownModelSoTheCoordinatorNeverHoldsAllOfABigOne) {
   EXPECT_EQ(probe->model.connectivity[1], Connectivity::kFarSkip);
   EXPECT_EQ(probe->model.hidden_size, m.hidden_size);
   EXPECT_EQ(probe->model.expert_intermediate_size, m.expert_intermediate_size);
+}
+
+// As many copies as workers share the machine's cores run at once, each on
+// its own thread with its own model; the figures are their mean.
+TEST(StepProbe, TimesCopiesAtOnceAsTheWorkersSharingTheCoresWillRun) {
+  ModelConfig m = default_train_config().model;
+  StepProbeOptions o;
+  o.max_tokens = 64;
+  o.repetitions = 2;
+  o.copies = 3;
+  auto probe = probe_model_step(m, 32, 4096, o);
+  ASSERT_TRUE(probe) << probe.status().message();
+  EXPECT_EQ(probe->copies, 3);
+  EXPECT_GT(probe->seconds, 0);
+  EXPECT_TRUE(std::isfinite(probe->seconds));
+  EXPECT_GT(probe->optimizer_s_per_param, 0);
+  EXPECT_TRUE(std::isfinite(probe->optimizer_s_per_param));
+  o.copies = 0;  // read as one
+  auto one = probe_model_step(m, 32, 4096, o);
+  ASSERT_TRUE(one) << one.status().message();
+  EXPECT_EQ(one->copies, 1);
 }
 
 // ---- probes -----------------------------------------------------------------
