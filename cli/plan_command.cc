@@ -122,13 +122,16 @@ int run_plan(const PlanOptions& o) {
                                                    {"combine", links[l].codec_cost.combine_s_per_byte},
                                                    {"expert_gather", links[l].codec_cost.gather_s_per_byte},
                                                    {"expert_grad", links[l].codec_cost.grad_s_per_byte}}},
-                             {"r2", links[l].r2}});
+                             {"r2", links[l].r2},
+                             {"cpu_s_per_byte", links[l].cpu_s_per_byte}});
     j["compute"] = {{"flops_per_s", compute.flops_per_s},
                     {"gemm_overhead_s", compute.gemm_overhead_s},
                     {"r2", gemm_fit.r2},
                     {"non_gemm_factor", compute.non_gemm_factor},
                     {"optimizer_s_per_param", compute.optimizer_s_per_param},
+                    {"transport_cpu_s_per_byte", compute.transport_cpu_s_per_byte},
                     {"step_probe_tokens", step_probe.tokens},
+                    {"step_probe_copies", step_probe.copies},
                     {"step_probe_s", step_probe.seconds}};
     j["workload"] = {{"num_moe_layers", w.num_moe_layers},
                      {"experts_per_worker", w.experts_per_worker},
@@ -151,6 +154,7 @@ int run_plan(const PlanOptions& o) {
     for (const PlanCandidate& c : plan.candidates)
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
                                  {"compute_s", c.compute_s},
+                                 {"transport_cpu_s", c.transport_cpu_s},
                                  {"a2a_s", c.a2a_s},
                                  {"exposed_a2a_s", c.exposed_a2a_s},
                                  {"pipeline_degree", c.pipeline_degree},
@@ -186,15 +190,19 @@ int run_plan(const PlanOptions& o) {
                 step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
                                       : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
+    if (w.transport_cpu_s_per_byte > 0)
+      std::printf("the transport's threads share the compute's cores (workers fill this machine): overlapped, "
+                  "compute stretches by %.2f ns per byte sent (the chosen plan: %s a step)\n",
+                  w.transport_cpu_s_per_byte * 1e9, fmt_seconds(choice.transport_cpu_s).c_str());
     std::printf("links:\n");
     for (const LinkEstimate& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),
                   fmt_seconds(ls.model.alpha_s).c_str(), ls.model.beta_s_per_byte,
                   fmt_bytes(1.0 / ls.model.beta_s_per_byte).c_str(), ls.source.c_str());
       if (ls.source == "probe")
-        std::printf(", r2 %.4f; configured alpha %s, %s/s", ls.r2,
+        std::printf(", r2 %.4f; configured alpha %s, %s/s; transport CPU %.2f ns/B", ls.r2,
                     fmt_seconds(ls.configured.alpha_s).c_str(),
-                    fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str());
+                    fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str(), ls.cpu_s_per_byte * 1e9);
       std::printf("]\n");
       const LinkCodecCost& cc = ls.codec_cost;
       if (ls.codecs.dispatch != "raw" || ls.codecs.combine != "raw")

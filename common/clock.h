@@ -1,10 +1,12 @@
 // steady_seconds: the monotonic clock in seconds, for deadlines and timings
 // that are plain doubles (shaping, heartbeats, probes). unix_seconds: the
 // wall clock, for times compared across processes (a restart's recovery).
+// process_cpu_seconds: CPU time of every thread of this process (probes).
 // Thread-safe.
 #pragma once
 
 #include <chrono>
+#include <ctime>
 
 namespace xd {
 
@@ -14,6 +16,12 @@ inline double steady_seconds() {
 
 inline double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 }  // namespace xd

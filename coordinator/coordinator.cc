@@ -705,10 +705,13 @@ void Coordinator::Impl::write_summary() {
     j["bwd_overlap_percent"] = mean.bwd_overlap_percent();
     j["step_over_bound"] = mean.step_over_bound();
     // The prediction again with the compute this run measured, so what is
-    // left of the error is the communication and overlap model's.
+    // left of the error is the communication and overlap model's. The
+    // measured compute holds the transport's CPU time already.
     const PlanCandidate& choice = plan.choice();
-    if (choice.compute_s > 0 && mean.compute_s > 0) {
-      Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / choice.compute_s);
+    const double predicted_compute = choice.compute_s - choice.transport_cpu_s;
+    if (predicted_compute > 0 && mean.compute_s > 0) {
+      Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / predicted_compute);
+      w.transport_cpu_s_per_byte = 0;
       w.pipeline_degree = choice.pipeline_degree;
       const std::vector<int> levels = job.cluster.level_sizes();
       const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,

@@ -146,11 +146,19 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
         e.model = {std::max(0.0, fit->alpha), fit->beta};
         e.source = "probe";
         e.r2 = fit->r2;
+        e.cpu_s_per_byte = fit->cpu_s_per_byte;
       }
     }
     models.push_back(e.model);
     out.links.push_back(e);
   }
+  // Where the workers fill this machine's cores, their transport threads run
+  // on the cores the compute needs: the most a probe measured per byte, in
+  // wall time at each worker's share of a core.
+  if (workers_per_core_set(job) >= static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+    for (const LinkEstimate& e : out.links)
+      out.compute.transport_cpu_s_per_byte =
+          std::max(out.compute.transport_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);
   XD_RETURN_IF_ERROR(out.inputs.validate());

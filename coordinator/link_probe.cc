@@ -45,7 +45,7 @@ LinearFit fit_line(std::vector<std::pair<double, double>> samples) {
   return f;
 }
 
-Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options) {
+Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options) {
   if (options.sizes.empty() || options.repetitions < 1)
     return Status::invalid_argument("link probe: needs sizes and at least one repetition");
 
@@ -112,15 +112,22 @@ Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOption
   // Rounds over all sizes, keeping each size's fastest time: load on the
   // machine only ever delays a delivery, and a burst of it hits one round.
   std::vector<double> best(sizes.size(), 1e300);
+  const double cpu0 = process_cpu_seconds();
+  double bytes = 0;
   for (int r = 0; r < reps; ++r)
     for (size_t i = 0; i < sizes.size(); ++i) {
       auto t = send_one(sizes[i]);
       if (!t) return t.status();
       best[i] = std::min(best[i], *t);
+      bytes += double(sizes[i]);
     }
   std::vector<std::pair<double, double>> samples;
   for (size_t i = 0; i < sizes.size(); ++i) samples.emplace_back(double(sizes[i]), best[i]);
-  return fit_line(std::move(samples));
+  LinkFit fit{fit_line(std::move(samples))};
+  // The shaper sleeps while it paces: what the process spent is the two
+  // transports' work, one send and one receive of every byte.
+  fit.cpu_s_per_byte = std::max(0.0, process_cpu_seconds() - cpu0) / std::max(1.0, bytes);
+  return fit;
 }
 
 LinearFit probe_gemm(const GemmProbeOptions& options) {

@@ -43,7 +43,14 @@ struct LinkProbeOptions {
   std::chrono::milliseconds timeout{20000};  // per message
 };
 
-Expected<LinearFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options = {});
+// The fit of a link probe, and the CPU time the process spent per byte it
+// moved (the sender's and the receiver's transport together: what a worker
+// that sends and receives as much pays per byte sent).
+struct LinkFit : LinearFit {
+  double cpu_s_per_byte = 0;
+};
+
+Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions& options = {});
 
 struct GemmProbeOptions {
   // (m, n, k) of C(m, n) = A(m, k) B(n, k)^T, the shape of our linear layers.

@@ -35,6 +35,8 @@ Status PlannerInputs::validate() const {
     return bad("compute.non_gemm_factor must be finite and >= 1");
   if (!(compute.optimizer_s_per_param >= 0) || !std::isfinite(compute.optimizer_s_per_param))
     return bad("compute.optimizer_s_per_param must be finite and >= 0");
+  if (!(compute.transport_cpu_s_per_byte >= 0) || !std::isfinite(compute.transport_cpu_s_per_byte))
+    return bad("compute.transport_cpu_s_per_byte must be finite and >= 0");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -137,6 +139,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.gemm_overhead_s = f * ovh;
   w.optimizer_s = in.compute.optimizer_s_per_param *
                   (w.dense_param_bytes / bytes + w.experts_per_worker * m.num_layers * w.expert_bytes / bytes);
+  w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   return w;
@@ -467,16 +470,33 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   return c;
 }
 
+// Overlapped, the transport's threads run beside the compute and take its
+// cores for their CPU time per byte sent (a worker receives about as much):
+// the compute stretches by that much, spread over the step.
+PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_sizes,
+                               const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
+                               double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r) {
+  PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
+  if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0) || !(c.compute_s > 0)) return c;
+  double bytes = 0;
+  for (double b : c.level_bytes) bytes += b;
+  const double cpu = w.transport_cpu_s_per_byte * bytes;
+  c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
+                           memory_cap_bytes, link_codecs, r);
+  c.transport_cpu_s = cpu;
+  return c;
+}
+
 }  // namespace
 
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                  double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs) {
   if (w.pipeline_degree > 0)
-    return evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, w.pipeline_degree);
+    return evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, w.pipeline_degree);
   PlanCandidate best;
   for (int r : {1, 2, 4, 8}) {
-    PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
+    PlanCandidate c = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
     if (r == 1 || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
   }
   return best;

@@ -75,6 +75,10 @@ struct ComputeModel {
   double gemm_overhead_s = 0;
   double non_gemm_factor = 1;
   double optimizer_s_per_param = 0;  // AdamW's update with its clipping norm; 0: not counted
+  // CPU time the transport's threads take per byte a worker sends (and
+  // receives as much of), in wall time on the cores its compute runs on.
+  // Overlapped, it dilates compute; 0 when the threads have cores of their own.
+  double transport_cpu_s_per_byte = 0;
 };
 
 struct PlannerInputs {
@@ -133,6 +137,7 @@ struct Workload {
   double attention_qkv_fwd_s = 0;  // norm and q/k/v projections: FarSkip's part (a)
   double shared_fwd_s = 0;         // shared experts
   double router_fwd_s = 0;         // the router's GEMMs (the simulator's "router" span)
+  double transport_cpu_s_per_byte = 0;  // ComputeModel's
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
@@ -148,6 +153,7 @@ Workload with_compute_scaled(Workload w, double factor);
 struct PlanCandidate {
   std::vector<int> domain_sizes;
   double compute_s = 0;       // the compute stream
+  double transport_cpu_s = 0;  // part of it: the transport's threads on the compute's cores (overlapped)
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
   double rs_s = 0;            // the replica-gradient reduce-scatter stream, total

@@ -343,6 +343,28 @@ TEST(Planner, DirectExchangesQueueTheirChunksBackToBackSoTheLatenciesOverlap) {
   EXPECT_NEAR(simple.exposed_a2a_s, 4 * 4 * 2.0, 1e-12);
 }
 
+// Overlapped, the transport's threads take the compute's cores for their CPU
+// time per byte sent: compute stretches by exactly that. The simple schedule
+// (the transfers run while compute waits) is left alone.
+TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsBytes) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}};
+  Workload w = farskip_layer(true, 2);
+  const PlanCandidate plain = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  w.transport_cpu_s_per_byte = 1e-7;
+  const PlanCandidate loaded = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  double bytes = 0;
+  for (double b : loaded.level_bytes) bytes += b;
+  EXPECT_GT(bytes, 0);
+  EXPECT_NEAR(loaded.transport_cpu_s, 1e-7 * bytes, 1e-12);
+  EXPECT_NEAR(loaded.compute_s, plain.compute_s + loaded.transport_cpu_s, 1e-9);
+  EXPECT_GT(loaded.iteration_s, plain.iteration_s);
+  EXPECT_EQ(plain.transport_cpu_s, 0);
+  Workload simple = farskip_layer(false, 2);
+  const double simple_compute = evaluate_candidate(simple, {2}, links, {1}, 1e300).compute_s;
+  simple.transport_cpu_s_per_byte = 1e-7;
+  EXPECT_DOUBLE_EQ(evaluate_candidate(simple, {2}, links, {1}, 1e300).compute_s, simple_compute);
+}
+
 // The update runs once per step, after every gradient is in, over the
 // parameters the worker updates: its dense ones and its owned experts.
 TEST(Planner, TheOptimizerUpdateIsComputeOncePerStepOverTheWorkersParameters) {
@@ -515,6 +537,10 @@ TEST(LinkProbe, ShapedLinkFitRecoversOneOverBandwidth) {
   EXPECT_GT(fit->alpha, 0.5 * shaping.latency_s);
   EXPECT_LT(fit->alpha, shaping.latency_s + 0.010);
   EXPECT_GT(fit->r2, 0.95);
+  // The shaper sleeps while it paces: the transports' CPU time per byte is
+  // some, and far below the wall time per byte of this 80 mbit/s link.
+  EXPECT_GT(fit->cpu_s_per_byte, 0);
+  EXPECT_LT(fit->cpu_s_per_byte, 0.5 * fit->beta);
 }
 
 TEST(LinkProbe, SlowLinksGetSmallerMessagesToStayWithinTheBudget) {
