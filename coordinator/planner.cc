@@ -398,12 +398,28 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     auto route = [&] {
       for (int i = 0; i < r; ++i) dispatched[i] = a2a(to_experts_chunk, &to_experts_free);
     };
+    // The last layer under FarSkip MoE: the shared experts take Dispatch's
+    // place, attention (b) but the router runs while Dispatch is still in
+    // flight after them, and what is left of it hides the Combine.
+    const bool last_experts_first = k + 1 == layers && farskip_moe(conn);
+    double attention_late = 0;
     if (farskip_moe(conn)) route();
-    compute(attention_b);  // attention (b), router
+    if (last_experts_first) {
+      const double router = std::min(attention_b, w.router_fwd_s);
+      compute(router);
+      compute(w.shared_fwd_s);
+      const double rest = attention_b - router;
+      const double early = w.overlapped ? std::min(rest, std::max(0.0, dispatched[0] - t)) : 0.0;
+      compute(early);
+      attention_late = rest - early;
+    } else {
+      compute(attention_b);  // attention (b), router
+    }
     if (!farskip_moe(conn)) route();
     // The shared experts take the place of a Dispatch still in flight, but
-    // in the last layer, whose Combine only they can hide.
-    const bool shared_first = w.overlapped && k + 1 < layers && dispatched[0] > t;
+    // in the last layer, whose Combine only they can hide (unless FarSkip
+    // MoE has put them first, above).
+    const bool shared_first = !last_experts_first && w.overlapped && k + 1 < layers && dispatched[0] > t;
     if (shared_first) compute(w.shared_fwd_s);
     // The layer's experts must have landed.
     const double wait = std::max(0.0, gathered[k] - t);
@@ -414,7 +430,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       compute(expert_fwd);
       combined = a2a(to_sources_chunk, &to_sources_free);
     }
-    if (!shared_first) compute(w.shared_fwd_s);
+    compute(attention_late);
+    if (!shared_first && !last_experts_first) compute(w.shared_fwd_s);
   }
   wait_for(combined);
   compute(w.post_s);

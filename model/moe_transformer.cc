@@ -230,12 +230,18 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
       c.moe_in.assign(o_prev, o_prev + Nd);
       route();
     }
-    {
+    auto finish_attention_b = [&] {
       ScopedSpan span(timeline_, "attention (b)", l);
       if (attended < batch) attend(batch);
       c.attn_out.resize(Nd);
       linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
-    }
+    };
+    // The last layer's Combine has nothing after it to hide under but this
+    // layer's own work, and under FarSkip MoE nothing needs attention (b)
+    // before the layer's output: there the shared experts take Dispatch's
+    // place, and attention (b) hides the Combine.
+    const bool last_experts_first = l + 1 == L && farskip_moe(conn);
+    if (!last_experts_first) finish_attention_b();
     if (!farskip_moe(conn)) {
       c.moe_in.resize(Nd);
       for (size_t j = 0; j < Nd; ++j) c.moe_in[j] = o_prev[j] + c.attn_out[j];
@@ -246,18 +252,27 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     stats.dropped += c.moe.plan.dropped;
     // The shared experts need no Dispatch: when it has not landed they run
     // first, in its place; otherwise after the routed experts, hiding
-    // Combine(l). The last layer's Combine has nothing else to hide under.
+    // Combine(l). In the last layer they run first under FarSkip MoE (above),
+    // and otherwise after, as only they can hide its Combine.
     auto shared_experts = [&] {
       ScopedSpan span(timeline_, "shared experts", l);
       c.shared_out.resize(Nd);
       moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
     };
-    const bool shared_first = l + 1 < L && !moe_dispatch_landed(*exchange, dm);
+    const bool shared_first = last_experts_first || (l + 1 < L && !moe_dispatch_landed(*exchange, dm));
     if (shared_first) shared_experts();
+    // Work while waiting: a Dispatch still in flight after them takes
+    // attention (b) sequence by sequence.
+    if (last_experts_first && attended < batch && !moe_dispatch_landed(*exchange, dm)) {
+      ScopedSpan span(timeline_, "attention (b)", l);
+      do attend(attended + 1);
+      while (attended < batch && !moe_dispatch_landed(*exchange, dm));
+    }
     {
       ScopedSpan span(timeline_, "routed experts", l);
       moe_experts_forward(&c.moe, mw, exchange, dm);
     }
+    if (last_experts_first) finish_attention_b();
     if (!shared_first) shared_experts();
     c.partial.resize(Nd);
     for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];

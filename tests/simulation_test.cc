@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -132,19 +133,30 @@ TEST(StepSchedule, EachChunkComputesItsExpertsOnceItsRowsAreIn) {
 
 // A traced run's compute spans with the moves of "work while waiting"
 // (docs/overlap.md) undone: an early piece of attention (b) before the
-// router, the shared experts before the routed ones, forward or backward.
+// router, or before the routed experts where the plan puts part (b) after
+// them (the last layer under FarSkip MoE), and the shared experts before the
+// routed ones, forward (where the plan does not put them first) or backward.
 // Anything else out of place stays out of place.
 std::vector<std::string> without_waiting_moves(std::vector<std::string> spans) {
   auto layer_of = [](const std::string& s) { return s.substr(s.rfind(' ') + 1); };
+  std::set<std::string> experts_first;  // layers whose attention (b) ends after their routed experts
+  for (size_t i = 0; i < spans.size(); ++i)
+    for (size_t j = i + 1; j < spans.size(); ++j)
+      if (spans[i].rfind("routed experts ", 0) == 0 && spans[j] == "attention (b) " + layer_of(spans[i]))
+        experts_first.insert(layer_of(spans[i]));
   for (size_t i = 0; i + 1 < spans.size();) {
-    if (spans[i].rfind("attention (b) ", 0) == 0 && spans[i + 1] == "router " + layer_of(spans[i]))
+    const std::string layer = layer_of(spans[i]);
+    if (spans[i] == "attention (b) " + layer &&
+        (spans[i + 1] == "router " + layer ||
+         (experts_first.count(layer) && spans[i + 1] == "routed experts " + layer)))
       spans.erase(spans.begin() + i);
     else
       ++i;
   }
   for (size_t i = 0; i + 1 < spans.size(); ++i) {
     const std::string layer = layer_of(spans[i]);
-    if (spans[i] == "shared experts " + layer && spans[i + 1] == "routed experts " + layer)
+    if (spans[i] == "shared experts " + layer && spans[i + 1] == "routed experts " + layer &&
+        !experts_first.count(layer))
       std::swap(spans[i], spans[i + 1]);
     // Backward: back to its planned place, after the routed experts and
     // after an attention backward that follows them (HybridEP).
@@ -168,6 +180,13 @@ TEST(StepSchedule, WaitingMovesAreUndoneAndNothingElse) {
   // Shared experts of another layer, or attention (b) after the router, stay.
   const std::vector<std::string> other = {"shared experts 0", "routed experts 1", "router 1", "attention (b) 1"};
   EXPECT_EQ(without_waiting_moves(other), other);
+  // The last layer under FarSkip MoE: the shared experts first and part (b)
+  // after the routed experts are the plan; an early piece of part (b) is not.
+  const std::vector<std::string> last = {"router 1", "shared experts 1", "routed experts 1", "attention (b) 1"};
+  EXPECT_EQ(without_waiting_moves({"router 1", "shared experts 1", "attention (b) 1", "routed experts 1",
+                                   "attention (b) 1"}),
+            last);
+  EXPECT_EQ(without_waiting_moves(last), last);
   // HybridEP's backward: the attention backward follows the routed experts.
   EXPECT_EQ(without_waiting_moves({"shared experts backward 1", "routed experts backward 1", "attention backward 1",
                                    "router backward 0"}),
