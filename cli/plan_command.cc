@@ -258,7 +258,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
       "The same path as the coordinator's at start-up (coordinator/job_planner.h), so the\n"
       "choice shown is the one `xdmoe launch` makes from the same measurements: compute\n"
       "from a short GEMM probe and one timed step (and optimizer update) of the job's\n"
-      "model on this machine (about 0.3-1 s); shaped links from loopback probes, unshaped ones from the config.\n"
+      "model on this machine (about 0.3-1 s; as many copies at once as workers will share\n"
+      "its cores); shaped links from loopback probes, unshaped ones from the config. The\n"
+      "link probes also measure the transport's CPU time per byte, which an overlapped\n"
+      "schedule takes from compute when the workers fill this machine's cores.\n"
       "Probes measure: two runs on a busy machine can differ. The cost model: docs/planner.md.");
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);
