@@ -162,7 +162,14 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
   MoeTransformer<float>::BackwardHooks hooks;
   const int layers = mc.num_layers;
-  hooks.experts_done = [c](int layer) { c->owned_grads_final(layer); };
+  const bool norm_in_backward = !c->holds_replicas() && job_.train.farskip.overlapped;
+  hooks.experts_done = [this, c, norm_in_backward](int layer) {
+    c->owned_grads_final(layer);
+    // Backward ends with layer 0; with no replicas nothing comes back to the
+    // owned experts, so their norm is final now and its sum (a latency per
+    // level) hides behind the rest of backward.
+    if (layer == 0 && norm_in_backward) start_norm_sum();
+  };
   hooks.grads_ready = [this, layers](int group) {
     // group -1: the embedding's, the last. The expert norm goes apart
     // (reduce_dense_gradients), so no bucket waits for the replica gradients.
@@ -188,27 +195,37 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   return Status::ok();
 }
 
-Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq, bool loss_finite) {
-  // Replica gradients must have reached their owners before the owners'
-  // gradients are scaled and their norm joins the all-reduce.
-  XD_RETURN_IF_ERROR(comm_->wait_reduced());
-  std::vector<float>& g = model_->grads();
+void DistributedTrainer::start_norm_sum() {
+  if (norm_sum_started_) return;
+  (void)norm_sum_handle_.wait();  // a step that failed may have left one behind; it writes norm_sum_
+  const std::vector<float>& g = model_->grads();
   double local = 0;
   for (auto [b, e] : expert_ranges_)
     for (size_t i = b; i < e; ++i) local += (double)g[i] * g[i];
   // A non-finite local loss joins the sum as NaN, so every worker sees it.
-  double norm = loss_finite ? local : std::numeric_limits<double>::quiet_NaN();
+  norm_sum_ = loss_finite_ ? local : std::numeric_limits<double>::quiet_NaN();
+  norm_sum_handle_ = hierarchical_sum(inner_.get(), outer_.get(),
+                                      CollectiveTag(static_cast<uint32_t>(step_), kNoLayer, kNormSumPhase), &norm_sum_);
+  norm_sum_started_ = true;
+}
+
+Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
+  // Replica gradients must have reached their owners before the owners'
+  // gradients are scaled and their norm joins the all-reduce.
+  XD_RETURN_IF_ERROR(comm_->wait_reduced());
+  std::vector<float>& g = model_->grads();
   const uint32_t step = static_cast<uint32_t>(step_);
   // The norm's sum (one latency per level) runs beside the buckets: those in
   // flight already when overlapped, those reduced now when not.
-  CollectiveHandle norm_sum =
-      hierarchical_sum(inner_.get(), outer_.get(), CollectiveTag(step, kNoLayer, kNormSumPhase), &norm);
+  start_norm_sum();
   const float inv = 1.0f / world_;
   const Status buckets = buckets_->finish(step, g.data(), inv);
   // The buckets may be done before the norm (overlapped, they left while
   // backward ran): the rest of the norm's wait is exposed communication too.
   const double t0 = steady_seconds();
-  const Status summed = norm_sum.wait();
+  const Status summed = norm_sum_handle_.wait();
+  norm_sum_started_ = false;
+  const double norm = norm_sum_;
   const double t1 = steady_seconds();
   norm_wait_s_ += t1 - t0;
   timeline_.add(Span{"wait norm sum", -1, Lane::kCompute, true, t0, t1});
@@ -313,12 +330,14 @@ Expected<StepMetrics> DistributedTrainer::step() {
   // steps ahead; one that comes later than this fails the job below).
   if (opts_.take_plan)
     if (auto p = opts_.take_plan()) next_plan_ = std::move(*p);
+  loss_finite_ = std::isfinite(loss.loss);
+  norm_sum_started_ = false;
   model_->backward(exchange_.get());
   XD_RETURN_IF_ERROR(exchange_->status());
   double expert_norm_sq = 0;
   // A non-finite local loss joins the all-reduced norm as NaN, so that every
   // worker sees it and takes the same decision below.
-  XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq, std::isfinite(loss.loss)));
+  XD_RETURN_IF_ERROR(reduce_dense_gradients(&expert_norm_sq));
   // The step's traffic ends here: the update sends the next step's gathers.
   const TransportStats before_update = transport_->stats();
   double dense_norm_sq = 0;

@@ -89,10 +89,16 @@ class DistributedTrainer {
   // Runs the next steps with a plan update's domains and pipeline degree.
   Status switch_plan(const PlanUpdate& plan);
   // Waits for the replica gradients, sums the owned experts' squared norm
-  // over the world (hierarchical_sum) beside the dense buckets, waits for
-  // both and scales everything by 1/G.
-  // A non-finite local loss makes the summed norm NaN on every worker.
-  Status reduce_dense_gradients(double* expert_norm_sq, bool loss_finite);
+  // over the world (hierarchical_sum) beside the dense buckets, unless
+  // backward started that already, waits for both and scales everything by
+  // 1/G.
+  Status reduce_dense_gradients(double* expert_norm_sq);
+  // Starts the sum of the owned experts' squared norm, once a step: from
+  // backward when nothing comes back to the owned experts (no replicas) and
+  // the schedule overlaps, as soon as the last layer's are final; otherwise
+  // from reduce_dense_gradients. A non-finite local loss (loss_finite_)
+  // makes the sum NaN on every worker.
+  void start_norm_sum();
   static constexpr uint16_t kNormSumPhase = 3;  // the norm's tag, apart from the buckets' and the SR base's
   // Bytes per link class and operation, and total communication time, of
   // the step just taken: from the last step's `now` to this one's, taken
@@ -127,6 +133,10 @@ class DistributedTrainer {
   int64_t step_ = 0;
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
+  bool loss_finite_ = true;     // this step's local loss
+  bool norm_sum_started_ = false;
+  double norm_sum_ = 0;         // the local squared norm, then the sum (norm_sum_handle_)
+  CollectiveHandle norm_sum_handle_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<double> gather_wait_;
   TransportStats last_stats_;

@@ -436,7 +436,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   wait_for(combined);
   compute(w.post_s);
   // Overlapped, a dense bucket leaves as soon as backward has finished it.
-  double dense_done = 0, rs_done = 0;
+  double dense_done = 0, rs_done = 0, norm_done = -1;
+  // Overlapped with no replicas, the norm's sum leaves as soon as layer 0's
+  // experts are done (their gradients are final then).
+  const bool norm_in_backward = w.overlapped && rs_layer.empty();
   auto release_bucket = [&](int b) {
     if (w.overlapped) dense_done = std::max(dense_done, send(t, bucket[b]));
   };
@@ -462,6 +465,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     // This layer's replica gradients go home.
     if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
+    if (k == 0 && norm_in_backward) norm_done = send(t, norm_sum);
     if (attention_after_experts) compute(attention_fwd * bwd_scale);
     if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
@@ -474,7 +478,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // own latency.
   c.exposed_rs_s = std::max(0.0, rs_done - t);
   t += c.exposed_rs_s;
-  const double norm_done = send(t, norm_sum);
+  if (!norm_in_backward) norm_done = send(t, norm_sum);
   if (!w.overlapped)
     for (const Route& x : bucket) dense_done = send(std::max(t, dense_done), x);
   const double end = std::max({t, norm_done, dense_done});

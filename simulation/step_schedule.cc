@@ -248,6 +248,12 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   hooks.grads_ready = [&](int group) {
     if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
   };
+  // Overlapped with no replicas, the norm's sum leaves once layer 0's
+  // experts are done (DistributedTrainer::start_norm_sum).
+  const bool norm_in_backward = shape.overlapped && !shape.gathers_experts;
+  hooks.experts_done = [&](int layer) {
+    if (layer == 0 && norm_in_backward) rec.start(CommKind::kNormSum, -1, 0);
+  };
   model.set_backward_hooks(hooks);
   RecordingExchange exchange(cfg.num_experts, &rec, shape.overlapped, shape.gathers_experts);
 
@@ -265,11 +271,11 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   model.forward(inputs.data(), targets.data(), batch, seq, &exchange);
   model.backward(&exchange);
   // reduce_dense_gradients: every replica gradient home; the norm's sum
-  // starts; simple, every bucket in order; then all buckets done, then the
-  // norm's sum.
+  // starts (unless backward started it); simple, every bucket in order;
+  // then all buckets done, then the norm's sum.
   if (shape.gathers_experts)
     for (int l = 0; l < L; ++l) rec.wait(CommKind::kReplicaGradients, l, 0);
-  rec.start(CommKind::kNormSum, -1, 0);
+  if (!norm_in_backward) rec.start(CommKind::kNormSum, -1, 0);
   for (int b = 0; b < buckets; ++b) {
     if (!shape.overlapped) rec.start(CommKind::kDenseBucket, -1, b);
     rec.wait(CommKind::kDenseBucket, -1, b);

@@ -82,6 +82,36 @@ TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
   }
 }
 
+// The owned experts' norm is final once layer 0's expert backward is done
+// when nothing comes back to them: overlapped without replicas its sum
+// leaves then, inside backward; with replicas, or simple, after backward.
+TEST(StepSchedule, WithoutReplicasTheNormSumLeavesInsideBackward) {
+  for (bool overlapped : {false, true})
+    for (bool gathers : {false, true}) {
+      auto s = record_step_schedule(shape(Connectivity::kFarSkip, overlapped, 2, gathers));
+      ASSERT_TRUE(s.has_value());
+      const int norm = find_op(*s, [&](const StepOp& op) {
+        return op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kNormSum;
+      });
+      int last_compute = -1, experts0 = -1;  // of backward
+      for (size_t i = 0; i < s->ops.size(); ++i) {
+        const StepOp& op = s->ops[i];
+        if (op.type != StepOp::Type::kCompute || op.compute == ComputeKind::kOptimizer) continue;
+        last_compute = static_cast<int>(i);
+        if (op.compute == ComputeKind::kExpertsWeightBackward && op.layer == 0) experts0 = static_cast<int>(i);
+      }
+      ASSERT_GE(norm, 0);
+      ASSERT_GE(experts0, 0);
+      if (overlapped && !gathers) {
+        EXPECT_GT(norm, experts0) << s->describe();
+        EXPECT_LT(norm, last_compute) << s->describe();
+      } else {
+        EXPECT_GT(norm, last_compute) << "overlapped " << overlapped << " gathers " << gathers << "\n"
+                                      << s->describe();
+      }
+    }
+}
+
 TEST(StepSchedule, FarSkipStartsDispatchBeforeAttentionPartBAndRegularAfter) {
   for (Connectivity c : {Connectivity::kRegular, Connectivity::kFarSkip}) {
     auto s = record_step_schedule(shape(c, true, 1, false));
