@@ -22,14 +22,18 @@ double core_share(const JobConfig& job) {
   return std::min(1.0, cores / job.cluster.world_size());
 }
 
-// How many workers run on this machine's cores at once: the step probe
-// times that many copies together. One with a host list (the coordinator's
-// machine is not theirs).
+// How many workers run on this machine's cores at once. One with a host
+// list (the coordinator's machine is not theirs).
 int workers_per_core_set(const JobConfig& job) {
   if (!job.cluster.hosts.empty()) return 1;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::clamp(job.cluster.world_size(), 1, cores);
 }
+
+// The step probe times that many copies together, at most
+// kMaxStepProbeCopies: each holds its own cut-down model in the
+// coordinator, and a few already contend for the memory bus as the workers do.
+constexpr int kMaxStepProbeCopies = 8;
 
 // Wire fraction and encode + `decodes` decode seconds per raw byte of one
 // pipeline on `rows` random rows of `width` (fastest of three).
@@ -107,7 +111,7 @@ ComputeModel fit_compute_model(const JobConfig& job, JobPlan* out) {
     compute.gemm_overhead_s = std::max(0.0, out->gemm_fit.alpha);
   }
   StepProbeOptions po;
-  po.copies = workers_per_core_set(job);
+  po.copies = std::min(workers_per_core_set(job), kMaxStepProbeCopies);
   auto probe = probe_model_step(job.train.model, job.train.seq_len,
                                 static_cast<long long>(job.train.batch_size) * job.train.seq_len, po);
   if (probe) {
