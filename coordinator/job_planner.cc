@@ -13,21 +13,22 @@ namespace xd {
 
 namespace {
 
+int this_machine_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 // The share of a core each worker gets: 1 with a host list (a worker per
 // slot), else min(1, cores / workers), since every worker runs on this
-// machine. The probes measured one thread.
+// machine. The probes measured a thread per core (the step probe's copies
+// add the contention of cores running at once, not time-slicing).
 double core_share(const JobConfig& job) {
   if (!job.cluster.hosts.empty()) return 1.0;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::min(1.0, cores / job.cluster.world_size());
+  return std::min(1.0, double(this_machine_cores()) / job.cluster.world_size());
 }
 
 // How many workers run on this machine's cores at once. One with a host
 // list (the coordinator's machine is not theirs).
 int workers_per_core_set(const JobConfig& job) {
   if (!job.cluster.hosts.empty()) return 1;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::clamp(job.cluster.world_size(), 1, cores);
+  return std::clamp(job.cluster.world_size(), 1, this_machine_cores());
 }
 
 // The step probe times that many copies together, at most
@@ -159,7 +160,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
   // Where the workers fill this machine's cores, their transport threads run
   // on the cores the compute needs: the most a probe measured per byte, in
   // wall time at each worker's share of a core.
-  if (workers_per_core_set(job) >= static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+  if (workers_per_core_set(job) >= this_machine_cores())
     for (const LinkEstimate& e : out.links)
       out.compute.transport_cpu_s_per_byte =
           std::max(out.compute.transport_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
