@@ -4,6 +4,7 @@
 #include <barrier>
 #include <limits>
 #include <memory>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -92,17 +93,26 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
     }
   };
   std::vector<std::thread> others;
-  for (int i = 1; i < copies; ++i) others.emplace_back(run, i);
+  int timed = 1;  // copies that run: a thread that cannot start leaves the barrier to the others
+  for (int i = 1; i < copies; ++i) {
+    try {
+      others.emplace_back(run, i);
+      ++timed;
+    } catch (const std::system_error&) {
+      together.arrive_and_drop();
+    }
+  }
   run(0);
   for (std::thread& t : others) t.join();
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
   double step_s = 0, update_s = 0;
-  for (const auto& c : runs) {
-    step_s += c->best_step / copies;
-    update_s += c->best_update / copies;
-  }
+  for (const auto& c : runs)
+    if (c->best_step < std::numeric_limits<double>::infinity()) {  // it ran
+      step_s += c->best_step / timed;
+      update_s += c->best_update / timed;
+    }
   StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, step_s};
-  probe.copies = copies;
+  probe.copies = timed;
   probe.optimizer_s_per_param = update_s / double(std::max<size_t>(1, runs[0]->net.params().size()));
   return probe;
 }

@@ -10,7 +10,8 @@
 // does not change much. Sets OpenBLAS's
 // thread count for its duration (not thread-safe against other GEMMs of this
 // process running meanwhile). With copies > 1 it runs that many copies at
-// once on their own threads and joins them before it returns.
+// once on their own threads and joins them before it returns; a copy whose
+// thread cannot start is left out (StepProbe::copies counts those that ran).
 #pragma once
 
 #include "common/status.h"
@@ -41,7 +42,7 @@ struct StepProbe {
   // included), per parameter: the planner adds it once per step for the
   // parameters a worker updates.
   double optimizer_s_per_param = 0;
-  int copies = 1;  // timed at once (StepProbeOptions::copies)
+  int copies = 1;  // timed at once (StepProbeOptions::copies, less any whose thread did not start)
 };
 
 Expected<StepProbe> probe_model_step(const ModelConfig& model, int seq_len, long long tokens,
