@@ -224,7 +224,6 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   // backward ran): the rest of the norm's wait is exposed communication too.
   const double t0 = steady_seconds();
   const Status summed = norm_sum_handle_.wait();
-  norm_sum_started_ = false;
   const double norm = norm_sum_;
   const double t1 = steady_seconds();
   norm_wait_s_ += t1 - t0;

@@ -134,7 +134,7 @@ class DistributedTrainer {
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
   bool loss_finite_ = true;     // this step's local loss
-  bool norm_sum_started_ = false;
+  bool norm_sum_started_ = false;  // this step's; step() clears it before backward
   double norm_sum_ = 0;         // the local squared norm, then the sum (norm_sum_handle_)
   CollectiveHandle norm_sum_handle_;
   std::vector<int32_t> inputs_, targets_;

@@ -209,7 +209,6 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
   return Status::ok();
 }
 
-
 bool HybridExpertExchange::hop_landed(const HopInFlight& h) const {
   for (const auto& slot : h.slots)
     if (slot && !slot->ready()) return false;

@@ -62,7 +62,6 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   // The copies start every timed step and update together, so each is timed
   // while the others contend for the memory bus and the shared cache.
   std::barrier together(copies);
-  double warm = 0;  // copy 0's first step (first touch of activations and gradients)
   int repetitions = std::max(1, options.repetitions);
   auto run = [&](int i) {
     Copy& c = *runs[i];
@@ -73,11 +72,11 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
       c.net.backward();
       return steady_seconds() - t0;
     };
-    const double first = one_step();
-    if (i == 0) {
-      warm = first;  // fewer repetitions when a step is slow
+    // The first step touches activations and gradients first; copy 0's
+    // sets the repetitions, fewer when a step is slow.
+    const double warm = one_step();
+    if (i == 0)
       repetitions = std::clamp(static_cast<int>(options.max_seconds / std::max(1e-9, warm)) - 1, 1, repetitions);
-    }
     together.arrive_and_wait();
     // Fastest of the repetitions: other load on the machine only slows a step.
     for (int r = 0; r < repetitions; ++r) {
