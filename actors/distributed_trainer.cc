@@ -57,7 +57,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
 
   auto tokens = load_training_tokens(tc.data);
   if (!tokens) return tokens.status();
-  const size_t held_out = static_cast<size_t>(tokens->size() * tc.data.validation_fraction);
+  const size_t held_out = held_out_tokens(tokens->size(), tc.data);
   auto train = std::make_shared<std::vector<int32_t>>(tokens->begin(), tokens->end() - held_out);
   XD_RETURN_IF_ERROR(BatchSampler::validate(train->size(), tc.batch_size, tc.seq_len, o.rank, t->world_));
   t->sampler_ = std::make_unique<BatchSampler>(train, tc.batch_size, tc.seq_len, tc.seed, o.rank, t->world_);

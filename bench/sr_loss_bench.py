@@ -18,8 +18,14 @@ nothing (see docs/compression.md). Links are not shaped: only the loss matters.
 usage: python3 bench/sr_loss_bench.py [--xdmoe build/xdmoe] [--steps 200]
            [--spread 0.2] [--runs raw,sr50,...] [--out bench/results] [--name sr_loss]
 Writes <out>/sr_loss.csv (one row per run: final loss, mean loss of the last
-50 steps, expert-gather bytes and ratio, NMSE), <out>/sr_loss_curves.csv (every
-step) and <out>/sr_loss.png (gnuplot).
+50 steps, expert-gather bytes and ratio, NMSE, held-out loss),
+<out>/sr_loss_curves.csv (every step) and <out>/sr_loss.png (gnuplot).
+
+Two losses per run. "last-50" is the training loss of the last 50 steps as
+the run logged it: each worker reads it through the replicas it holds, so a
+lossy codec's replica error is in it. "held-out" scores the trained model --
+the owners' exact weights, from the run's final checkpoint -- on the 5% of
+the corpus no run trains on (`xdmoe forward --held-out`).
 """
 import argparse
 import json
@@ -63,13 +69,16 @@ RUNS = {
 TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
-def job_yaml(base, run, steps, spread, seed=1):
+def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None):
     codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every")}
     y = base
     y = y.replace("  connectivity: regular", "  connectivity: regular\n  expert_init_spread: %g" % spread)
     y = re.sub(r"steps: \d+", "steps: %d" % steps, y, count=1)
     y = re.sub(r"\n  seed: \d+", "\n  seed: %d" % seed, y, count=1)
     y = y.replace("log_every: 10", "log_every: 50").replace("eval_every: 30", "eval_every: 0")
+    if checkpoint_dir:
+        y = y.replace("checkpoint_every: 0", "checkpoint_every: %d" % steps)
+        y = re.sub(r"checkpoint_dir: .*", "checkpoint_dir: %s" % checkpoint_dir, y, count=1)
     c = ", ".join("%s: '%s'" % kv for kv in codecs.items())
     dc = "link: {bandwidth: 100mbit, latency: 10ms, shape: false%s}" % (", codecs: {%s}" % c if c else "")
     y = y.replace("link: {bandwidth: 100mbit, latency: 10ms, shape: true}", dc, 1)
@@ -122,6 +131,10 @@ def main():
     ap.add_argument("--name", default="sr_loss", help="prefix of the output files")
     ap.add_argument("--seed", type=int, default=1, help="train.seed (initial weights and batch order)")
     ap.add_argument("--plot-only", action="store_true", help="redraw <name>.png from <name>_curves.csv")
+    ap.add_argument("--cli-bind", default="tcp://127.0.0.1:7370",
+                    help="the coordinator's CLI endpoint (another one lets two benches run at once)")
+    ap.add_argument("--no-held-out", action="store_true",
+                    help="skip the final checkpoint and its held-out loss")
     a = ap.parse_args()
     if a.plot_only:
         curve_path = os.path.join(a.out, a.name + "_curves.csv")
@@ -134,12 +147,13 @@ def main():
     names = a.runs.split(",")
     for i, name in enumerate(names):
         cfg = os.path.join(a.work, name + ".yaml")
-        with open(cfg, "w") as f:
-            f.write(job_yaml(base, RUNS[name], a.steps, a.spread, a.seed))
         run_dir = os.path.join(a.work, name)
+        ckpt = None if a.no_held_out else os.path.abspath(os.path.join(run_dir, "checkpoints"))
+        with open(cfg, "w") as f:
+            f.write(job_yaml(base, RUNS[name], a.steps, a.spread, a.seed, ckpt))
         print("[%d/%d] %s: %d steps ..." % (i + 1, len(names), name, a.steps), flush=True)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        p = subprocess.run([a.xdmoe, "launch", "--config", cfg, "--run-dir", run_dir],
+        p = subprocess.run([a.xdmoe, "launch", "--config", cfg, "--run-dir", run_dir, "--cli-bind", a.cli_bind],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         summary_path = os.path.join(run_dir, "hybrid", "summary.json")
         if p.returncode != 0 or not os.path.exists(summary_path):
@@ -159,24 +173,38 @@ def main():
             "dc_total_MB": b.get("dc/total", 0.0) / 1e6,
             "nmse": s.get("mean_nmse", {}).get("dc/expert_gather", 0.0),
         })
+        rows[-1]["held_out_loss"] = 0.0
+        if ckpt:
+            step_dir = os.path.join(ckpt, "step_%06d" % a.steps)
+            f = subprocess.run([a.xdmoe, "forward", "--checkpoint", step_dir, "--held-out", cfg], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            m = re.search(r"tokens held out, loss ([0-9.]+)", f.stdout)
+            if f.returncode != 0 or not m:
+                sys.exit("%s: held-out loss failed:\n%s" % (name, f.stdout[-3000:]))
+            rows[-1]["held_out_loss"] = float(m.group(1))
         curves[name] = losses
-        print("    mean loss of the last %d steps %.4f, expert gather %.1fx, NMSE %.4f" %
-              (TAIL, rows[-1]["tail_loss"], rows[-1]["expert_gather_ratio"], rows[-1]["nmse"]), flush=True)
+        print("    mean loss of the last %d steps %.4f, held-out %.4f, expert gather %.1fx, NMSE %.4f" %
+              (TAIL, rows[-1]["tail_loss"], rows[-1]["held_out_loss"], rows[-1]["expert_gather_ratio"],
+               rows[-1]["nmse"]), flush=True)
     ref = next((r["tail_loss"] for r in rows if r["run"] == "raw"), None)
+    ref_held = next((r["held_out_loss"] for r in rows if r["run"] == "raw"), None)
     with open(os.path.join(a.out, a.name + ".csv"), "w") as f:
-        keys = list(rows[0].keys()) + ["vs_raw_percent"]
+        keys = list(rows[0].keys()) + ["vs_raw_percent", "held_out_vs_raw_percent"]
         f.write(",".join(keys) + "\n")
         for r in rows:
             r["vs_raw_percent"] = 100.0 * (r["tail_loss"] / ref - 1) if ref else 0.0
+            r["held_out_vs_raw_percent"] = 100.0 * (r["held_out_loss"] / ref_held - 1) if ref_held else 0.0
             f.write(",".join(str(round(r[k], 6)) if isinstance(r[k], float) else str(r[k]) for k in keys) + "\n")
     curve_path = os.path.join(a.out, a.name + "_curves.csv")
     with open(curve_path, "w") as f:
         f.write("step," + ",".join(names) + "\n")
         for step in range(a.steps):
             f.write("%d,%s\n" % (step + 1, ",".join("%.5f" % curves[n][step] for n in names)))
-    print("%-15s %10s %10s %9s %9s %8s %9s" % ("run", "last-%d" % TAIL, "vs raw %", "AG ratio", "AG MB", "base MB", "NMSE"))
+    print("%-15s %10s %10s %9s %9s %9s %9s %8s %9s" % ("run", "last-%d" % TAIL, "vs raw %", "held-out", "vs raw %",
+          "AG ratio", "AG MB", "base MB", "NMSE"))
     for r in rows:
-        print("%-15s %10.4f %+10.2f %9.1f %9.3f %8.2f %9.4f" % (r["run"], r["tail_loss"], r["vs_raw_percent"],
+        print("%-15s %10.4f %+10.2f %9.4f %+9.2f %9.1f %9.3f %8.2f %9.4f" % (
+              r["run"], r["tail_loss"], r["vs_raw_percent"], r["held_out_loss"], r["held_out_vs_raw_percent"],
               r["expert_gather_ratio"], r["dc_expert_gather_MB"], r["dc_base_MB"], r["nmse"]))
     plot_curves(curve_path, os.path.join(a.out, a.name + ".png"), names)
     print("wrote %s/%s.csv, %s and %s/%s.png" % (a.out, a.name, curve_path, a.out, a.name))

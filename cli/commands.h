@@ -27,6 +27,10 @@ std::string coordinator_cli_endpoint(const std::string& flag);
 // (ScheduleOverrides), shared by the coordinator and `xdmoe plan`.
 void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o);
 
+// True when the YAML file has a top-level `cluster:` key: a distributed
+// job's config (cluster/job_config.h) rather than a one-process one.
+Expected<bool> has_cluster_section(const std::string& path);
+
 // The --log-level given on the command line, or "" when none was (then the
 // level comes from $XDMOE_LOG_LEVEL, else info). `xdmoe launch` hands it on.
 const std::string& log_level_flag();

@@ -10,14 +10,6 @@
 
 namespace xd::cli {
 
-namespace {
-struct TrainOptions {
-  std::string config;
-  std::string resume;
-  int64_t steps = 0;
-  std::string checkpoint_dir;
-};
-
 // True when the file has a top-level `cluster:` key (a distributed job).
 Expected<bool> has_cluster_section(const std::string& path) {
   auto text = read_file(path);
@@ -26,6 +18,14 @@ Expected<bool> has_cluster_section(const std::string& path) {
   if (!doc) return doc.status();
   return doc->IsMap() && static_cast<bool>((*doc)["cluster"]);
 }
+
+namespace {
+struct TrainOptions {
+  std::string config;
+  std::string resume;
+  int64_t steps = 0;
+  std::string checkpoint_dir;
+};
 
 // A distributed job's config, trained as its one-process equivalent.
 Expected<TrainConfig> one_process_config(const std::string& path) {

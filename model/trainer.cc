@@ -42,13 +42,17 @@ Expected<std::vector<int32_t>> load_training_tokens(const DataConfig& data) {
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {}
 
+size_t held_out_tokens(size_t total, const DataConfig& data) {
+  return static_cast<size_t>(total * data.validation_fraction);
+}
+
 Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config) {
   XD_RETURN_IF_ERROR(config.validate());
   auto tokens = load_training_tokens(config.data);
   if (!tokens) return tokens.status();
   std::unique_ptr<Trainer> t(new Trainer(config));
   const size_t total = tokens->size();
-  const size_t held_out = static_cast<size_t>(total * config.data.validation_fraction);
+  const size_t held_out = held_out_tokens(total, config.data);
   const size_t window = static_cast<size_t>(config.seq_len) + 1;
   std::vector<int32_t> train(tokens->begin(), tokens->end() - held_out);
   XD_RETURN_IF_ERROR(

@@ -32,6 +32,10 @@ struct StepStats {
 
 // Loads the token stream a config names (built-in corpus or a file).
 Expected<std::vector<int32_t>> load_training_tokens(const DataConfig& data);
+// How many tokens at the end of that stream are held out for validation
+// (data.validation_fraction). Every trainer, and `xdmoe forward --held-out`,
+// cuts the same tail.
+size_t held_out_tokens(size_t total, const DataConfig& data);
 
 class Trainer {
  public:

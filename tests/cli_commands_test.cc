@@ -1,6 +1,7 @@
 // The xdmoe binary as a user runs it: `train` on a distributed job's config
 // runs its one-process equivalent and says so; `forward` evaluates a file
-// longer than the model's context with a sliding window.
+// longer than the model's context with a sliding window, or the held-out
+// tail of a config's data.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 
 #include "job_runner.h"
 #include "model/safetensors.h"
+#include "model/trainer.h"
 
 namespace xd {
 namespace {
@@ -46,6 +48,7 @@ train:
   checkpoint_dir: )" << dir << R"(/ck
 data:
   builtin_bytes: 8192
+  validation_fraction: 0.1
 cluster:
   levels:
     - {name: dc, size: 2, link: {bandwidth: 1gbit}}
@@ -93,6 +96,40 @@ TEST_F(Cli, ForwardEvaluatesAFileLongerThanTheContextWithASlidingWindow) {
                             "/long.txt --out " + dir + "/x.safetensors --stride 16");
   EXPECT_EQ(bad, 2);
   EXPECT_NE(bad_out.find("consecutive windows must overlap"), std::string::npos) << bad_out;
+}
+
+TEST_F(Cli, ForwardHeldOutScoresTheTailOfTheConfigsDataThatTrainingNeverSaw) {
+  auto [tcode, tout] = run("OPENBLAS_NUM_THREADS=1 " + bin + " train --config " + dir + "/job.yaml");
+  ASSERT_EQ(tcode, 0) << tout;
+  DataConfig data;
+  data.builtin_bytes = 8192;
+  data.validation_fraction = 0.1;
+  auto tokens = load_training_tokens(data);
+  ASSERT_TRUE(tokens) << tokens.status().to_string();
+  const size_t n = held_out_tokens(tokens->size(), data);
+  ASSERT_EQ(n, 819u);
+  std::string tail;
+  for (size_t i = tokens->size() - n; i < tokens->size(); ++i) tail += static_cast<char>((*tokens)[i]);
+  std::ofstream(dir + "/tail.bin", std::ios::binary) << tail;
+
+  const std::string ck = " forward --checkpoint " + dir + "/ck/step_000002";
+  auto [fcode, fout] = run(bin + ck + " --tokens " + dir + "/tail.bin");
+  ASSERT_EQ(fcode, 0) << fout;
+  auto [hcode, hout] = run(bin + ck + " --held-out " + dir + "/job.yaml");
+  ASSERT_EQ(hcode, 0) << hout;
+  const size_t at = hout.find("819 tokens held out, loss ");
+  ASSERT_NE(at, std::string::npos) << hout;
+  // The same tokens, the same loss; no --out, no file.
+  const std::string loss = hout.substr(at + 26, 8);
+  EXPECT_NE(fout.find("819 tokens, loss " + loss), std::string::npos) << fout << hout;
+  EXPECT_FALSE(fs::exists(dir + "/out.safetensors"));
+
+  auto [both, both_out] = run(bin + ck + " --tokens " + dir + "/tail.bin --held-out " + dir + "/job.yaml");
+  EXPECT_NE(both, 0);
+  EXPECT_NE(both_out.find("excludes"), std::string::npos) << both_out;
+  auto [none, none_out] = run(bin + ck);
+  EXPECT_EQ(none, 2);
+  EXPECT_NE(none_out.find("give --tokens FILE or --held-out CONFIG"), std::string::npos) << none_out;
 }
 
 }  // namespace
