@@ -60,6 +60,12 @@ RUNS = {
     "sr25-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.2+zstd:1"},
     "sr50-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.1+zstd:1"},
     "sr100-ef-sign": {"expert_gather": "sr:ef:topk_sign:0.05+zstd:1"},
+    # Denser signs: the larger half of the entries (~17x), and every entry
+    # (~32x: one bit each; the index gaps are all 1 and zstd removes them).
+    "sr-ef-sign-half": {"expert_gather": "sr:ef:topk_sign:0.5+zstd:1"},
+    "sr-ef-sign-all": {"expert_gather": "sr:ef:topk_sign:1+zstd:1"},
+    # The same with the SR base re-synchronised every 10 steps, not every step.
+    "sr-ef-sign-all-base10": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_every": "10"},
     # The same bytes, each entry's drift predicted between its corrections.
     "sr50-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.1+zstd:1"},
     "sr100-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.05+zstd:1"},
