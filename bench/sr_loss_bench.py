@@ -16,7 +16,8 @@ sparse upcycling; with --spread 1 they start independent and the base holds
 nothing (see docs/compression.md). Links are not shaped: only the loss matters.
 
 usage: python3 bench/sr_loss_bench.py [--xdmoe build/xdmoe] [--steps 200]
-           [--spread 0.2] [--runs raw,sr50,...] [--out bench/results] [--name sr_loss]
+           [--spread 0.2] [--runs raw,sr50,...] [--seed S] [--out bench/results]
+           [--name sr_loss] [--work DIR] [--no-held-out] [--cli-bind ENDPOINT]
 Writes <out>/sr_loss.csv (one row per run: final loss, mean loss of the last
 50 steps, expert-gather bytes and ratio, NMSE, held-out loss),
 <out>/sr_loss_curves.csv (every step) and <out>/sr_loss.png (gnuplot).
