@@ -40,11 +40,11 @@ Expected<std::vector<int32_t>> load_training_tokens(const DataConfig& data) {
   return tokens;
 }
 
-Trainer::Trainer(const TrainConfig& config) : config_(config) {}
-
 size_t held_out_tokens(size_t total, const DataConfig& data) {
   return static_cast<size_t>(total * data.validation_fraction);
 }
+
+Trainer::Trainer(const TrainConfig& config) : config_(config) {}
 
 Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& config) {
   XD_RETURN_IF_ERROR(config.validate());

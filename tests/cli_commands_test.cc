@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "job_runner.h"
@@ -130,6 +131,13 @@ TEST_F(Cli, ForwardHeldOutScoresTheTailOfTheConfigsDataThatTrainingNeverSaw) {
   auto [none, none_out] = run(bin + ck);
   EXPECT_EQ(none, 2);
   EXPECT_NE(none_out.find("give --tokens FILE or --held-out CONFIG"), std::string::npos) << none_out;
+  std::ifstream in(dir + "/job.yaml");
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  yaml.replace(yaml.find("validation_fraction: 0.1"), 24, "validation_fraction: 0.0");
+  std::ofstream(dir + "/nothing_held.yaml") << yaml;
+  auto [empty, empty_out] = run(bin + ck + " --held-out " + dir + "/nothing_held.yaml");
+  EXPECT_EQ(empty, 2);
+  EXPECT_NE(empty_out.find("holds out 0 tokens"), std::string::npos) << empty_out;
 }
 
 }  // namespace
