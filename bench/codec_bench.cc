@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
   for (const char* spec : {"raw+zstd:1", "bf16", "bf16+zstd:1", "fp16", "int8_row", "topk:0.01+zstd:1"})
     rows.push_back(measure(experts, spec, false, reps));
   for (const char* spec : {"bf16+zstd:1", "topk:0.1+zstd:1", "topk:0.05+zstd:1", "topk:0.02+zstd:1",
-                           "topk:0.01+zstd:1", "topk:0.005+zstd:1", "topk_sign:0.1+zstd:1", "topk_sign:0.05+zstd:1"})
+                           "topk:0.01+zstd:1", "topk:0.005+zstd:1", "topk_sign:0.1+zstd:1", "topk_sign:0.05+zstd:1",
+                           "topk_sign:1+zstd:1", "block_sign:0.5+zstd:1", "block_sign:0.5:8+zstd:1"})
     rows.push_back(measure(experts, spec, true, reps));
   for (Dataset* ds : {&acts, &ograds})
     for (const char* spec : {"raw+zstd:1", "bf16", "bf16+zstd:1", "fp16", "int8_row", "int8_row+zstd:1"})

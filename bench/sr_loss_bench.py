@@ -65,6 +65,13 @@ RUNS = {
     # (~32x: one bit each; the index gaps are all 1 and zstd removes them).
     "sr-ef-sign-half": {"expert_gather": "sr:ef:topk_sign:0.5+zstd:1"},
     "sr-ef-sign-all": {"expert_gather": "sr:ef:topk_sign:1+zstd:1"},
+    # Signs of the larger half of each tensor's blocks of 16 (or 8) entries:
+    # the larger entries corrected every step, at a bit per block instead of
+    # an index per entry (~57x; ~51x with blocks of 8).
+    "sr-ef-block-half": {"expert_gather": "sr:ef:block_sign:0.5+zstd:1"},
+    "sr-ef-block-half-8": {"expert_gather": "sr:ef:block_sign:0.5:8+zstd:1"},
+    "sr-ef-pred-block-half": {"expert_gather": "sr:ef:pred:block_sign:0.5+zstd:1"},
+    "sr-ef-block-3of8-4": {"expert_gather": "sr:ef:block_sign:0.375:4+zstd:1"},
     # The same with the SR base re-synchronised every 10 steps, not every step.
     "sr-ef-sign-all-base10": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_every": "10"},
     # The same bytes, each entry's drift predicted between its corrections.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "compression/detail/block_sign.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
 
@@ -24,12 +25,14 @@ const char* kind_name(CodecKind k) {
     case CodecKind::kTopK: return "topk";
     case CodecKind::kZstd: return "zstd";
     case CodecKind::kTopKSign: return "topk_sign";
+    case CodecKind::kBlockSign: return "block_sign";
   }
   return "?";
 }
 
 bool is_value_codec(CodecKind k) { return k != CodecKind::kZstd; }
 bool is_top_k(CodecKind k) { return k == CodecKind::kTopK || k == CodecKind::kTopKSign; }
+bool is_sparse_kind(CodecKind k) { return is_top_k(k) || k == CodecKind::kBlockSign; }
 uint64_t sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
 
 // k for a density over n entries: at least one of a non-empty tensor.
@@ -104,15 +107,20 @@ std::string pack_record(const CodecRecord& r) {
   pk.pack(std::string("stages"));
   pk.pack_array(static_cast<uint32_t>(r.stages.size()));
   for (const CodecStageRecord& s : r.stages) {
-    const bool extra = is_top_k(s.kind) || s.kind == CodecKind::kZstd;
-    pk.pack_map(extra ? 3 : 2);
+    const bool block = s.kind == CodecKind::kBlockSign;
+    const bool extra = is_sparse_kind(s.kind) || s.kind == CodecKind::kZstd;
+    pk.pack_map(block ? 4 : extra ? 3 : 2);
     pk.pack(std::string("kind"));
     pk.pack(static_cast<uint8_t>(s.kind));
     pk.pack(std::string("bytes"));
     pk.pack(s.bytes);
-    if (is_top_k(s.kind)) {
+    if (is_sparse_kind(s.kind)) {
       pk.pack(std::string("kept"));
       pk.pack(s.kept);
+    }
+    if (block) {
+      pk.pack(std::string("block"));
+      pk.pack(s.block);
     } else if (s.kind == CodecKind::kZstd) {
       pk.pack(std::string("level"));
       pk.pack(s.level);
@@ -163,14 +171,14 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
           const msgpack::object& so = kv.val.via.array.ptr[s];
           if (so.type != msgpack::type::MAP) return bad("stage " + std::to_string(s) + " is not a map");
           CodecStageRecord st;
-          bool have_kind = false, have_bytes = false, have_kept = false, have_level = false;
+          bool have_kind = false, have_bytes = false, have_kept = false, have_level = false, have_block = false;
           for (uint32_t f = 0; f < so.via.map.size; ++f) {
             const msgpack::object_kv& skv = so.via.map.ptr[f];
             if (skv.key.type != msgpack::type::STR) return bad("a stage key is not a string");
             const std::string sk(skv.key.via.str.ptr, skv.key.via.str.size);
             if (!as_u64(skv.val, &v)) return bad("stage field '" + sk + "' is not an unsigned integer");
             if (sk == "kind") {
-              if (v > static_cast<uint64_t>(CodecKind::kTopKSign))
+              if (v > static_cast<uint64_t>(CodecKind::kBlockSign))
                 return bad("unknown codec kind " + std::to_string(v));
               st.kind = static_cast<CodecKind>(v);
               have_kind = true;
@@ -180,6 +188,10 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
             } else if (sk == "kept") {
               st.kept = v;
               have_kept = true;
+            } else if (sk == "block") {
+              if (v < 1 || v > kMaxCodecBlock) return bad("block of " + std::to_string(v) + " entries");
+              st.block = v;
+              have_block = true;
             } else if (sk == "level") {
               if (v > 22) return bad("zstd level " + std::to_string(v));
               st.level = static_cast<int>(v);
@@ -189,7 +201,9 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
             }
           }
           if (!have_kind || !have_bytes) return bad("stage " + std::to_string(s) + " lacks its kind or size");
-          if (is_top_k(st.kind) && !have_kept) return bad(std::string(kind_name(st.kind)) + " stage without 'kept'");
+          if (is_sparse_kind(st.kind) && !have_kept)
+            return bad(std::string(kind_name(st.kind)) + " stage without 'kept'");
+          if (st.kind == CodecKind::kBlockSign && !have_block) return bad("block_sign stage without 'block'");
           if (st.kind == CodecKind::kZstd && !have_level) return bad("zstd stage without 'level'");
           r.stages.push_back(st);
         }
@@ -223,6 +237,8 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
       const uint64_t fixed = 4 * rows + sign_bytes(s.kept);
       return s.kept <= n && s.bytes >= s.kept + fixed && s.bytes <= 5 * s.kept + fixed;
     }
+    case CodecKind::kBlockSign:  // rows, cols, kept <= 2^34 and block >= 1: no overflow
+      return s.kept <= n && s.bytes == detail::block_sign_bytes(rows, n ? n / rows : 0, s.block, s.kept);
     case CodecKind::kZstd: return false;
   }
   return false;
@@ -304,6 +320,14 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
     case CodecKind::kTopKSign:
       if (n) std::memset(out, 0, n * sizeof(float));
       return for_each_kept(s, in, rows, cols, [out](uint64_t i, float v) { out[i] = v; });
+    case CodecKind::kBlockSign: {
+      std::vector<uint32_t> index;
+      std::vector<float> value;
+      XD_RETURN_IF_ERROR(detail::decode_block_sign(in, rows, cols, s.block, s.kept, &index, &value));
+      if (n) std::memset(out, 0, n * sizeof(float));
+      for (size_t j = 0; j < index.size(); ++j) out[index[j]] = value[j];
+      return Status::ok();
+    }
     case CodecKind::kZstd: break;
   }
   return Status::internal("not a value codec");
@@ -336,6 +360,23 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       s.kind = name == "topk" ? CodecKind::kTopK : CodecKind::kTopKSign;
       if (!number(&s.density) || !(s.density > 0 && s.density <= 1))
         return Status::invalid_argument(where + name + " needs the kept fraction in (0, 1], e.g. " + name + ":0.01");
+    } else if (name == "block_sign") {
+      s.kind = CodecKind::kBlockSign;
+      const size_t second = arg.find(':');
+      const std::string fraction = arg.substr(0, second);
+      const std::string size = second == std::string::npos ? "" : arg.substr(second + 1);
+      char* end = nullptr;
+      s.density = std::strtod(fraction.c_str(), &end);
+      if (fraction.empty() || !end || *end != 0 || !(s.density > 0 && s.density <= 1))
+        return Status::invalid_argument(where +
+                                        "block_sign needs the kept fraction of blocks in (0, 1], e.g. block_sign:0.5");
+      if (second != std::string::npos) {
+        const double b = std::strtod(size.c_str(), &end);
+        if (size.empty() || !end || *end != 0 || b < 1 || b > kMaxCodecBlock || b != std::floor(b))
+          return Status::invalid_argument(where + "block_sign's block size must be an integer in 1.." +
+                                          std::to_string(kMaxCodecBlock) + ", e.g. block_sign:0.5:16");
+        s.block = static_cast<uint64_t>(b);
+      }
     } else if (name == "zstd") {
       s.kind = CodecKind::kZstd;
       double level = 3;
@@ -345,7 +386,8 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
     } else {
       return Status::invalid_argument(where + "unknown stage '" + name +
-                                      "' (use raw, bf16, fp16, int8_row, topk:D, topk_sign:D, then +zstd[:L])");
+                                      "' (use raw, bf16, fp16, int8_row, topk:D, topk_sign:D, block_sign:D[:B], "
+                                      "then +zstd[:L])");
     }
     if (is_value_codec(s.kind) && !p.stages_.empty())
       return Status::invalid_argument(where + "only the first stage may be a value codec");
@@ -372,6 +414,10 @@ std::string CodecPipeline::spec() const {
       char buf[32];
       std::snprintf(buf, sizeof buf, ":%.17g", st.density);
       s += buf;
+    } else if (st.kind == CodecKind::kBlockSign) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, ":%.17g:%llu", st.density, static_cast<unsigned long long>(st.block));
+      s += buf;
     } else if (st.kind == CodecKind::kZstd) {
       s += ":" + std::to_string(st.level);
     }
@@ -381,7 +427,7 @@ std::string CodecPipeline::spec() const {
 
 bool CodecPipeline::is_raw() const { return stages_.size() == 1 && stages_.front().kind == CodecKind::kRaw; }
 
-bool CodecPipeline::is_sparse() const { return is_top_k(stages_.front().kind); }
+bool CodecPipeline::is_sparse() const { return is_sparse_kind(stages_.front().kind); }
 
 Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* sparse) const {
   if (sparse) {
@@ -393,7 +439,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
     return Status::invalid_argument("tensor too large to encode");
   CodecRecord rec{shape, {}};
   const CodecStage& v = stages_.front();
-  CodecStageRecord first{v.kind, 0, 0, 0};
+  CodecStageRecord first{v.kind, 0, 0, 0, 0};
   std::vector<uint8_t>& bytes = out->payload;
   switch (v.kind) {
     case CodecKind::kRaw:
@@ -454,6 +500,14 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       bytes.resize(p - bytes.data());
       break;
     }
+    case CodecKind::kBlockSign:
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, "block_sign"));
+      if (n > std::numeric_limits<uint32_t>::max())
+        return Status::invalid_argument("block_sign: tensor above 2^32 elements");
+      first.block = v.block;
+      bytes = detail::encode_block_sign(data, shape.rows, shape.cols, v.block, v.density, &first.kept,
+                                        sparse ? &sparse->index : nullptr, sparse ? &sparse->value : nullptr);
+      break;
     case CodecKind::kZstd:
       return Status::internal("zstd is not a value codec");
   }
@@ -465,7 +519,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
     if (ZSTD_isError(got)) return Status::internal(std::string("zstd: ") + ZSTD_getErrorName(got));
     z.resize(got);
     bytes.swap(z);
-    rec.stages.push_back(CodecStageRecord{CodecKind::kZstd, bytes.size(), 0, stages_[i].level});
+    rec.stages.push_back(CodecStageRecord{CodecKind::kZstd, bytes.size(), 0, 0, stages_[i].level});
   }
   out->metadata = pack_record(rec);
   return Status::ok();
@@ -523,17 +577,23 @@ Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payl
   return decode_values(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, out);
 }
 
-bool is_sparse(const CodecRecord& record) { return !record.stages.empty() && is_top_k(record.stages.front().kind); }
+bool is_sparse(const CodecRecord& record) {
+  return !record.stages.empty() && is_sparse_kind(record.stages.front().kind);
+}
 
 Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, SparseTensor* out) {
   out->index.clear();
   out->value.clear();
-  if (!is_sparse(rec)) return Status::invalid_argument("decode_sparse: the value codec is neither topk nor topk_sign");
+  if (!is_sparse(rec))
+    return Status::invalid_argument("decode_sparse: the value codec is none of topk, topk_sign and block_sign");
   const uint64_t n = rec.shape.elements();
   if (n > std::numeric_limits<uint32_t>::max()) return Status::corruption("topk: tensor above 2^32 elements");
   std::vector<uint8_t> buffer;
   const uint8_t* values = nullptr;
   XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
+  const CodecStageRecord& s = rec.stages.front();
+  if (s.kind == CodecKind::kBlockSign)
+    return detail::decode_block_sign(values, rec.shape.rows, rec.shape.cols, s.block, s.kept, &out->index, &out->value);
   out->index.reserve(rec.stages.front().kept);
   out->value.reserve(rec.stages.front().kept);
   return for_each_kept(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, [out](uint64_t i, float v) {

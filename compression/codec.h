@@ -1,5 +1,6 @@
 // Codecs for tensors on the wire: a value codec (raw, bf16, fp16, per-row
-// int8, top-k sparse with bf16 or 1-bit values) optionally followed by a
+// int8, top-k sparse with bf16 or 1-bit values, the largest blocks with 1-bit
+// values) optionally followed by a
 // zstd stage, composed into a CodecPipeline. The layout is
 // compression/codec_format.h.
 //
@@ -11,7 +12,7 @@
 //
 // Non-finite values: raw, bf16 and fp16 keep NaN and +-Inf (bf16 and fp16
 // keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf).
-// int8_row, topk and topk_sign refuse to encode a tensor holding NaN or Inf
+// int8_row, topk, topk_sign and block_sign refuse to encode a tensor holding NaN or Inf
 // (an error naming the first such element): a scale or a ranking of
 // non-finite values means nothing.
 //
@@ -41,7 +42,7 @@ struct EncodedTensor {
   std::vector<uint8_t> payload;  // the last stage's output
 };
 
-// The entries a top-k payload keeps: ascending flat indices and their
+// The entries a sparse payload (topk, topk_sign, block_sign) keeps: ascending flat indices and their
 // decoded values. A receiver adds them where they belong instead of building
 // the dense tensor first (HybridEP's SRDecode, recovery fused with addition).
 struct SparseTensor {
@@ -52,7 +53,8 @@ struct SparseTensor {
 // One stage of a pipeline, as written in a spec string.
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
-  double density = 0;  // topk, topk_sign: fraction of entries kept, (0, 1]
+  double density = 0;  // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
+  uint64_t block = 16;  // block_sign: entries per block
   int level = 3;       // zstd: compression level, 1..19
 };
 
@@ -60,6 +62,9 @@ class CodecPipeline {
  public:
   // "raw", "bf16", "fp16", "int8_row", "topk:D" (D = kept fraction, e.g. 0.01),
   // "topk_sign:D" (the same entries as signs times a per-row scale),
+  // "block_sign:D" or "block_sign:D:B" (the fraction D of each row's blocks
+  // of B entries, default 16, of largest energy, as signs times a per-row
+  // scale),
   // each optionally followed by "+zstd" or "+zstd:LEVEL"; "zstd" alone means
   // "raw+zstd". Errors name the bad part.
   static Expected<CodecPipeline> parse(const std::string& spec);
@@ -72,10 +77,11 @@ class CodecPipeline {
   // data holds shape.elements() floats. Errors: a non-finite input where the
   // codec refuses it, a shape beyond kMaxCodecElements. With `kept`, a top-k
   // pipeline also gives the entries it keeps, to the bit as decode_sparse
-  // decodes them, so a sender need not decode its own message; other
+  // decodes them, so a sender need not decode its own message (so does a
+  // block_sign pipeline); other
   // pipelines leave it empty.
   Status encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* kept = nullptr) const;
-  bool is_sparse() const;  // its value codec is topk or topk_sign
+  bool is_sparse() const;  // its value codec is topk, topk_sign or block_sign
 
  private:
   std::vector<CodecStage> stages_;  // one value codec, then byte codecs
@@ -85,7 +91,8 @@ class CodecPipeline {
 struct CodecStageRecord {
   CodecKind kind = CodecKind::kRaw;
   uint64_t bytes = 0;  // this stage's output
-  uint64_t kept = 0;   // topk, topk_sign
+  uint64_t kept = 0;   // topk, topk_sign, block_sign: entries kept
+  uint64_t block = 0;  // block_sign
   int level = 0;       // zstd
 };
 struct CodecRecord {
@@ -105,8 +112,8 @@ Status decode_tensor(const CodecRecord& record, const uint8_t* payload, size_t p
 Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t payload_bytes, float* out,
                      size_t n);
 
-bool is_sparse(const CodecRecord& record);  // its value codec is topk or topk_sign
-// Decodes a topk- or topk_sign-coded tensor into `out`, with decode_tensor's
+bool is_sparse(const CodecRecord& record);  // its value codec is topk, topk_sign or block_sign
+// Decodes a topk-, topk_sign- or block_sign-coded tensor into `out`, with decode_tensor's
 // checks (the tensor has record.shape.elements() entries). Other codecs: an
 // error.
 Status decode_sparse(const CodecRecord& record, const uint8_t* payload, size_t payload_bytes, SparseTensor* out);

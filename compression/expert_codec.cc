@@ -36,7 +36,8 @@ std::string ExpertCodecSpec::spec() const {
 
 float ExpertCodecSpec::velocity_gain() const {
   for (const CodecStage& s : pipeline.stages())
-    if (s.kind == CodecKind::kTopK || s.kind == CodecKind::kTopKSign) return static_cast<float>(s.density);
+    if (s.kind == CodecKind::kTopK || s.kind == CodecKind::kTopKSign || s.kind == CodecKind::kBlockSign)
+      return static_cast<float>(s.density);
   return 1.0f;
 }
 

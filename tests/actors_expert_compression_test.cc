@@ -46,7 +46,8 @@ std::vector<float> send_once(ExpertStreamCodec& sender, ExpertStreamCodec& recei
 
 TEST(ExpertStreamCodec, WeightFeedbackStartsExactThenConvergesAfterAChangeAndTheSenderKnowsWhatTheReceiverHolds) {
   for (const char* spec :
-       {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1", "sr:ef:pred:topk_sign:0.05+zstd:1", "sr:ef:pred:bf16"}) {
+       {"sr:ef:topk:0.05", "sr:ef:topk_sign:0.05+zstd:1", "sr:ef:pred:topk_sign:0.05+zstd:1", "sr:ef:pred:bf16",
+        "sr:ef:block_sign:0.5+zstd:1"}) {
     SCOPED_TRACE(spec);
     const size_t n = 4096;
     std::vector<float> x = normal(n, 1), base = normal(n, 2, 0.5f);
@@ -156,7 +157,10 @@ TEST(ExpertStreamCodec, TheSparsePathLeavesEveryTensorAndStateAsTheDenseReferenc
                         Case{"sr:ef:topk_sign:0.1+zstd:1", ExpertStreamCodec::Traffic::kWeights},
                         Case{"sr:ef:pred:topk_sign:0.1+zstd:1", ExpertStreamCodec::Traffic::kWeights},
                         Case{"ef:pred:topk:0.05", ExpertStreamCodec::Traffic::kWeights},
-                        Case{"ef:topk_sign:0.1", ExpertStreamCodec::Traffic::kGradients}}) {
+                        Case{"ef:topk_sign:0.1", ExpertStreamCodec::Traffic::kGradients},
+                        Case{"sr:ef:block_sign:0.5+zstd:1", ExpertStreamCodec::Traffic::kWeights},
+                        Case{"sr:ef:pred:block_sign:0.5:8", ExpertStreamCodec::Traffic::kWeights},
+                        Case{"ef:block_sign:0.25", ExpertStreamCodec::Traffic::kGradients}}) {
     const bool weights = c.traffic == ExpertStreamCodec::Traffic::kWeights;
     auto sender = codec(c.spec, c.traffic, n);
     auto dense = codec(c.spec, c.traffic, n), sparse = codec(c.spec, c.traffic, n);

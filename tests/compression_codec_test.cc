@@ -47,7 +47,8 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
                               "int8_row", "int8_row+zstd:9", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
-                              "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1"};
+                              "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1", "block_sign:0.5",
+                              "block_sign:0.25:4+zstd:1", "block_sign:1:1"};
 
 TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
   const std::vector<TensorShape> shapes = {{1, 0}, {0, 5}, {1, 1}, {1, 7}, {1, 1001}, {3, 17}, {64, 128}};
@@ -171,6 +172,85 @@ TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirR
   }
 }
 
+// The reference: each row's blocks by energy (ties to the lower block), the
+// kept ones as sign x the mean |x| of the row's kept entries.
+std::vector<float> naive_block_sign(const std::vector<float>& x, TensorShape shape, size_t block, double density) {
+  std::vector<float> want(x.size(), 0.0f);
+  const size_t blocks = (shape.cols + block - 1) / block;
+  for (size_t r = 0; r < shape.rows; ++r) {
+    std::vector<std::pair<double, size_t>> energy;
+    for (size_t b = 0; b < blocks; ++b) {
+      double e = 0;
+      for (size_t c = b * block; c < std::min<size_t>(shape.cols, (b + 1) * block); ++c)
+        e += double(x[r * shape.cols + c]) * x[r * shape.cols + c];
+      energy.push_back({-e, b});
+    }
+    std::sort(energy.begin(), energy.end());
+    const size_t keep = std::max<size_t>(1, static_cast<size_t>(std::ceil(density * blocks - 1e-9)));
+    std::vector<size_t> kept;
+    double magnitude = 0;
+    for (size_t j = 0; j < std::min(keep, blocks); ++j)
+      for (size_t c = energy[j].second * block; c < std::min<size_t>(shape.cols, (energy[j].second + 1) * block); ++c) {
+        kept.push_back(r * shape.cols + c);
+        magnitude += std::abs(x[r * shape.cols + c]);
+      }
+    const float scale = kept.empty() ? 0.0f : static_cast<float>(magnitude / static_cast<double>(kept.size()));
+    for (size_t i : kept) want[i] = std::signbit(x[i]) ? -scale : scale;
+  }
+  return want;
+}
+
+TEST(BlockSign, KeepsEachRowsBlocksOfLargestEnergyAsSignsTimesTheRowsMeanMagnitude) {
+  const TensorShape shape{5, 401};  // 401 = 25 x 16 + 1: every row ends in a block of one
+  std::vector<float> x = random_tensor(shape.elements(), 17);
+  std::fill(x.begin() + 2 * 401, x.begin() + 3 * 401, 0.0f);  // a row of zeros: equal energies, the first blocks
+  for (size_t i = 0; i < 401; i += 5) x[i] = 0.0f;               // zeros inside kept blocks decode to +scale
+  for (size_t block : {1, 7, 16, 401, 1000})
+    for (double density : {0.01, 0.3, 0.5, 1.0}) {
+      const std::string spec = "block_sign:" + std::to_string(density) + ":" + std::to_string(block) + "+zstd:1";
+      const std::vector<float> y = round_trip(pipeline(spec), x, shape);
+      const std::vector<float> want = naive_block_sign(x, shape, block, density);
+      ASSERT_EQ(0, std::memcmp(want.data(), y.data(), 4 * x.size())) << spec;
+    }
+}
+
+TEST(BlockSign, HalfTheBlocksCostAboutHalfABitAWeightAndLessThanTopKSignOfAsManyEntries) {
+  const std::vector<float> x = random_tensor(64 * 1024, 23);
+  EncodedTensor block, sign;
+  ASSERT_TRUE(pipeline("block_sign:0.5").encode(x.data(), {4, 16 * 1024}, &block).is_ok());
+  ASSERT_TRUE(pipeline("topk_sign:0.5").encode(x.data(), {4, 16 * 1024}, &sign).is_ok());
+  // 4 scales, a bit per block of 16, a bit per kept entry: 9/16 bit a weight.
+  EXPECT_EQ(block.payload.size(), 4 * 4 + 64 * 1024 / 16 / 8 + 64 * 1024 / 2 / 8);
+  EXPECT_LT(block.payload.size() * 3, sign.payload.size() * 2) << block.payload.size() << " vs " << sign.payload.size();
+}
+
+TEST(BlockSign, ABitmapThatDisagreesWithTheRecordOrBitsPastTheEndAreErrors) {
+  const std::vector<float> x = random_tensor(3 * 100, 29);
+  EncodedTensor e;
+  // Every block kept: 300 entries, so the last sign byte has 4 unused bits.
+  ASSERT_TRUE(pipeline("block_sign:1:16").encode(x.data(), {3, 100}, &e).is_ok());
+  std::vector<float> y(x.size());
+  ASSERT_TRUE(decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok());
+  const size_t bitmap = 3 * 4, blocks = 3 * 7;  // 7 blocks a row, the last of 4 entries
+  std::vector<uint8_t> p = e.payload;
+  p[bitmap] ^= 1;  // one block fewer than the record's entries
+  Status st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+  EXPECT_NE(st.message().find("kept blocks hold"), std::string::npos) << st.to_string();
+  p = e.payload;
+  p[bitmap + blocks / 8] |= static_cast<uint8_t>(0x80);  // past the last block
+  st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+  EXPECT_NE(st.message().find("beyond the last block"), std::string::npos) << st.to_string();
+  p = e.payload;
+  p.back() |= 0x80;  // past the last sign
+  st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+  EXPECT_NE(st.message().find("sign bits set beyond"), std::string::npos) << st.to_string();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  p = e.payload;
+  std::memcpy(p.data() + 4, &nan, 4);
+  st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+  EXPECT_NE(st.message().find("bad scale in row 1"), std::string::npos) << st.to_string();
+}
+
 TEST(TopKSign, OneBitValuesCostLessThanHalfTheBf16TopKForTheSameEntries) {
   const std::vector<float> x = random_tensor(64 * 1024, 21);
   EncodedTensor sign, bf16;
@@ -190,7 +270,7 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
     EXPECT_EQ(y[3], inf) << spec;
   }
   EXPECT_EQ(round_trip(pipeline("fp16"), x, {1, 6})[5], inf) << "beyond fp16's range";
-  for (const char* spec : {"int8_row", "topk:0.5+zstd", "topk_sign:0.5"}) {
+  for (const char* spec : {"int8_row", "topk:0.5+zstd", "topk_sign:0.5", "block_sign:0.5:2"}) {
     EncodedTensor e;
     Status st = pipeline(spec).encode(x.data(), {1, 6}, &e);
     EXPECT_FALSE(st.is_ok()) << spec;
@@ -200,6 +280,8 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
 
 TEST(Codec, BadSpecsAreRefusedNamingThePart) {
   for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0",
+                           "block_sign", "block_sign:0", "block_sign:0.5:0", "block_sign:0.5:x", "block_sign:0.5:1.5",
+                           "block_sign:0.5:70000", "block_sign:2",
                            "zstd:3.5", "bf16:2",
                            "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
     auto p = CodecPipeline::parse(spec);
@@ -248,7 +330,8 @@ TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
 
 TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndOfTheEncoderAndRefusesWhatTheDenseOneRefuses) {
   const std::vector<float> x = random_tensor(3 * 257, 5);
-  for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1", "topk_sign:0.05", "topk_sign:0.3+zstd:1"}) {
+  for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1", "topk_sign:0.05", "topk_sign:0.3+zstd:1",
+                           "block_sign:0.3", "block_sign:0.5:5+zstd:1"}) {
     EncodedTensor e;
     ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &e).is_ok());
     auto rec = parse_codec_record(e.metadata);

@@ -1,0 +1,111 @@
+#include "compression/detail/block_sign.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace xd::detail {
+
+namespace {
+
+uint64_t blocks_kept(double density, uint64_t blocks) {
+  if (blocks == 0) return 0;
+  const double k = std::ceil(density * static_cast<double>(blocks) - 1e-9);
+  return std::min<uint64_t>(blocks, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
+}
+
+bool bit(const uint8_t* bits, uint64_t j) { return (bits[j / 8] >> (j % 8)) & 1; }
+
+// Bits at or past `used` in the last byte of a bit string must be 0.
+bool tail_clear(const uint8_t* bits, uint64_t used) { return used % 8 == 0 || (bits[used / 8] >> (used % 8)) == 0; }
+
+}  // namespace
+
+std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t cols, uint64_t block, double density,
+                                       uint64_t* kept, std::vector<uint32_t>* index, std::vector<float>* value) {
+  const uint64_t per_row = blocks_per_row(cols, block);
+  const uint64_t keep = blocks_kept(density, per_row);
+  std::vector<uint8_t> bitmap((rows * per_row + 7) / 8, 0);
+  std::vector<float> scale(rows, 0.0f);
+  std::vector<std::pair<double, uint64_t>> energy(per_row);  // (sum of squares, block)
+  uint64_t entries = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    for (uint64_t b = 0; b < per_row; ++b) {
+      double e = 0;
+      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c) e += double(row[c]) * row[c];
+      energy[b] = {e, b};
+    }
+    // Largest energy first, ties to the lower block: the same choice everywhere.
+    auto before = [](const std::pair<double, uint64_t>& a, const std::pair<double, uint64_t>& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    if (keep == 0) continue;  // a row of no columns
+    std::nth_element(energy.begin(), energy.begin() + (keep - 1), energy.end(), before);
+    double magnitude = 0;
+    uint64_t count = 0;
+    for (uint64_t j = 0; j < keep; ++j) {
+      const uint64_t b = energy[j].second, at = r * per_row + b;
+      bitmap[at / 8] |= static_cast<uint8_t>(1u << (at % 8));
+      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c) magnitude += std::abs(row[c]);
+      count += std::min(cols, (b + 1) * block) - b * block;
+    }
+    // The mean |x| of the kept entries minimises the squared error for their signs.
+    scale[r] = count ? static_cast<float>(magnitude / static_cast<double>(count)) : 0.0f;
+    entries += count;
+  }
+  *kept = entries;
+  std::vector<uint8_t> out(block_sign_bytes(rows, cols, block, entries), 0);
+  if (rows) std::memcpy(out.data(), scale.data(), 4 * rows);
+  if (!bitmap.empty()) std::memcpy(out.data() + 4 * rows, bitmap.data(), bitmap.size());
+  uint8_t* signs = out.data() + 4 * rows + bitmap.size();
+  uint64_t j = 0;
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t b = 0; b < per_row; ++b) {
+      if (!bit(bitmap.data(), r * per_row + b)) continue;
+      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c, ++j) {
+        const uint64_t i = r * cols + c;
+        const bool negative = std::signbit(x[i]);
+        if (negative) signs[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+        if (index) index->push_back(static_cast<uint32_t>(i));
+        if (value) value->push_back(negative ? -scale[r] : scale[r]);
+      }
+    }
+  return out;
+}
+
+Status decode_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_t block, uint64_t kept,
+                         std::vector<uint32_t>* index, std::vector<float>* value) {
+  const uint64_t per_row = blocks_per_row(cols, block), blocks = rows * per_row;
+  const uint8_t* bitmap = in + 4 * rows;
+  const uint8_t* signs = bitmap + (blocks + 7) / 8;
+  std::vector<float> scale(rows);
+  if (rows) std::memcpy(scale.data(), in, 4 * rows);
+  for (uint64_t r = 0; r < rows; ++r)
+    if (!std::isfinite(scale[r]) || scale[r] < 0)
+      return Status::corruption("block_sign: bad scale in row " + std::to_string(r));
+  if (blocks && !tail_clear(bitmap, blocks)) return Status::corruption("block_sign: block bits set beyond the last block");
+  uint64_t entries = 0;
+  for (uint64_t at = 0; at < blocks; ++at)
+    if (bit(bitmap, at)) entries += std::min(cols, (at % per_row + 1) * block) - (at % per_row) * block;
+  if (entries != kept)
+    return Status::corruption("block_sign: the kept blocks hold " + std::to_string(entries) + " entries, the record says " +
+                              std::to_string(kept));
+  if (kept && !tail_clear(signs, kept)) return Status::corruption("block_sign: sign bits set beyond the kept entries");
+  index->reserve(index->size() + kept);
+  value->reserve(value->size() + kept);
+  uint64_t j = 0;
+  for (uint64_t at = 0; at < blocks; ++at) {
+    if (!bit(bitmap, at)) continue;
+    const uint64_t r = at / per_row, b = at % per_row;
+    for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c, ++j) {
+      index->push_back(static_cast<uint32_t>(r * cols + c));
+      value->push_back(bit(signs, j) ? -scale[r] : scale[r]);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace xd::detail
