@@ -7,13 +7,16 @@ its codecs (mode auto); EP runs domain sizes all 1.
 
 HybridEP + SR sends, on the inter-DC link only:
   expert_gather: sr:ef:topk:<density>+zstd:1   (the SR codec with error feedback;
-                 sr:ef:topk_sign:<density>+zstd:1 with --sign)
+                 sr:ef:topk_sign:<density>+zstd:1 with --sign;
+                 any SR spec with --expert-gather, e.g. sr:ef:block_sign:0.5+zstd:1)
   expert_grad:   ef:topk:<grad density>+zstd:1 (replica gradients, error feedback)
 with the SR base re-synchronised every --base-every steps.
 
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
-           [--table5-point] [--separate-encode] [--sign] [--dense-grad bf16]
+           [--table5-point] [--separate-encode] [--sign] [--density D]
+           [--expert-gather SPEC] [--grad-density D] [--base-every N]
+           [--dense-grad bf16] [--dc-bandwidth 50mbit] [--dc-latency 10ms]
            [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
 2048 tokens per worker, ff 64) to compare HybridEP + SR with EP there.
@@ -116,6 +119,8 @@ def main():
                     help="top-k density of the SR codec (default 0.04, or 0.1 with --sign: about the same bytes)")
     ap.add_argument("--sign", action="store_true",
                     help="the SR codec sends 1-bit values (topk_sign) instead of bf16 ones (topk)")
+    ap.add_argument("--expert-gather", default=None,
+                    help="the whole expert_gather spec of HybridEP + SR (overrides --sign and --density)")
     ap.add_argument("--grad-density", default="0.1", help="top-k density of the replica-gradient codec")
     ap.add_argument("--base-every", type=int, default=10)
     ap.add_argument("--dc-bandwidth", default="50mbit")
@@ -131,7 +136,8 @@ def main():
     a = ap.parse_args()
     density = a.density or ("0.1" if a.sign else "0.04")
     values = "topk_sign" if a.sign else "topk"
-    sr = f"expert_gather: 'sr:ef:{values}:{density}+zstd:1', expert_grad: 'ef:topk:{a.grad_density}+zstd:1'"
+    gather = a.expert_gather or f"sr:ef:{values}:{density}+zstd:1"
+    sr = f"expert_gather: '{gather}', expert_grad: 'ef:topk:{a.grad_density}+zstd:1'"
     if a.dense_grad == "bf16":
         sr += ", dense_grad: bf16"
     variants = [("ep", "ep", ""), ("hybrid", "auto", ""), ("hybrid+sr", "auto", sr)]

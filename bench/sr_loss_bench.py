@@ -72,6 +72,7 @@ RUNS = {
     "sr-ef-block-half-8": {"expert_gather": "sr:ef:block_sign:0.5:8+zstd:1"},
     "sr-ef-pred-block-half": {"expert_gather": "sr:ef:pred:block_sign:0.5+zstd:1"},
     "sr-ef-block-3of8-4": {"expert_gather": "sr:ef:block_sign:0.375:4+zstd:1"},
+    "sr-ef-block-60-32": {"expert_gather": "sr:ef:block_sign:0.6:32+zstd:1"},
     # The same with the SR base re-synchronised every 10 steps, not every step.
     "sr-ef-sign-all-base10": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_every": "10"},
     # The same bytes, each entry's drift predicted between its corrections.

@@ -1,8 +1,7 @@
 // Codecs for tensors on the wire: a value codec (raw, bf16, fp16, per-row
 // int8, top-k sparse with bf16 or 1-bit values, the largest blocks with 1-bit
-// values) optionally followed by a
-// zstd stage, composed into a CodecPipeline. The layout is
-// compression/codec_format.h.
+// values) optionally followed by a zstd stage, composed into a
+// CodecPipeline. The layout is compression/codec_format.h.
 //
 //   auto p = CodecPipeline::parse("topk:0.01+zstd:3");   // or "bf16", "int8_row"
 //   EncodedTensor e;  p->encode(data, {rows, cols}, &e);  // e.metadata, e.payload
@@ -12,9 +11,9 @@
 //
 // Non-finite values: raw, bf16 and fp16 keep NaN and +-Inf (bf16 and fp16
 // keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf).
-// int8_row, topk, topk_sign and block_sign refuse to encode a tensor holding NaN or Inf
-// (an error naming the first such element): a scale or a ranking of
-// non-finite values means nothing.
+// int8_row, topk, topk_sign and block_sign refuse to encode a tensor holding
+// NaN or Inf (an error naming the first such element): a scale or a ranking
+// of non-finite values means nothing.
 //
 // A pipeline is immutable after parse(); encode and decode are thread-safe.
 // Depends on zstd and msgpack-cxx only.
@@ -42,9 +41,10 @@ struct EncodedTensor {
   std::vector<uint8_t> payload;  // the last stage's output
 };
 
-// The entries a sparse payload (topk, topk_sign, block_sign) keeps: ascending flat indices and their
-// decoded values. A receiver adds them where they belong instead of building
-// the dense tensor first (HybridEP's SRDecode, recovery fused with addition).
+// The entries a sparse payload (topk, topk_sign, block_sign) keeps:
+// ascending flat indices and their decoded values. A receiver adds them
+// where they belong instead of building the dense tensor first (HybridEP's
+// SRDecode, recovery fused with addition).
 struct SparseTensor {
   std::vector<uint32_t> index;
   std::vector<float> value;
@@ -53,9 +53,9 @@ struct SparseTensor {
 // One stage of a pipeline, as written in a spec string.
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
-  double density = 0;  // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
+  double density = 0;   // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
   uint64_t block = 16;  // block_sign: entries per block
-  int level = 3;       // zstd: compression level, 1..19
+  int level = 3;        // zstd: compression level, 1..19
 };
 
 class CodecPipeline {
@@ -75,11 +75,10 @@ class CodecPipeline {
   bool is_raw() const;       // plain raw: nothing to encode
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
-  // codec refuses it, a shape beyond kMaxCodecElements. With `kept`, a top-k
-  // pipeline also gives the entries it keeps, to the bit as decode_sparse
-  // decodes them, so a sender need not decode its own message (so does a
-  // block_sign pipeline); other
-  // pipelines leave it empty.
+  // codec refuses it, a shape beyond kMaxCodecElements. With `kept`, a sparse
+  // pipeline (topk, topk_sign, block_sign) also gives the entries it keeps,
+  // to the bit as decode_sparse decodes them, so a sender need not decode its
+  // own message; other pipelines leave it empty.
   Status encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* kept = nullptr) const;
   bool is_sparse() const;  // its value codec is topk, topk_sign or block_sign
 

@@ -34,8 +34,10 @@ std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t c
   for (uint64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
     for (uint64_t b = 0; b < per_row; ++b) {
+      const float* at = row + b * block;
+      const uint64_t len = std::min(cols, (b + 1) * block) - b * block;
       double e = 0;
-      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c) e += double(row[c]) * row[c];
+      for (uint64_t c = 0; c < len; ++c) e += double(at[c]) * at[c];
       energy[b] = {e, b};
     }
     // Largest energy first, ties to the lower block: the same choice everywhere.
@@ -49,8 +51,9 @@ std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t c
     for (uint64_t j = 0; j < keep; ++j) {
       const uint64_t b = energy[j].second, at = r * per_row + b;
       bitmap[at / 8] |= static_cast<uint8_t>(1u << (at % 8));
-      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c) magnitude += std::abs(row[c]);
-      count += std::min(cols, (b + 1) * block) - b * block;
+      const uint64_t len = std::min(cols, (b + 1) * block) - b * block;
+      for (uint64_t c = 0; c < len; ++c) magnitude += std::abs(row[b * block + c]);
+      count += len;
     }
     // The mean |x| of the kept entries minimises the squared error for their signs.
     scale[r] = count ? static_cast<float>(magnitude / static_cast<double>(count)) : 0.0f;
@@ -61,16 +64,22 @@ std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t c
   if (rows) std::memcpy(out.data(), scale.data(), 4 * rows);
   if (!bitmap.empty()) std::memcpy(out.data() + 4 * rows, bitmap.data(), bitmap.size());
   uint8_t* signs = out.data() + 4 * rows + bitmap.size();
+  const size_t before = index ? index->size() : 0, before_v = value ? value->size() : 0;
+  if (index) index->resize(before + entries);
+  if (value) value->resize(before_v + entries);
+  uint32_t* ix = index ? index->data() + before : nullptr;
+  float* vx = value ? value->data() + before_v : nullptr;
   uint64_t j = 0;
   for (uint64_t r = 0; r < rows; ++r)
     for (uint64_t b = 0; b < per_row; ++b) {
       if (!bit(bitmap.data(), r * per_row + b)) continue;
-      for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c, ++j) {
-        const uint64_t i = r * cols + c;
-        const bool negative = std::signbit(x[i]);
-        if (negative) signs[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
-        if (index) index->push_back(static_cast<uint32_t>(i));
-        if (value) value->push_back(negative ? -scale[r] : scale[r]);
+      const uint64_t first = r * cols + b * block, len = std::min(cols, (b + 1) * block) - b * block;
+      const float plus = scale[r], minus = -scale[r];
+      for (uint64_t c = 0; c < len; ++c, ++j) {
+        const bool negative = std::signbit(x[first + c]);
+        signs[j / 8] |= static_cast<uint8_t>(negative << (j % 8));
+        if (ix) ix[j] = static_cast<uint32_t>(first + c);
+        if (vx) vx[j] = negative ? minus : plus;
       }
     }
   return out;
@@ -94,15 +103,32 @@ Status decode_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64
     return Status::corruption("block_sign: the kept blocks hold " + std::to_string(entries) + " entries, the record says " +
                               std::to_string(kept));
   if (kept && !tail_clear(signs, kept)) return Status::corruption("block_sign: sign bits set beyond the kept entries");
-  index->reserve(index->size() + kept);
-  value->reserve(value->size() + kept);
+  const size_t before = index->size(), before_v = value->size();
+  index->resize(before + kept);
+  value->resize(before_v + kept);
+  uint32_t* ix = index->data() + before;
+  float* vx = value->data() + before_v;
   uint64_t j = 0;
   for (uint64_t at = 0; at < blocks; ++at) {
     if (!bit(bitmap, at)) continue;
     const uint64_t r = at / per_row, b = at % per_row;
-    for (uint64_t c = b * block; c < std::min(cols, (b + 1) * block); ++c, ++j) {
-      index->push_back(static_cast<uint32_t>(r * cols + c));
-      value->push_back(bit(signs, j) ? -scale[r] : scale[r]);
+    const uint64_t first = r * cols + b * block, len = std::min(cols, (b + 1) * block) - b * block;
+    const float plus = scale[r], minus = -scale[r];
+    uint64_t c = 0;
+    for (; c < len && j % 8 != 0; ++c, ++j) {
+      ix[j] = static_cast<uint32_t>(first + c);
+      vx[j] = bit(signs, j) ? minus : plus;
+    }
+    for (; c + 8 <= len; c += 8, j += 8) {  // a whole sign byte at a time
+      const uint8_t byte = signs[j / 8];
+      for (uint64_t q = 0; q < 8; ++q) {
+        ix[j + q] = static_cast<uint32_t>(first + c + q);
+        vx[j + q] = (byte >> q) & 1 ? minus : plus;
+      }
+    }
+    for (; c < len; ++c, ++j) {
+      ix[j] = static_cast<uint32_t>(first + c);
+      vx[j] = bit(signs, j) ? minus : plus;
     }
   }
   return Status::ok();
