@@ -238,7 +238,8 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
       return s.kept <= n && s.bytes >= s.kept + fixed && s.bytes <= 5 * s.kept + fixed;
     }
     case CodecKind::kBlockSign:  // rows, cols, kept <= 2^34 and block >= 1: no overflow
-      return s.kept <= n && s.bytes == detail::block_sign_bytes(rows, n ? n / rows : 0, s.block, s.kept);
+      return s.block >= 1 && s.block <= kMaxCodecBlock && s.kept <= n &&
+             s.bytes == detail::block_sign_bytes(rows, n ? n / rows : 0, s.block, s.kept);
     case CodecKind::kZstd: return false;
   }
   return false;
@@ -320,14 +321,11 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
     case CodecKind::kTopKSign:
       if (n) std::memset(out, 0, n * sizeof(float));
       return for_each_kept(s, in, rows, cols, [out](uint64_t i, float v) { out[i] = v; });
-    case CodecKind::kBlockSign: {
-      std::vector<uint32_t> index;
-      std::vector<float> value;
-      XD_RETURN_IF_ERROR(detail::decode_block_sign(in, rows, cols, s.block, s.kept, &index, &value));
+    case CodecKind::kBlockSign:
+      XD_RETURN_IF_ERROR(detail::check_block_sign(in, rows, cols, s.block, s.kept));
       if (n) std::memset(out, 0, n * sizeof(float));
-      for (size_t j = 0; j < index.size(); ++j) out[index[j]] = value[j];
+      detail::for_each_block_sign(in, rows, cols, s.block, [out](uint64_t, uint64_t i, float v) { out[i] = v; });
       return Status::ok();
-    }
     case CodecKind::kZstd: break;
   }
   return Status::internal("not a value codec");
@@ -587,13 +585,25 @@ Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payl
   if (!is_sparse(rec))
     return Status::invalid_argument("decode_sparse: the value codec is none of topk, topk_sign and block_sign");
   const uint64_t n = rec.shape.elements();
-  if (n > std::numeric_limits<uint32_t>::max()) return Status::corruption("topk: tensor above 2^32 elements");
+  if (n > std::numeric_limits<uint32_t>::max())
+    return Status::corruption(std::string(kind_name(rec.stages.front().kind)) + ": tensor above 2^32 elements");
   std::vector<uint8_t> buffer;
   const uint8_t* values = nullptr;
   XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
   const CodecStageRecord& s = rec.stages.front();
-  if (s.kind == CodecKind::kBlockSign)
-    return detail::decode_block_sign(values, rec.shape.rows, rec.shape.cols, s.block, s.kept, &out->index, &out->value);
+  if (s.kind == CodecKind::kBlockSign) {
+    XD_RETURN_IF_ERROR(detail::check_block_sign(values, rec.shape.rows, rec.shape.cols, s.block, s.kept));
+    out->index.resize(s.kept);  // kept <= n <= 2^32 (checked above)
+    out->value.resize(s.kept);
+    uint32_t* index = out->index.data();
+    float* value = out->value.data();
+    detail::for_each_block_sign(values, rec.shape.rows, rec.shape.cols, s.block,
+                                [index, value](uint64_t j, uint64_t i, float v) {
+                                  index[j] = static_cast<uint32_t>(i);
+                                  value[j] = v;
+                                });
+    return Status::ok();
+  }
   out->index.reserve(rec.stages.front().kept);
   out->value.reserve(rec.stages.front().kept);
   return for_each_kept(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, [out](uint64_t i, float v) {

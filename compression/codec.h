@@ -75,7 +75,8 @@ class CodecPipeline {
   bool is_raw() const;       // plain raw: nothing to encode
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
-  // codec refuses it, a shape beyond kMaxCodecElements. With `kept`, a sparse
+  // codec refuses it, a shape beyond kMaxCodecElements, a sparse codec's
+  // tensor above 2^32 elements. With `kept`, a sparse
   // pipeline (topk, topk_sign, block_sign) also gives the entries it keeps,
   // to the bit as decode_sparse decodes them, so a sender need not decode its
   // own message; other pipelines leave it empty.

@@ -32,18 +32,21 @@
 //             +-scale of its row; a row's scale is the mean |x| of its kept
 //             entries (0 when it keeps none), the value that minimises the
 //             squared error for those signs.
-//   block_sign params "kept" = k entries, "block" = B >= 1. Each row is cut
+//   block_sign params "kept" = k entries, "block" = B in 1..kMaxCodecBlock.
+//             Each row is cut
 //             into ceil(cols / B) blocks of B entries (a row's last block is
 //             shorter when B does not divide cols); a row keeps the
 //             ceil(density x its blocks) blocks (at least one) of largest
 //             sum of squares (ties: the lower block), and k is the entries
-//             in all kept blocks. rows x f32 scale, then a bitmap of the
+//             in all kept blocks (that rule is the encoder's: a decoder
+//             takes any bitmap whose kept blocks hold k entries). rows x f32 scale, then a bitmap of the
 //             rows x ceil(cols / B) blocks in row-major order (bit j % 8 of
 //             byte j / 8 set: block j is kept), then ceil(k / 8) bytes of sign
 //             bits of the kept entries in index order (as in topk_sign); the
 //             unused high bits of both bit strings are 0. An entry of a kept
-//             block decodes to +-scale of its row (a zero to +scale), scale =
-//             the mean |x| of the row's kept entries; every other entry to 0.
+//             block decodes to +-scale of its row by its float sign bit (+0
+//             to +scale, -0 to -scale), scale = the mean |x| of the row's
+//             kept entries, summed in block order; every other entry to 0.
 //             The block bitmap costs 1/B bit an entry, not an index each.
 // Byte codecs:
 //   zstd      param "level"; one zstd frame whose content size is the

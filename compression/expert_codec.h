@@ -50,7 +50,8 @@ struct ExpertCodecSpec {
   static Expected<ExpertCodecSpec> parse(const std::string& spec);
   std::string spec() const;  // parse(spec()) gives the same
   bool is_raw() const { return !against_base && !feedback && pipeline.is_raw(); }
-  // pred:'s velocity gain: the top-k density, or 1 for a dense pipeline.
+  // pred:'s velocity gain: the top-k density (block_sign: the fraction of
+  // blocks), or 1 for a dense pipeline.
   float velocity_gain() const;
 };
 

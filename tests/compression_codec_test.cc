@@ -187,10 +187,13 @@ std::vector<float> naive_block_sign(const std::vector<float>& x, TensorShape sha
     }
     std::sort(energy.begin(), energy.end());
     const size_t keep = std::max<size_t>(1, static_cast<size_t>(std::ceil(density * blocks - 1e-9)));
+    std::vector<size_t> chosen;
+    for (size_t j = 0; j < std::min(keep, blocks); ++j) chosen.push_back(energy[j].second);
+    std::sort(chosen.begin(), chosen.end());  // the scale sums the kept blocks in block order
     std::vector<size_t> kept;
     double magnitude = 0;
-    for (size_t j = 0; j < std::min(keep, blocks); ++j)
-      for (size_t c = energy[j].second * block; c < std::min<size_t>(shape.cols, (energy[j].second + 1) * block); ++c) {
+    for (size_t b : chosen)
+      for (size_t c = b * block; c < std::min<size_t>(shape.cols, (b + 1) * block); ++c) {
         kept.push_back(r * shape.cols + c);
         magnitude += std::abs(x[r * shape.cols + c]);
       }
@@ -212,6 +215,56 @@ TEST(BlockSign, KeepsEachRowsBlocksOfLargestEnergyAsSignsTimesTheRowsMeanMagnitu
       const std::vector<float> want = naive_block_sign(x, shape, block, density);
       ASSERT_EQ(0, std::memcmp(want.data(), y.data(), 4 * x.size())) << spec;
     }
+}
+
+TEST(BlockSign, BlocksOfEqualEnergyAreKeptLowestFirst) {
+  // One row of six equal blocks of 4 and one row where blocks 1 and 4 tie
+  // above the rest.
+  std::vector<float> x(2 * 24);
+  for (size_t c = 0; c < 24; ++c) x[c] = (c % 4 == 1 ? -1.5f : 0.5f);
+  for (size_t c = 0; c < 24; ++c) x[24 + c] = (c / 4 == 1 || c / 4 == 4) ? 2.0f : 0.25f;
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("block_sign:0.34:4").encode(x.data(), {2, 24}, &e).is_ok());  // 3 blocks a row
+  auto rec = parse_codec_record(e.metadata);
+  ASSERT_TRUE(rec);
+  SparseTensor kept;
+  ASSERT_TRUE(decode_sparse(*rec, e.payload.data(), e.payload.size(), &kept).is_ok());
+  std::vector<uint32_t> want;
+  for (uint32_t i = 0; i < 12; ++i) want.push_back(i);  // row 0: blocks 0, 1, 2
+  // Row 1: blocks 1 and 4, then the lowest of the four equal ones, block 0.
+  for (uint32_t i = 24; i < 32; ++i) want.push_back(i);
+  for (uint32_t i = 40; i < 44; ++i) want.push_back(i);
+  EXPECT_EQ(kept.index, want);
+}
+
+TEST(BlockSign, HostileBlockFieldsAreRefused) {
+  const std::vector<float> x = random_tensor(64, 31);
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("block_sign:0.5:16").encode(x.data(), {1, 64}, &e).is_ok());
+  std::vector<float> y(64);
+  const size_t at = e.metadata.find("block");
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(static_cast<uint8_t>(e.metadata[at + 5]), 0x10) << "block 16, a msgpack positive fixint";
+  auto decode_with_block = [&](const std::string& value) {
+    std::string m = e.metadata;
+    m.replace(at + 5, 1, value);
+    return decode_tensor(m, e.payload.data(), e.payload.size(), y.data(), y.size());
+  };
+  EXPECT_NE(decode_with_block(std::string(1, '\0')).message().find("block of 0 entries"), std::string::npos);
+  EXPECT_NE(decode_with_block(std::string("\xce\x00\x01\x00\x01", 5)).message().find("block of 65537 entries"),
+            std::string::npos);
+  // Another block size than the payload was made for: 16 blocks of 4 need
+  // another bitmap size.
+  EXPECT_NE(decode_with_block(std::string(1, '\x04')).message().find("do not fit"), std::string::npos);
+  // A record that says one entry more than the blocks hold.
+  auto rec = parse_codec_record(e.metadata);
+  ASSERT_TRUE(rec);
+  rec->stages.front().kept += 1;
+  EXPECT_FALSE(decode_tensor(*rec, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok());
+  // A record built by hand with no block size is refused, not divided by.
+  rec = parse_codec_record(e.metadata);
+  rec->stages.front().block = 0;
+  EXPECT_FALSE(decode_tensor(*rec, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok());
 }
 
 TEST(BlockSign, HalfTheBlocksCostAboutHalfABitAWeightAndLessThanTopKSignOfAsManyEntries) {

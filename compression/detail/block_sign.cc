@@ -46,11 +46,16 @@ std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t c
     };
     if (keep == 0) continue;  // a row of no columns
     std::nth_element(energy.begin(), energy.begin() + (keep - 1), energy.end(), before);
+    for (uint64_t j = 0; j < keep; ++j) {
+      const uint64_t at = r * per_row + energy[j].second;
+      bitmap[at / 8] |= static_cast<uint8_t>(1u << (at % 8));
+    }
+    // Summed in block order, not in nth_element's: the same bits from any
+    // standard library.
     double magnitude = 0;
     uint64_t count = 0;
-    for (uint64_t j = 0; j < keep; ++j) {
-      const uint64_t b = energy[j].second, at = r * per_row + b;
-      bitmap[at / 8] |= static_cast<uint8_t>(1u << (at % 8));
+    for (uint64_t b = 0; b < per_row; ++b) {
+      if (!bit(bitmap.data(), r * per_row + b)) continue;
       const uint64_t len = std::min(cols, (b + 1) * block) - b * block;
       for (uint64_t c = 0; c < len; ++c) magnitude += std::abs(row[b * block + c]);
       count += len;
@@ -85,16 +90,15 @@ std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t c
   return out;
 }
 
-Status decode_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_t block, uint64_t kept,
-                         std::vector<uint32_t>* index, std::vector<float>* value) {
+Status check_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_t block, uint64_t kept) {
   const uint64_t per_row = blocks_per_row(cols, block), blocks = rows * per_row;
   const uint8_t* bitmap = in + 4 * rows;
   const uint8_t* signs = bitmap + (blocks + 7) / 8;
-  std::vector<float> scale(rows);
-  if (rows) std::memcpy(scale.data(), in, 4 * rows);
-  for (uint64_t r = 0; r < rows; ++r)
-    if (!std::isfinite(scale[r]) || scale[r] < 0)
-      return Status::corruption("block_sign: bad scale in row " + std::to_string(r));
+  for (uint64_t r = 0; r < rows; ++r) {
+    float scale;
+    std::memcpy(&scale, in + 4 * r, sizeof scale);
+    if (!std::isfinite(scale) || scale < 0) return Status::corruption("block_sign: bad scale in row " + std::to_string(r));
+  }
   if (blocks && !tail_clear(bitmap, blocks)) return Status::corruption("block_sign: block bits set beyond the last block");
   uint64_t entries = 0;
   for (uint64_t at = 0; at < blocks; ++at)
@@ -103,34 +107,6 @@ Status decode_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64
     return Status::corruption("block_sign: the kept blocks hold " + std::to_string(entries) + " entries, the record says " +
                               std::to_string(kept));
   if (kept && !tail_clear(signs, kept)) return Status::corruption("block_sign: sign bits set beyond the kept entries");
-  const size_t before = index->size(), before_v = value->size();
-  index->resize(before + kept);
-  value->resize(before_v + kept);
-  uint32_t* ix = index->data() + before;
-  float* vx = value->data() + before_v;
-  uint64_t j = 0;
-  for (uint64_t at = 0; at < blocks; ++at) {
-    if (!bit(bitmap, at)) continue;
-    const uint64_t r = at / per_row, b = at % per_row;
-    const uint64_t first = r * cols + b * block, len = std::min(cols, (b + 1) * block) - b * block;
-    const float plus = scale[r], minus = -scale[r];
-    uint64_t c = 0;
-    for (; c < len && j % 8 != 0; ++c, ++j) {
-      ix[j] = static_cast<uint32_t>(first + c);
-      vx[j] = bit(signs, j) ? minus : plus;
-    }
-    for (; c + 8 <= len; c += 8, j += 8) {  // a whole sign byte at a time
-      const uint8_t byte = signs[j / 8];
-      for (uint64_t q = 0; q < 8; ++q) {
-        ix[j + q] = static_cast<uint32_t>(first + c + q);
-        vx[j + q] = (byte >> q) & 1 ? minus : plus;
-      }
-    }
-    for (; c < len; ++c, ++j) {
-      ix[j] = static_cast<uint32_t>(first + c);
-      vx[j] = bit(signs, j) ? minus : plus;
-    }
-  }
   return Status::ok();
 }
 
