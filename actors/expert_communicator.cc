@@ -141,7 +141,9 @@ Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
     // Every rank ends with the same bits: each shard is summed in one place
     // and then copied (reduce-scatter, then all-gather), in bf16 or fp32.
     CollectiveTag tag{step, kNoLayer, 2, MessageKind::kExpertBase};
-    const detail::DenseWirePrecision precision{codec_options_.base_inner_bf16, codec_options_.base_outer_bf16};
+    if (codec_options_.base_outer_sign && !base_sign_) base_sign_ = std::make_unique<detail::SignDeltaState>();
+    const detail::DenseWirePrecision precision{codec_options_.base_inner_bf16, codec_options_.base_outer_bf16,
+                                               codec_options_.base_outer_sign ? base_sign_.get() : nullptr};
     XD_RETURN_IF_ERROR(detail::dense_all_reduce(inner, outer, precision, tag, sums.data(), sums.size()));
   }
   const float inv = 1.0f / model_->config().num_experts;

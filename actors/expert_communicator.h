@@ -43,6 +43,9 @@ namespace xd {
 class ExpertStreamCodec;
 struct ExpertTensorRef;
 struct PackSums;
+namespace detail {
+struct SignDeltaState;
+}
 
 struct ExpertCodecOptions {
   std::vector<ExpertCodecSpec> gather;  // per level (the link class of the AG at that level)
@@ -59,6 +62,9 @@ struct ExpertCodecOptions {
   // base only has to hold the same bits everywhere, not to be the exact mean.
   bool base_inner_bf16 = false;
   bool base_outer_bf16 = false;
+  // Across base_outer, sign-coded changes of the partial sums instead
+  // (`base_codec: sign`, actors/detail/dense_all_reduce.h).
+  bool base_outer_sign = false;
 };
 
 // What the codecs did at one level since the last take_codec_figures().
@@ -201,6 +207,7 @@ class ExpertCommunicator {
   std::atomic<int64_t> sent_during_update_{0};
   std::vector<float> base_;  // (layers, 3, ff*d) with sr:, else empty; written on the actor thread under mu_
   Status base_status_;       // actor thread only: a failed base all-reduce
+  std::unique_ptr<detail::SignDeltaState> base_sign_;  // actor thread only: base_codec sign's copies
   std::atomic<uint64_t> base_version_{0};  // counts the installed bases
 
   mutable std::mutex mu_;

@@ -15,7 +15,7 @@ with the SR base re-synchronised every --base-every steps.
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
            [--table5-point] [--separate-encode] [--sign] [--density D]
-           [--expert-gather SPEC] [--grad-density D] [--base-every N]
+           [--expert-gather SPEC] [--grad-density D] [--base-every N] [--base-codec sign]
            [--dense-grad bf16] [--dc-bandwidth 50mbit] [--dc-latency 10ms]
            [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
@@ -64,6 +64,7 @@ cluster:
     domain_sizes: [1, 1]
     memory_cap: unlimited
     base_sync_every: {base_every}
+    base_codec: {base_codec}
     fused_encode: {fused}
 """
 
@@ -81,6 +82,7 @@ def run(args, name, layout, ff, batch, mode, codecs):
     with open(cfg, "w") as f:
         f.write(MODEL.format(ff=ff, steps=args.steps, batch=batch, dcs=dcs, per_dc=per_dc, dc_bw=args.dc_bandwidth,
                              dc_lat=args.dc_latency, codecs=codecs, mode=mode, base_every=args.base_every,
+                             base_codec=args.base_codec,
                              fused="false" if args.separate_encode else "true"))
     p = subprocess.run([args.xdmoe, "launch", "--config", cfg, "--run-dir", work, "--cli-bind", "tcp://127.0.0.1:*"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -123,6 +125,8 @@ def main():
                     help="the whole expert_gather spec of HybridEP + SR (overrides --sign and --density)")
     ap.add_argument("--grad-density", default="0.1", help="top-k density of the replica-gradient codec")
     ap.add_argument("--base-every", type=int, default=10)
+    ap.add_argument("--base-codec", choices=["bf16", "sign"], default="bf16",
+                    help="expert_parallel.base_codec: how the SR base's sums cross the DC link")
     ap.add_argument("--dc-bandwidth", default="50mbit")
     ap.add_argument("--dc-latency", default="10ms")
     ap.add_argument("--table5-point", action="store_true")

@@ -73,6 +73,10 @@ RUNS = {
     "sr-ef-pred-block-half": {"expert_gather": "sr:ef:pred:block_sign:0.5+zstd:1"},
     "sr-ef-block-3of8-4": {"expert_gather": "sr:ef:block_sign:0.375:4+zstd:1"},
     "sr-ef-block-60-32": {"expert_gather": "sr:ef:block_sign:0.6:32+zstd:1"},
+    # The same with the SR base's changes crossing the DC link as signs
+    # (expert_parallel.base_codec: sign, about 1/13 of bf16's bytes).
+    "sr-ef-sign-all-basesign": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_codec": "sign"},
+    "sr-ef-block-half-basesign": {"expert_gather": "sr:ef:block_sign:0.5+zstd:1", "base_codec": "sign"},
     # The same with the SR base re-synchronised every 10 steps, not every step.
     "sr-ef-sign-all-base10": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_every": "10"},
     # The same bytes, each entry's drift predicted between its corrections.
@@ -85,7 +89,7 @@ TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
 def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None):
-    codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every")}
+    codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every", "base_codec")}
     y = base
     y = y.replace("  connectivity: regular", "  connectivity: regular\n  expert_init_spread: %g" % spread)
     y = re.sub(r"steps: \d+", "steps: %d" % steps, y, count=1)
@@ -100,7 +104,8 @@ def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None):
     y = y.replace("link: {bandwidth: 1gbit, latency: 0.2ms, shape: true}",
                   "link: {bandwidth: 1gbit, latency: 0.2ms, shape: false}")
     y = y.replace("mode: auto ", "mode: hybrid")
-    y = re.sub(r"(    memory_cap: .*\n)", r"\g<1>    base_sync_every: %s\n" % run.get("base_every", "1"), y, count=1)
+    y = re.sub(r"(    memory_cap: .*\n)", r"\g<1>    base_sync_every: %s\n    base_codec: %s\n" %
+               (run.get("base_every", "1"), run.get("base_codec", "bf16")), y, count=1)
     y = y.replace("domain_sizes: [1, 1]", "domain_sizes: %s" % run.get("domains", "[2, 2]"))
     return y
 

@@ -150,6 +150,8 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
       if (s != 1) return Issue{"cluster.expert_parallel.domain_sizes", "mode ep means all 1s"};
   if (!(ep.memory_cap_bytes >= 0)) return Issue{"cluster.expert_parallel.memory_cap", "must be >= 0"};
   if (ep.base_sync_every < 0) return Issue{"cluster.expert_parallel.base_sync_every", "must be >= 0"};
+  if (ep.base_codec != "bf16" && ep.base_codec != "sign")
+    return Issue{"cluster.expert_parallel.base_codec", "must be bf16 or sign, not '" + ep.base_codec + "'"};
   if (ep.pipeline_degree < 0 || ep.pipeline_degree > 64)
     return Issue{"cluster.expert_parallel.pipeline_degree", "must be auto or 1..64"};
   if (!c.hosts.empty()) {
@@ -284,7 +286,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
         r.fail(v, full, "needs coordinator_public_key and allowed_keys (make them with `xdmoe keygen`), or insecure: true");
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
-      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "fused_encode", "pipeline_degree"}, {},
+      r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "base_codec", "fused_encode",
+                                 "pipeline_degree"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -306,6 +309,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           }
         } else if (ek == "base_sync_every") {
           r.get(ev, efull, &ep.base_sync_every);
+        } else if (ek == "base_codec") {
+          r.get(ev, efull, &ep.base_codec);
         } else if (ek == "fused_encode") {
           r.get(ev, efull, &ep.fused_encode);
         } else if (ek == "pipeline_degree") {

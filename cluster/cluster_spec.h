@@ -71,6 +71,12 @@ struct ExpertParallelSpec {
   // Steps between re-synchronisations of the SR base experts (an all-reduce
   // of every layer's mean expert); 0: only once, before the first step.
   int base_sync_every = 1;
+  // How the SR base's partial sums cross a link class whose all-gather codes
+  // against the base: "bf16" (each sync sends them in bf16), or "sign" (the
+  // first sync exact, then each member's change since the last as one sign
+  // bit per entry and a scale per 1024, error feedback keeping every member's
+  // copy of every partial the same; about 1/13 of bf16's bytes).
+  std::string base_codec = "bf16";
   // Pack the compressed experts of the next all-gather (and the base's sum)
   // inside the optimizer step, from weights still in cache (HybridEP Fig. 10a);
   // false: a separate pass on the communicator's thread. Same bits either way.

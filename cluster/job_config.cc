@@ -79,6 +79,7 @@ json cluster_to_json(const ClusterSpec& c) {
           {"expert_parallel", {{"mode", ep_mode_name(ep.mode)},
                                {"domain_sizes", ep.domain_sizes},
                                {"base_sync_every", ep.base_sync_every},
+                               {"base_codec", ep.base_codec},
                                {"fused_encode", ep.fused_encode},
                                {"pipeline_degree", ep.pipeline_degree},
                                // JSON has no infinity: null means no cap.
@@ -147,6 +148,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   }
   e.get("domain_sizes", &c->expert_parallel.domain_sizes);
   e.get("base_sync_every", &c->expert_parallel.base_sync_every);
+  e.get("base_codec", &c->expert_parallel.base_codec);
   e.get("fused_encode", &c->expert_parallel.fused_encode);
   e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);

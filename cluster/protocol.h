@@ -38,8 +38,8 @@ namespace xd {
 // link bursts; the coordinator may send a plan update mid-job. 4: workers
 // report checkpoint shards; assignments may resume from a checkpoint; metrics
 // say when the non-finite guard skipped a step. 5: the assigned JobConfig's
-// expert_parallel carries fused_encode.
-inline constexpr int kProtocolVersion = 5;
+// expert_parallel carries fused_encode. 6: ... and base_codec.
+inline constexpr int kProtocolVersion = 6;
 
 namespace op {
 inline constexpr const char* kRegister = "register";

@@ -142,6 +142,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
+  w.base_outer_sign = in.expert_parallel.base_codec == "sign";
   return w;
 }
 
@@ -290,9 +291,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       const int sf = level_sizes[l];
       const bool bf16 = l == num_levels - 1 ? !link_codecs.empty() && link_codecs[l].gather_against_base
                                             : outer_base_bf16;
-      const double fraction = base ? (bf16 ? 0.5 : 1.0) : link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
+      // base_codec: sign (outer stage): a sign bit a float, a fp32 scale per
+      // 1024 and a bit per 1024, to every other member in one round.
+      const bool sign = base && bf16 && l < num_levels - 1 && w.base_outer_sign;
+      const double fraction = sign ? (1.0 + 33.0 / 1024) / 32
+                              : base ? (bf16 ? 0.5 : 1.0) : link_codecs.empty() ? 1.0 : link_codecs[l].dense_fraction;
       if (sf > 1 && shard > 0) {
-        const DenseStage stage = dense_stage(level_sizes, l, shard);
+        const DenseStage stage = sign ? DenseStage::kOneRound : dense_stage(level_sizes, l, shard);
         if (stage == DenseStage::kOneRound) {
           const double sent = (sf - 1) * shard * fraction;
           up.push_back({l, links[l].beta_s_per_byte * sent, links[l].alpha_s});

@@ -132,6 +132,7 @@ struct Workload {
   double optimizer_s = 0;          // the update of the worker's parameters (dense, owned experts), once
   double gemm_overhead_s = 0;      // per GEMM call; held experts add 3 (fwd) + 6 (bwd) calls
   double base_syncs_per_step = 1;  // SR base all-reduces per step (1 / base_sync_every; 0: never)
+  bool base_outer_sign = false;    // base_codec: sign: the outer stage sends sign-coded changes, in one round
   // Parts of pre_expert_fwd_s (the rest is the attention core, o_proj and the
   // router); backward parts scale alike (pre_expert_bwd_s / pre_expert_fwd_s).
   double attention_qkv_fwd_s = 0;  // norm and q/k/v projections: FarSkip's part (a)

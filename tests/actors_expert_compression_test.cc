@@ -406,6 +406,47 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
   }
 }
 
+TEST(ExpertCompression, WithSignCodedBaseChangesEveryWorkerStillHoldsTheSameBaseAndItFollowsTheMeanExpert) {
+  JobConfig job = job_for("sr:ef:topk_sign:1+zstd:1");
+  job.cluster.expert_parallel.base_codec = "sign";
+  ASSERT_TRUE(job.validate().is_ok());
+  Workers w = start_workers(job);
+  const ModelConfig& mc = job.train.model;
+  const size_t ef = expert_floats(job);
+  const size_t shard = (size_t)mc.num_layers * 3 * ef / 2;  // half the base: the DC group's inner shard
+  const size_t rows = (shard + 1023) / 1024;
+  std::vector<StepMetrics> metrics;
+  for (int step = 0; step < 5; ++step) {
+    step_all(w, &metrics);
+    const std::vector<float> base = w.trainers[0]->expert_communicator().base_copy();
+    for (size_t r = 1; r < w.trainers.size(); ++r) {
+      const std::vector<float> other = w.trainers[r]->expert_communicator().base_copy();
+      ASSERT_EQ(0, std::memcmp(base.data(), other.data(), base.size() * sizeof(float)))
+          << "worker " << r << " holds a different base after step " << step + 1;
+    }
+    // Against the exact mean of the owners' weights: the first sync is exact
+    // but for the inner bf16 stage; later ones lag by what the signs left out.
+    double error = 0, signal = 0;
+    for (int layer = 0; layer < mc.num_layers; ++layer)
+      for (int which = 0; which < 3; ++which)
+        for (size_t k = 0; k < ef; ++k) {
+          double sum = 0;
+          for (int e = 0; e < mc.num_experts; ++e) {
+            const ExpertParams<float> p = w.trainers[e / 2]->expert_communicator().replica(layer, e);
+            sum += (which == 0 ? p.w1 : which == 1 ? p.w3 : p.w2)[k];
+          }
+          const double mean = sum / mc.num_experts, d = base[((size_t)layer * 3 + which) * ef + k] - mean;
+          error += d * d;
+          signal += mean * mean;
+        }
+    EXPECT_LT(error / signal, 3e-4) << "step " << step + 1 << ": the base's NMSE against the mean expert";
+    // Across the DC link: the partials in fp32 once, then a sign bit a float,
+    // a scale per 1024 and a bit per row.
+    const double want = step == 0 ? 4.0 * shard : 4.0 * rows + (rows + 7) / 8 + rows * 1024 / 8;
+    EXPECT_DOUBLE_EQ(metrics[0].bytes.at("dc/expert_base"), want) << "step " << step + 1;
+  }
+}
+
 TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideTheOwnerGetItExactly) {
   for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk_sign:0.1+zstd:1", "sr:ef:pred:bf16"}) {
     SCOPED_TRACE(spec);

@@ -32,6 +32,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.cluster.expert_parallel.memory_cap_bytes = std::numeric_limits<double>::infinity();
   job.cluster.levels[0].link.codecs = {"bf16", "int8_row+zstd:1", "sr:ef:topk:0.01+zstd:1", "bf16", "bf16"};
   job.cluster.expert_parallel.base_sync_every = 7;
+  job.cluster.expert_parallel.base_codec = "sign";
   job.cluster.expert_parallel.fused_encode = false;
   job.train.model.expert_init_spread = 0.25;
   job.cluster.expert_parallel.pipeline_degree = 3;
@@ -50,6 +51,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_EQ(back->cluster.levels[0].link.codecs.expert_gather, "sr:ef:topk:0.01+zstd:1");
   EXPECT_EQ(back->cluster.levels[0].link.codecs.dense_grad, "bf16");
   EXPECT_EQ(back->cluster.expert_parallel.base_sync_every, 7);
+  EXPECT_EQ(back->cluster.expert_parallel.base_codec, "sign");
   EXPECT_FALSE(back->cluster.expert_parallel.fused_encode);
   EXPECT_EQ(back->cluster.expert_parallel.pipeline_degree, 3);
   EXPECT_TRUE(back->train.farskip.enabled);

@@ -321,6 +321,7 @@ cluster:
     domain_sizes: [1, 2]
     memory_cap: 1.5MiB
     base_sync_every: 10
+    base_codec: sign
     fused_encode: false
     pipeline_degree: 4
 )";
@@ -336,6 +337,7 @@ cluster:
   EXPECT_EQ(c->levels[0].link.codecs.expert_grad, "ef:topk:0.1");
   EXPECT_EQ(c->levels[0].link.codecs.dense_grad, "bf16");
   EXPECT_EQ(c->expert_parallel.base_sync_every, 10);
+  EXPECT_EQ(c->expert_parallel.base_codec, "sign");
   EXPECT_FALSE(c->expert_parallel.fused_encode);
   EXPECT_EQ(c->expert_parallel.pipeline_degree, 4);
   auto automatic = parse_cluster_spec("cluster:\n  expert_parallel: {pipeline_degree: auto}\n", "job.yaml");
@@ -438,6 +440,8 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
        "cluster.expert_parallel.base_sync_every: must be >= 0"},
       {"cluster:\n  expert_parallel: {fused_encode: sometimes}\n", "cluster.expert_parallel.fused_encode"},
+      {"cluster:\n  expert_parallel: {base_codec: int8}\n",
+       "cluster.expert_parallel.base_codec: must be bf16 or sign, not 'int8'"},
       {"cluster:\n  expert_parallel: {pipeline_degree: 0}\n",
        "cluster.expert_parallel.pipeline_degree: must be auto or a chunk count of at least 1"},
       {"cluster:\n  expert_parallel: {pipeline_degree: many}\n", "cluster.expert_parallel.pipeline_degree"},

@@ -202,6 +202,13 @@ TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneBf16ExpertPe
   // both in bf16, halved: level 0's AG codes against the base).
   EXPECT_DOUBLE_EQ(sr.level_bytes[1] - raw.level_bytes[1], 1000.0);
   EXPECT_DOUBLE_EQ(sr.level_bytes[0], 1000 * (0.01 + 0.5) + 200 * 0.5 + 500 * 0.5);
+  // base_codec: sign: the base's 500 bytes cross level 0 as a sign bit a
+  // float, a scale and a bit per 1024; level 1 is unchanged.
+  w.base_outer_sign = true;
+  const PlanCandidate sign = evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs);
+  EXPECT_DOUBLE_EQ(sign.level_bytes[0], 1000 * (0.01 + 0.5) + 200 * 0.5 + 500 * (1.0 + 33.0 / 1024) / 32);
+  EXPECT_DOUBLE_EQ(sign.level_bytes[1], sr.level_bytes[1]);
+  w.base_outer_sign = false;
   w.base_syncs_per_step = 0;  // base synchronised once: no per-step cost
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }

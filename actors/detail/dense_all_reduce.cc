@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "compression/bfloat16.h"
+#include "compression/codec.h"
 
 namespace xd::detail {
 
@@ -78,11 +79,49 @@ Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, siz
   return Status::ok();
 }
 
+// The outer stage with sign-coded changes (dense_all_reduce.h, outer_sign).
+Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
+  const int n = c->size(), me = c->index();
+  if (s->held.size() != static_cast<size_t>(n) || s->held[me].size() != count) {
+    // The first exchange: every partial exactly.
+    std::vector<float> all(count * n);
+    XD_RETURN_IF_ERROR(c->all_gatherv(tag, data, all.data(), std::vector<size_t>(n, count * sizeof(float))).wait());
+    s->held.assign(n, {});
+    for (int i = 0; i < n; ++i) s->held[i].assign(all.begin() + i * count, all.begin() + (i + 1) * count);
+  } else if (count > 0) {
+    constexpr size_t kCols = 1024;  // a scale per 1024 entries
+    const size_t rows = (count + kCols - 1) / kCols;
+    std::vector<float> change(rows * kCols, 0.0f);
+    for (size_t k = 0; k < count; ++k) change[k] = data[k] - s->held[me][k];
+    static const CodecPipeline kSigns = *CodecPipeline::parse("block_sign:1:1024");
+    EncodedTensor mine;
+    XD_RETURN_IF_ERROR(kSigns.encode(change.data(), {rows, kCols}, &mine));
+    // Every member's message has this shape, so this record and size.
+    auto record = parse_codec_record(mine.metadata);
+    if (!record) return record.status();
+    const size_t bytes = mine.payload.size();
+    std::vector<uint8_t> all(bytes * n);
+    XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.payload.data(), all.data(), std::vector<size_t>(n, bytes)).wait());
+    std::vector<float> decoded(change.size());
+    for (int i = 0; i < n; ++i) {
+      XD_RETURN_IF_ERROR(decode_tensor(*record, all.data() + i * bytes, bytes, decoded.data(), decoded.size()));
+      float* held = s->held[i].data();
+      for (size_t k = 0; k < count; ++k) held[k] += decoded[k];
+    }
+  }
+  for (size_t k = 0; k < count; ++k) {  // member order: the same bits everywhere
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += s->held[i][k];
+    data[k] = sum;
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision p, const CollectiveTag& tag,
                         float* data, size_t count) {
-  if (!p.inner_bf16 && !p.outer_bf16) return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
+  if (!p.inner_bf16 && !p.outer_bf16 && !p.outer_sign) return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
   // Nothing across: the inner group's all-reduce, in one round when it pays.
   if (outer->size() == 1 && inner->size() > 1 && Communicator::one_shot_all_reduce(inner->size(), count * sizeof(float)))
     return p.inner_bf16 ? bf16_one_shot(inner, stage(tag, 4, MessageKind::kAllReduce), data, count)
@@ -96,7 +135,10 @@ Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePreci
   float* shard = data + off[inner->index()];
   const size_t shard_count = counts[inner->index()];
   if (outer->size() > 1) {
-    if (p.outer_bf16 && Communicator::one_shot_all_reduce(outer->size(), shard_count * sizeof(float))) {
+    if (p.outer_sign) {
+      XD_RETURN_IF_ERROR(sign_delta_one_shot(outer, stage(tag, 5, MessageKind::kAllReduce), shard, shard_count,
+                                             p.outer_sign));
+    } else if (p.outer_bf16 && Communicator::one_shot_all_reduce(outer->size(), shard_count * sizeof(float))) {
       XD_RETURN_IF_ERROR(bf16_one_shot(outer, stage(tag, 1, MessageKind::kAllReduce), shard, shard_count));
     } else if (p.outer_bf16) {
       const std::vector<size_t> parts = split(shard_count, outer->size());

@@ -9,19 +9,36 @@
 // sums them in member order in fp32. With one member across, the inner group
 // does so for the whole buffer. Every rank therefore ends with the same bits
 // either way.
+//
+// With `outer_sign` (the SR base's `base_codec: sign`), the outer stage
+// instead keeps every member's partial as all members hold it: the first
+// call exchanges them exactly (fp32); each later one sends each member's
+// change since then as block_sign:1 of rows of 1024 (a sign bit per entry,
+// a scale per row), every member adds every decoded change to its copy, and
+// the sum of the copies in member order is the result, the same bits
+// everywhere. What a message leaves out stays in the next change (error
+// feedback), so the copies follow the partials.
 // Blocking; call from one thread per rank.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "common/status.h"
 #include "transport/communicator.h"
 
 namespace xd::detail {
 
+// Every outer member's partial as all members hold it; owned by the caller
+// across calls, one per buffer that is reduced repeatedly.
+struct SignDeltaState {
+  std::vector<std::vector<float>> held;  // per outer member
+};
+
 struct DenseWirePrecision {
   bool inner_bf16 = false;  // the inner group's links
   bool outer_bf16 = false;  // the outer group's links
+  SignDeltaState* outer_sign = nullptr;  // sign-coded changes across the outer group
 };
 
 Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision precision,
