@@ -74,7 +74,7 @@ RUNS = {
     "sr-ef-block-3of8-4": {"expert_gather": "sr:ef:block_sign:0.375:4+zstd:1"},
     "sr-ef-block-60-32": {"expert_gather": "sr:ef:block_sign:0.6:32+zstd:1"},
     # The same with the SR base's changes crossing the DC link as signs
-    # (expert_parallel.base_codec: sign, about 1/13 of bf16's bytes).
+    # (expert_parallel.base_codec: sign, about 1/15 of bf16's bytes).
     "sr-ef-sign-all-basesign": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "base_codec": "sign"},
     "sr-ef-block-half-basesign": {"expert_gather": "sr:ef:block_sign:0.5+zstd:1", "base_codec": "sign"},
     # The same with the SR base re-synchronised every 10 steps, not every step.

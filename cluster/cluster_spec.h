@@ -75,7 +75,8 @@ struct ExpertParallelSpec {
   // against the base: "bf16" (each sync sends them in bf16), or "sign" (the
   // first sync exact, then each member's change since the last as one sign
   // bit per entry and a scale per 1024, error feedback keeping every member's
-  // copy of every partial the same; about 1/13 of bf16's bytes).
+  // copy of every partial the same; about 1/15 of bf16's bytes between two
+  // DCs, less saving as the outer group grows: every member sends to all).
   std::string base_codec = "bf16";
   // Pack the compressed experts of the next all-gather (and the base's sum)
   // inside the optimizer step, from weights still in cache (HybridEP Fig. 10a);

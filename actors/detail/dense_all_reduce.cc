@@ -1,5 +1,6 @@
 #include "actors/detail/dense_all_reduce.h"
 
+#include <cmath>
 #include <vector>
 
 #include "compression/bfloat16.h"
@@ -80,7 +81,7 @@ Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, siz
 }
 
 // The outer stage with sign-coded changes (dense_all_reduce.h, outer_sign).
-Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
+Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
   const int n = c->size(), me = c->index();
   if (s->held.size() != static_cast<size_t>(n) || s->held[me].size() != count) {
     // The first exchange: every partial exactly.
@@ -92,7 +93,14 @@ Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* dat
     constexpr size_t kCols = 1024;  // a scale per 1024 entries
     const size_t rows = (count + kCols - 1) / kCols;
     std::vector<float> change(rows * kCols, 0.0f);
-    for (size_t k = 0; k < count; ++k) change[k] = data[k] - s->held[me][k];
+    // A non-finite change is sent as 0, so that no member's encode fails
+    // alone and leaves the others waiting in the exchange (a non-finite
+    // weight reaches the base through the exact first exchange, on every
+    // member alike, as in the bf16 path).
+    for (size_t k = 0; k < count; ++k) {
+      const float d = data[k] - s->held[me][k];
+      change[k] = std::isfinite(d) ? d : 0.0f;
+    }
     static const CodecPipeline kSigns = *CodecPipeline::parse("block_sign:1:1024");
     EncodedTensor mine;
     XD_RETURN_IF_ERROR(kSigns.encode(change.data(), {rows, kCols}, &mine));
@@ -115,6 +123,14 @@ Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* dat
     data[k] = sum;
   }
   return Status::ok();
+}
+
+// Copies half updated by a failed exchange must not be used again: the next
+// call starts over with an exact exchange.
+Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
+  Status st = sign_delta_exchange(c, tag, data, count, s);
+  if (!st.is_ok()) s->held.clear();
+  return st;
 }
 
 }  // namespace

@@ -17,7 +17,9 @@
 // a scale per row), every member adds every decoded change to its copy, and
 // the sum of the copies in member order is the result, the same bits
 // everywhere. What a message leaves out stays in the next change (error
-// feedback), so the copies follow the partials.
+// feedback), so the copies follow the partials. A non-finite change is sent
+// as 0; after a failed call the copies are dropped and the next call is an
+// exact exchange again.
 // Blocking; call from one thread per rank.
 #pragma once
 
