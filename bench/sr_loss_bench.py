@@ -82,6 +82,11 @@ RUNS = {
     # The same bytes, each entry's drift predicted between its corrections.
     "sr50-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.1+zstd:1"},
     "sr100-ef-pred-sign": {"expert_gather": "sr:ef:pred:topk_sign:0.05+zstd:1"},
+    # Every sign, the sign-coded base, replica gradients top-k 10% with
+    # feedback and dense gradients in bf16: bench/sr_end_to_end.py's
+    # --sign --density 1 --base-every 1 --base-codec sign --dense-grad bf16.
+    "e2e-sign-all": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1",
+                     "dense_grad": "bf16", "base_codec": "sign"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }
