@@ -35,13 +35,6 @@ bool is_top_k(CodecKind k) { return k == CodecKind::kTopK || k == CodecKind::kTo
 bool is_sparse_kind(CodecKind k) { return is_top_k(k) || k == CodecKind::kBlockSign; }
 uint64_t sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
 
-// k for a density over n entries: at least one of a non-empty tensor.
-uint64_t kept_of(double density, uint64_t n) {
-  if (n == 0) return 0;
-  const double k = std::ceil(density * static_cast<double>(n) - 1e-9);
-  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
-}
-
 Status first_non_finite(const float* x, uint64_t n, const char* codec) {
   for (uint64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
@@ -468,7 +461,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
         return Status::invalid_argument(std::string(name) + ": tensor above 2^32 elements");
       thread_local detail::TopKSelector selector;
       thread_local std::vector<uint32_t> kept;
-      first.kept = kept_of(v.density, n);
+      first.kept = detail::kept_count(v.density, n);
       selector.select(data, n, first.kept, &kept);
       if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
         auto zero = [data](uint32_t i) { return data[i] == 0.0f; };

@@ -6,15 +6,11 @@
 #include <string>
 #include <utility>
 
+#include "compression/detail/top_k.h"
+
 namespace xd::detail {
 
 namespace {
-
-uint64_t blocks_kept(double density, uint64_t blocks) {
-  if (blocks == 0) return 0;
-  const double k = std::ceil(density * static_cast<double>(blocks) - 1e-9);
-  return std::min<uint64_t>(blocks, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
-}
 
 bool bit(const uint8_t* bits, uint64_t j) { return (bits[j / 8] >> (j % 8)) & 1; }
 
@@ -26,7 +22,7 @@ bool tail_clear(const uint8_t* bits, uint64_t used) { return used % 8 == 0 || (b
 std::vector<uint8_t> encode_block_sign(const float* x, uint64_t rows, uint64_t cols, uint64_t block, double density,
                                        uint64_t* kept, std::vector<uint32_t>* index, std::vector<float>* value) {
   const uint64_t per_row = blocks_per_row(cols, block);
-  const uint64_t keep = blocks_kept(density, per_row);
+  const uint64_t keep = kept_count(density, per_row);
   std::vector<uint8_t> bitmap((rows * per_row + 7) / 8, 0);
   std::vector<float> scale(rows, 0.0f);
   std::vector<std::pair<double, uint64_t>> energy(per_row);  // (sum of squares, block)

@@ -8,11 +8,21 @@
 // Inputs must be finite. Not thread-safe per Selector (it reuses buffers).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace xd::detail {
+
+// How many of n entries (topk) or blocks (block_sign) a density keeps: at
+// least one of a non-empty tensor or row, at most n.
+inline uint64_t kept_count(double density, uint64_t n) {
+  if (n == 0) return 0;
+  const double k = std::ceil(density * static_cast<double>(n) - 1e-9);
+  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
+}
 
 class TopKSelector {
  public:
