@@ -137,7 +137,8 @@ Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* dat
 
 Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision p, const CollectiveTag& tag,
                         float* data, size_t count) {
-  if (!p.inner_bf16 && !p.outer_bf16 && !p.outer_sign) return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
+  if (!p.inner_bf16 && !p.outer_bf16 && !p.outer_sign)
+    return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
   // Nothing across: the inner group's all-reduce, in one round when it pays.
   if (outer->size() == 1 && inner->size() > 1 && Communicator::one_shot_all_reduce(inner->size(), count * sizeof(float)))
     return p.inner_bf16 ? bf16_one_shot(inner, stage(tag, 4, MessageKind::kAllReduce), data, count)

@@ -93,15 +93,17 @@ Status check_block_sign(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_
   for (uint64_t r = 0; r < rows; ++r) {
     float scale;
     std::memcpy(&scale, in + 4 * r, sizeof scale);
-    if (!std::isfinite(scale) || scale < 0) return Status::corruption("block_sign: bad scale in row " + std::to_string(r));
+    if (!std::isfinite(scale) || scale < 0)
+      return Status::corruption("block_sign: bad scale in row " + std::to_string(r));
   }
-  if (blocks && !tail_clear(bitmap, blocks)) return Status::corruption("block_sign: block bits set beyond the last block");
+  if (blocks && !tail_clear(bitmap, blocks))
+    return Status::corruption("block_sign: block bits set beyond the last block");
   uint64_t entries = 0;
   for (uint64_t at = 0; at < blocks; ++at)
     if (bit(bitmap, at)) entries += std::min(cols, (at % per_row + 1) * block) - (at % per_row) * block;
   if (entries != kept)
-    return Status::corruption("block_sign: the kept blocks hold " + std::to_string(entries) + " entries, the record says " +
-                              std::to_string(kept));
+    return Status::corruption("block_sign: the kept blocks hold " + std::to_string(entries) +
+                              " entries, the record says " + std::to_string(kept));
   if (kept && !tail_clear(signs, kept)) return Status::corruption("block_sign: sign bits set beyond the kept entries");
   return Status::ok();
 }
