@@ -9,13 +9,14 @@ HybridEP + SR sends, on the inter-DC link only:
   expert_gather: sr:ef:topk:<density>+zstd:1   (the SR codec with error feedback;
                  sr:ef:topk_sign:<density>+zstd:1 with --sign;
                  any SR spec with --expert-gather, e.g. sr:ef:block_sign:0.5+zstd:1)
-  expert_grad:   ef:topk:<grad density>+zstd:1 (replica gradients, error feedback)
+  expert_grad:   ef:topk:<grad density>+zstd:1 (replica gradients, error feedback;
+                 any spec with --expert-grad, e.g. ef:int8_row+zstd:1)
 with the SR base re-synchronised every --base-every steps.
 
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
            [--table5-point] [--separate-encode] [--sign] [--density D]
-           [--expert-gather SPEC] [--grad-density D] [--base-every N] [--base-codec sign]
+           [--expert-gather SPEC] [--grad-density D] [--expert-grad SPEC] [--base-every N] [--base-codec sign]
            [--dense-grad bf16] [--dc-bandwidth 50mbit] [--dc-latency 10ms]
            [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
@@ -124,6 +125,9 @@ def main():
     ap.add_argument("--expert-gather", default=None,
                     help="the whole expert_gather spec of HybridEP + SR (overrides --sign and --density)")
     ap.add_argument("--grad-density", default="0.1", help="top-k density of the replica-gradient codec")
+    ap.add_argument("--expert-grad", default=None,
+                    help="the whole expert_grad spec of HybridEP + SR (overrides --grad-density), "
+                         "e.g. ef:int8_row+zstd:1")
     ap.add_argument("--base-every", type=int, default=10)
     ap.add_argument("--base-codec", choices=["bf16", "sign"], default="bf16",
                     help="expert_parallel.base_codec: how the SR base's sums cross the DC link")
@@ -141,7 +145,8 @@ def main():
     density = a.density or ("0.1" if a.sign else "0.04")
     values = "topk_sign" if a.sign else "topk"
     gather = a.expert_gather or f"sr:ef:{values}:{density}+zstd:1"
-    sr = f"expert_gather: '{gather}', expert_grad: 'ef:topk:{a.grad_density}+zstd:1'"
+    grad = a.expert_grad or f"ef:topk:{a.grad_density}+zstd:1"
+    sr = f"expert_gather: '{gather}', expert_grad: '{grad}'"
     if a.dense_grad == "bf16":
         sr += ", dense_grad: bf16"
     variants = [("ep", "ep", ""), ("hybrid", "auto", ""), ("hybrid+sr", "auto", sr)]

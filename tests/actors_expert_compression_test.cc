@@ -98,28 +98,35 @@ TEST(ExpertStreamCodec, WithoutFeedbackEveryStepSendsTheSameApproximation) {
   EXPECT_GT(a.error / a.signal, 0.1);
 }
 
-TEST(ExpertStreamCodec, GradientFeedbackDeliversEveryGradientEventually) {
+TEST(ExpertStreamCodec, GradientFeedbackDeliversEveryGradientEventuallyWhateverThePipeline) {
   // Over many steps, what arrived plus what the sender still carries is the
-  // sum of every gradient sent: nothing is lost, only delayed.
+  // sum of every gradient sent: nothing is lost, only delayed. Sparse
+  // (top-k), dense lossy (int8 rows) and 1-bit (every sign) pipelines alike.
   const size_t n = 1024;
-  auto sender = codec("ef:topk:0.1+zstd:1", ExpertStreamCodec::Traffic::kGradients, n);
-  auto receiver = codec("ef:topk:0.1+zstd:1", ExpertStreamCodec::Traffic::kGradients, n);
-  std::vector<double> sent(n, 0.0), arrived(n, 0.0);
-  for (int step = 0; step < 30; ++step) {
-    std::vector<float> g = normal(n, 100 + step);
-    for (size_t i = 0; i < n; ++i) sent[i] += g[i];
+  for (const char* spec : {"ef:topk:0.1+zstd:1", "ef:int8_row+zstd:1", "ef:topk_sign:1+zstd:1"}) {
+    auto sender = codec(spec, ExpertStreamCodec::Traffic::kGradients, n);
+    auto receiver = codec(spec, ExpertStreamCodec::Traffic::kGradients, n);
+    std::vector<double> sent(n, 0.0), arrived(n, 0.0);
+    for (int step = 0; step < 30; ++step) {
+      std::vector<float> g = normal(n, 100 + step);
+      for (size_t i = 0; i < n; ++i) sent[i] += g[i];
+      ReconstructionError err;
+      const std::vector<float> got = send_once(sender, receiver, g, nullptr, &err);
+      for (size_t i = 0; i < n; ++i) arrived[i] += got[i];
+    }
+    // Encoding a zero gradient packs exactly what the sender still carries.
+    std::vector<float> zero(n, 0.0f), packed;
+    EncodedTensor enc;
     ReconstructionError err;
-    const std::vector<float> got = send_once(sender, receiver, g, nullptr, &err);
-    for (size_t i = 0; i < n; ++i) arrived[i] += got[i];
+    ASSERT_TRUE(sender.encode({{7, zero.data(), nullptr}}, &packed, &enc, &err).is_ok()) << spec;
+    double worst = 0, carried = 0;
+    for (size_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(arrived[i] + packed[i] - sent[i]));
+      carried += double(packed[i]) * packed[i];
+    }
+    EXPECT_LT(worst, 1e-3) << spec << ": arrived + carried must equal what was sent";
+    EXPECT_GT(carried, 0.0) << spec << " is lossy: the sender must still carry something";
   }
-  // Encoding a zero gradient packs exactly what the sender still carries.
-  std::vector<float> zero(n, 0.0f), packed;
-  EncodedTensor enc;
-  ReconstructionError err;
-  ASSERT_TRUE(sender.encode({{7, zero.data(), nullptr}}, &packed, &enc, &err).is_ok());
-  double worst = 0;
-  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(arrived[i] + packed[i] - sent[i]));
-  EXPECT_LT(worst, 1e-3) << "arrived + carried must equal what was sent";
 }
 
 TEST(ExpertStreamCodec, GradientsAddToWhatTheReceiverAlreadyHas) {
