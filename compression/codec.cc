@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -66,25 +67,40 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
 // `decoded`, appends each kept entry's value as the decoder will give it.
 uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vector<uint32_t>& kept, uint8_t* p,
                               std::vector<float>* decoded) {
-  std::vector<double> sum(shape.rows, 0.0);
-  std::vector<uint64_t> count(shape.rows, 0);
-  for (uint32_t i : kept) {
-    sum[i / shape.cols] += std::abs(x[i]);
-    ++count[i / shape.cols];
-  }
-  std::vector<float> scale(shape.rows);
+  // `kept` ascends, so each row's entries are one run of it: a cursor finds
+  // the rows (no division per entry); each row's sum adds in index order.
+  std::vector<float> scale(shape.rows, 0.0f);
+  std::vector<size_t> row_end(shape.rows);  // one past the row's last position in `kept`
+  size_t j = 0;
   for (uint64_t r = 0; r < shape.rows; ++r) {
-    scale[r] = count[r] ? static_cast<float>(sum[r] / static_cast<double>(count[r])) : 0.0f;
+    const uint64_t end = (r + 1) * shape.cols;
+    const size_t first = j;
+    j = std::lower_bound(kept.begin() + first, kept.end(), end) - kept.begin();
+    double sum = 0;
+    for (size_t k = first; k < j; ++k) sum += std::abs(x[kept[k]]);
+    row_end[r] = j;
+    if (j > first) scale[r] = static_cast<float>(sum / static_cast<double>(j - first));
     std::memcpy(p, &scale[r], sizeof(float));
     p += sizeof(float);
   }
-  if (!kept.empty()) std::memset(p, 0, sign_bytes(kept.size()));  // p is null for an empty tensor
-  for (size_t j = 0; j < kept.size(); ++j) {
-    const bool negative = std::signbit(x[kept[j]]);
-    if (negative) p[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
-    if (decoded) decoded->push_back(negative ? -scale[kept[j] / shape.cols] : scale[kept[j] / shape.cols]);
+  const size_t n = kept.size();
+  for (size_t byte = 0; byte < n / 8; ++byte) {  // whole bytes of 8 signs, then the tail
+    uint8_t b = 0;
+    for (int bit = 0; bit < 8; ++bit) b |= static_cast<uint8_t>(std::signbit(x[kept[8 * byte + bit]])) << bit;
+    p[byte] = b;
   }
-  return p + sign_bytes(kept.size());
+  if (n % 8) {
+    uint8_t b = 0;
+    for (size_t k = n - n % 8; k < n; ++k) b |= static_cast<uint8_t>(std::signbit(x[kept[k]])) << (k % 8);
+    p[n / 8] = b;
+  }
+  if (decoded) {
+    decoded->reserve(decoded->size() + n);
+    size_t k = 0;
+    for (uint64_t r = 0; r < shape.rows; ++r)
+      for (; k < row_end[r]; ++k) decoded->push_back(std::signbit(x[kept[k]]) ? -scale[r] : scale[r]);
+  }
+  return p + sign_bytes(n);
 }
 
 std::string pack_record(const CodecRecord& r) {
@@ -262,18 +278,33 @@ Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
   }
   const uint8_t* p = in;
   uint64_t index = 0;
+  // The row of `index` and its scale (topk_sign), by a cursor: the indices
+  // ascend, so no division per entry.
+  uint64_t row = 0, row_end = cols;
+  uint32_t scale_bits = 0;  // the row's scale, >= 0 (checked): its sign bit alone makes it -scale
+  if (sign && rows > 0) std::memcpy(&scale_bits, values, sizeof scale_bits);
   for (uint64_t j = 0; j < s.kept; ++j) {
     uint64_t gap = 0;
-    if (!detail::get_varint(p, values, &gap)) return Status::corruption(std::string(name) + ": truncated index list");
+    if (p < values && *p < 0x80) {
+      gap = *p++;  // a one-byte varint: most gaps of a dense selection
+    } else if (!detail::get_varint(p, values, &gap)) {
+      return Status::corruption(std::string(name) + ": truncated index list");
+    }
     if (j > 0 && gap == 0) return Status::corruption(std::string(name) + ": repeated index");
     const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
     if (gap >= n || next >= n)
       return Status::corruption(std::string(name) + ": index beyond the tensor's " + std::to_string(n) + " elements");
     index = next;
     if (sign) {
-      float scale;
-      std::memcpy(&scale, values + 4 * (index / cols), sizeof scale);  // index < n: cols > 0
-      fn(index, (signs[j / 8] >> (j % 8)) & 1 ? -scale : scale);
+      if (index >= row_end) {  // index < n: the row stays below rows
+        do {
+          ++row;
+          row_end += cols;
+        } while (index >= row_end);
+        std::memcpy(&scale_bits, values + 4 * row, sizeof scale_bits);
+      }
+      const uint32_t negative = (signs[j / 8] >> (j % 8)) & 1;  // no branch: the signs are random
+      fn(index, std::bit_cast<float>(scale_bits | negative << 31));
     } else {
       uint16_t h;
       std::memcpy(&h, values + 2 * j, 2);
@@ -468,14 +499,22 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
         kept.erase(std::remove_if(kept.begin(), kept.end(), zero), kept.end());
         first.kept = kept.size();
       }
-      // Varints (<= 5 bytes for u32 gaps), then the values: an upper bound.
-      bytes.resize(v.kind == CodecKind::kTopK ? 12 * first.kept
-                                              : 5 * first.kept + 4 * shape.rows + sign_bytes(first.kept));
+      // The varints' exact size (most gaps take one byte), then the values.
+      const uint32_t* index = kept.data();  // not the thread_local itself in the loops
+      size_t index_bytes = 0;
+      for (size_t j = 0; j < kept.size(); ++j) {
+        const uint32_t gap = j == 0 ? index[j] : index[j] - index[j - 1];
+        index_bytes += gap < 0x80 ? 1 : detail::varint_size(gap);
+      }
+      bytes.resize(index_bytes + (v.kind == CodecKind::kTopK ? 2 * first.kept
+                                                             : 4 * shape.rows + sign_bytes(first.kept)));
       uint8_t* p = bytes.data();
       uint32_t previous = 0;
       for (size_t j = 0; j < kept.size(); ++j) {
-        detail::put_varint(j == 0 ? kept[j] : kept[j] - previous, p);
-        previous = kept[j];
+        const uint32_t gap = j == 0 ? index[j] : index[j] - previous;
+        if (gap < 0x80) *p++ = static_cast<uint8_t>(gap);  // put_varint's one-byte case
+        else detail::put_varint(gap, p);
+        previous = index[j];
       }
       if (v.kind == CodecKind::kTopK) {
         for (uint32_t i : kept) {

@@ -29,6 +29,16 @@ inline float fp16_to_float(uint16_t h) { return static_cast<float>(std::bit_cast
 void floats_to_fp16(const float* in, size_t n, uint8_t* out);
 void fp16_to_floats(const uint8_t* in, size_t n, float* out);
 
+// The bytes put_varint writes for v.
+inline size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
 // Appends v as LEB128 (7 bits a byte, low first, high bit = more).
 inline void put_varint(uint64_t v, uint8_t*& p) {
   while (v >= 0x80) {
