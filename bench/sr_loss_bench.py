@@ -89,10 +89,13 @@ RUNS = {
                      "dense_grad": "bf16", "base_codec": "sign"},
     # Every sign and the sign-coded base, with the replica gradients in int8
     # rows (4x) or as every sign (32x), both with feedback; dense gradients
-    # raw: bench/sr_end_to_end.py's --sign --density 1 --base-every 1
-    # --base-codec sign --expert-grad SPEC.
+    # raw, or bf16 (MegaScale-MoE Sec. 5): bench/sr_end_to_end.py's --sign
+    # --density 1 --base-every 1 --base-codec sign --expert-grad SPEC
+    # [--dense-grad bf16].
     "e2e-sign-int8grad": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:int8_row+zstd:1",
                           "base_codec": "sign"},
+    "e2e-sign-int8grad-bf16dense": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:int8_row+zstd:1",
+                                    "dense_grad": "bf16", "base_codec": "sign"},
     "e2e-sign-signgrad": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:topk_sign:1+zstd:1",
                           "base_codec": "sign"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
