@@ -103,6 +103,68 @@ uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vect
   return p + sign_bytes(n);
 }
 
+// topk_sign with every entry kept (density 1): the nonzero entries in index
+// order, found in two passes over x with no index list to select; the same
+// bytes as the general path. Each row's sum of |x| runs over all its
+// entries in order: a zero adds nothing, so the sum is the kept entries'.
+void encode_every_sign(const float* x, TensorShape shape, std::vector<uint8_t>* bytes, uint64_t* kept_out,
+                       SparseTensor* sparse) {
+  const uint64_t rows = shape.rows, cols = shape.cols;
+  std::vector<float> scale(rows, 0.0f);
+  uint64_t kept = 0, index_bytes = 0, previous = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    double sum = 0;
+    uint64_t count = 0;
+    for (uint64_t c = 0; c < cols; ++c) {
+      sum += std::abs(row[c]);
+      if (row[c] != 0.0f) {
+        const uint64_t i = r * cols + c, gap = kept + count == 0 ? i : i - previous;
+        index_bytes += gap < 0x80 ? 1 : detail::varint_size(gap);
+        previous = i;
+        ++count;
+      }
+    }
+    if (count > 0) scale[r] = static_cast<float>(sum / static_cast<double>(count));
+    kept += count;
+  }
+  bytes->resize(index_bytes + 4 * rows + sign_bytes(kept));
+  uint8_t* p = bytes->data();
+  uint8_t* scales = p + index_bytes;
+  uint8_t* signs = scales + 4 * rows;
+  if (sparse) {
+    sparse->index.resize(kept);
+    sparse->value.reserve(sparse->value.size() + kept);
+  }
+  uint64_t j = 0;
+  uint8_t sign_byte = 0;
+  previous = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    for (uint64_t c = 0; c < cols; ++c) {
+      if (row[c] == 0.0f) continue;
+      const uint64_t i = r * cols + c, gap = j == 0 ? i : i - previous;
+      if (gap < 0x80) *p++ = static_cast<uint8_t>(gap);
+      else detail::put_varint(gap, p);
+      previous = i;
+      const bool negative = std::signbit(row[c]);
+      sign_byte |= static_cast<uint8_t>(negative) << (j % 8);
+      if (j % 8 == 7) {
+        signs[j / 8] = sign_byte;
+        sign_byte = 0;
+      }
+      if (sparse) {
+        sparse->index[j] = static_cast<uint32_t>(i);
+        sparse->value.push_back(negative ? -scale[r] : scale[r]);
+      }
+      ++j;
+    }
+  }
+  if (j % 8) signs[j / 8] = sign_byte;
+  if (rows) std::memcpy(scales, scale.data(), 4 * rows);
+  *kept_out = kept;
+}
+
 std::string pack_record(const CodecRecord& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
@@ -490,9 +552,13 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       XD_RETURN_IF_ERROR(first_non_finite(data, n, name));
       if (n > std::numeric_limits<uint32_t>::max())
         return Status::invalid_argument(std::string(name) + ": tensor above 2^32 elements");
+      first.kept = detail::kept_count(v.density, n);
+      if (v.kind == CodecKind::kTopKSign && first.kept == n) {
+        encode_every_sign(data, shape, &bytes, &first.kept, sparse);
+        break;
+      }
       thread_local detail::TopKSelector selector;
       thread_local std::vector<uint32_t> kept;
-      first.kept = detail::kept_count(v.density, n);
       selector.select(data, n, first.kept, &kept);
       if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
         auto zero = [data](uint32_t i) { return data[i] == 0.0f; };
