@@ -88,7 +88,7 @@ RUNS = {
     "e2e-sign-all": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1",
                      "dense_grad": "bf16", "base_codec": "sign"},
     # Every sign and the sign-coded base, with the replica gradients in int8
-    # rows (4x) or as every sign (32x), both with feedback; dense gradients
+    # rows (about 7x with zstd) or as every sign (32x), both with feedback; dense gradients
     # raw, or bf16 (MegaScale-MoE Sec. 5): bench/sr_end_to_end.py's --sign
     # --density 1 --base-every 1 --base-codec sign --expert-grad SPEC
     # [--dense-grad bf16].
