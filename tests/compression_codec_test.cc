@@ -146,6 +146,31 @@ TEST(TopK, TheErrorIsExactlyWhatWasDroppedPlusTheRoundingOfWhatWasKept) {
   }
 }
 
+TEST(Int8Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEven) {
+  // Row 0 has scale 1 (its largest magnitude is 127) and a tie in every
+  // entry after the first: -125.5 .. 126.5 round to the even neighbour, as
+  // nearbyint does. The other rows are random, one of them all zeros.
+  const TensorShape shape{4, 254};
+  std::vector<float> x = random_tensor(shape.elements(), 21);
+  x[0] = 127.0f;
+  for (size_t c = 1; c < shape.cols; ++c) x[c] = float(int(c) - 127) + 0.5f;
+  std::fill(x.begin() + 2 * 254, x.begin() + 3 * 254, 0.0f);
+  const std::vector<float> y = round_trip(pipeline("int8_row"), x, shape);
+  for (size_t r = 0; r < shape.rows; ++r) {
+    float amax = 0;
+    for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
+    const float scale = amax / 127.0f, inv = scale > 0 ? 1.0f / scale : 0.0f;
+    for (size_t c = 0; c < shape.cols; ++c) {
+      const size_t i = r * shape.cols + c;
+      const float want = std::nearbyint(std::clamp(x[i] * inv, -127.0f, 127.0f)) * scale;
+      ASSERT_EQ(want, y[i]) << "row " << r << " col " << c << ": " << x[i];
+    }
+  }
+  EXPECT_EQ(y[1], -126.0f) << "-125.5 rounds to the even -126";
+  EXPECT_EQ(y[4], -122.0f) << "-122.5 rounds to the even -122";
+  EXPECT_EQ(y[5], -122.0f) << "-121.5 rounds to the even -122";
+}
+
 TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirRow) {
   const TensorShape shape{5, 401};
   std::vector<float> x = random_tensor(shape.elements(), 13);
