@@ -60,10 +60,13 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
     // Round to nearest, ties to even, as lrint does in the default rounding
     // mode, without its library call: past 2^23 a float's step is 1, so adding
     // and taking away 1.5 * 2^23 rounds a value of [-127, 127] to an integer.
+    // A row whose scale is so small that its inverse overflows gives 0 * inf,
+    // NaN, for its zeros: they stay 0.
     constexpr float kRounder = 12582912.0f;
     for (uint64_t c = 0; c < cols; ++c) {
       const float v = std::clamp(row[c] * inv, -127.0f, 127.0f);
-      q[r * cols + c] = static_cast<int8_t>(static_cast<int>((v + kRounder) - kRounder));
+      const float rounded = (v + kRounder) - kRounder;
+      q[r * cols + c] = rounded == rounded ? static_cast<int8_t>(static_cast<int>(rounded)) : int8_t{0};
     }
   }
 }

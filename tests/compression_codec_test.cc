@@ -169,6 +169,13 @@ TEST(Int8Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEven) {
   EXPECT_EQ(y[1], -126.0f) << "-125.5 rounds to the even -126";
   EXPECT_EQ(y[4], -122.0f) << "-122.5 rounds to the even -122";
   EXPECT_EQ(y[5], -122.0f) << "-121.5 rounds to the even -122";
+  // A row whose largest magnitude is subnormal: the inverse of its scale
+  // overflows, and its zeros still come back as 0, not NaN.
+  const std::vector<float> t = round_trip(pipeline("int8_row"), {0.0f, 1e-39f, -5e-40f, -0.0f}, {1, 4});
+  EXPECT_EQ(t[0], 0.0f);
+  EXPECT_GT(t[1], 0.0f);
+  EXPECT_LT(t[2], 0.0f);
+  EXPECT_EQ(t[3], 0.0f);
 }
 
 TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirRow) {
