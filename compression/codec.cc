@@ -78,21 +78,20 @@ uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vect
                               std::vector<float>* decoded) {
   // `kept` ascends, so each row's entries are one run of it: a cursor finds
   // the rows (no division per entry); each row's sum adds in index order.
-  std::vector<float> scale(shape.rows, 0.0f);
-  std::vector<size_t> row_end(shape.rows);  // one past the row's last position in `kept`
+  const size_t n = kept.size();
+  if (decoded) decoded->reserve(decoded->size() + n);
   size_t j = 0;
   for (uint64_t r = 0; r < shape.rows; ++r) {
-    const uint64_t end = (r + 1) * shape.cols;
     const size_t first = j;
-    j = std::lower_bound(kept.begin() + first, kept.end(), end) - kept.begin();
+    j = std::lower_bound(kept.begin() + first, kept.end(), (r + 1) * shape.cols) - kept.begin();
     double sum = 0;
     for (size_t k = first; k < j; ++k) sum += std::abs(x[kept[k]]);
-    row_end[r] = j;
-    if (j > first) scale[r] = static_cast<float>(sum / static_cast<double>(j - first));
-    std::memcpy(p, &scale[r], sizeof(float));
+    const float scale = j > first ? static_cast<float>(sum / static_cast<double>(j - first)) : 0.0f;
+    std::memcpy(p, &scale, sizeof(float));
     p += sizeof(float);
+    if (decoded)
+      for (size_t k = first; k < j; ++k) decoded->push_back(std::signbit(x[kept[k]]) ? -scale : scale);
   }
-  const size_t n = kept.size();
   for (size_t byte = 0; byte < n / 8; ++byte) {  // whole bytes of 8 signs, then the tail
     uint8_t b = 0;
     for (int bit = 0; bit < 8; ++bit) b |= static_cast<uint8_t>(std::signbit(x[kept[8 * byte + bit]])) << bit;
@@ -103,75 +102,7 @@ uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vect
     for (size_t k = n - n % 8; k < n; ++k) b |= static_cast<uint8_t>(std::signbit(x[kept[k]])) << (k % 8);
     p[n / 8] = b;
   }
-  if (decoded) {
-    decoded->reserve(decoded->size() + n);
-    size_t k = 0;
-    for (uint64_t r = 0; r < shape.rows; ++r)
-      for (; k < row_end[r]; ++k) decoded->push_back(std::signbit(x[kept[k]]) ? -scale[r] : scale[r]);
-  }
   return p + sign_bytes(n);
-}
-
-// topk_sign with every entry kept (density 1): the nonzero entries in index
-// order, found in two passes over x with no index list to select; the same
-// bytes as the general path. Each row's sum of |x| runs over all its
-// entries in order: a zero adds nothing, so the sum is the kept entries'.
-void encode_every_sign(const float* x, TensorShape shape, std::vector<uint8_t>* bytes, uint64_t* kept_out,
-                       SparseTensor* sparse) {
-  const uint64_t rows = shape.rows, cols = shape.cols;
-  std::vector<float> scale(rows, 0.0f);
-  uint64_t kept = 0, index_bytes = 0, previous = 0;
-  for (uint64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    double sum = 0;
-    uint64_t count = 0;
-    for (uint64_t c = 0; c < cols; ++c) {
-      sum += std::abs(row[c]);
-      if (row[c] != 0.0f) {
-        const uint64_t i = r * cols + c, gap = kept + count == 0 ? i : i - previous;
-        index_bytes += gap < 0x80 ? 1 : detail::varint_size(gap);
-        previous = i;
-        ++count;
-      }
-    }
-    if (count > 0) scale[r] = static_cast<float>(sum / static_cast<double>(count));
-    kept += count;
-  }
-  bytes->resize(index_bytes + 4 * rows + sign_bytes(kept));
-  uint8_t* p = bytes->data();
-  uint8_t* scales = p + index_bytes;
-  uint8_t* signs = scales + 4 * rows;
-  if (sparse) {
-    sparse->index.resize(kept);
-    sparse->value.reserve(sparse->value.size() + kept);
-  }
-  uint64_t j = 0;
-  uint8_t sign_byte = 0;
-  previous = 0;
-  for (uint64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    for (uint64_t c = 0; c < cols; ++c) {
-      if (row[c] == 0.0f) continue;
-      const uint64_t i = r * cols + c, gap = j == 0 ? i : i - previous;
-      if (gap < 0x80) *p++ = static_cast<uint8_t>(gap);
-      else detail::put_varint(gap, p);
-      previous = i;
-      const bool negative = std::signbit(row[c]);
-      sign_byte |= static_cast<uint8_t>(negative) << (j % 8);
-      if (j % 8 == 7) {
-        signs[j / 8] = sign_byte;
-        sign_byte = 0;
-      }
-      if (sparse) {
-        sparse->index[j] = static_cast<uint32_t>(i);
-        sparse->value.push_back(negative ? -scale[r] : scale[r]);
-      }
-      ++j;
-    }
-  }
-  if (j % 8) signs[j / 8] = sign_byte;
-  if (rows) std::memcpy(scales, scale.data(), 4 * rows);
-  *kept_out = kept;
 }
 
 std::string pack_record(const CodecRecord& r) {
@@ -356,11 +287,7 @@ Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
   if (sign && rows > 0) std::memcpy(&scale_bits, values, sizeof scale_bits);
   for (uint64_t j = 0; j < s.kept; ++j) {
     uint64_t gap = 0;
-    if (p < values && *p < 0x80) {
-      gap = *p++;  // a one-byte varint: most gaps of a dense selection
-    } else if (!detail::get_varint(p, values, &gap)) {
-      return Status::corruption(std::string(name) + ": truncated index list");
-    }
+    if (!detail::get_varint(p, values, &gap)) return Status::corruption(std::string(name) + ": truncated index list");
     if (j > 0 && gap == 0) return Status::corruption(std::string(name) + ": repeated index");
     const uint64_t next = j == 0 ? gap : index + gap;  // index < n and gap checked: no overflow
     if (gap >= n || next >= n)
@@ -561,34 +488,39 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       XD_RETURN_IF_ERROR(first_non_finite(data, n, name));
       if (n > std::numeric_limits<uint32_t>::max())
         return Status::invalid_argument(std::string(name) + ": tensor above 2^32 elements");
-      first.kept = detail::kept_count(v.density, n);
-      if (v.kind == CodecKind::kTopKSign && first.kept == n) {
-        encode_every_sign(data, shape, &bytes, &first.kept, sparse);
-        break;
-      }
       thread_local detail::TopKSelector selector;
       thread_local std::vector<uint32_t> kept;
-      selector.select(data, n, first.kept, &kept);
+      first.kept = detail::kept_count(v.density, n);
       if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
-        auto zero = [data](uint32_t i) { return data[i] == 0.0f; };
-        kept.erase(std::remove_if(kept.begin(), kept.end(), zero), kept.end());
+        if (first.kept == n) {  // every entry: the nonzero ones in one pass, nothing to select
+          kept.resize(n);
+          uint32_t* out = kept.data();  // branch-free: every index is written, kept when nonzero
+          size_t found = 0;
+          for (uint64_t i = 0; i < n; ++i) {
+            out[found] = static_cast<uint32_t>(i);
+            found += data[i] != 0.0f;
+          }
+          kept.resize(found);
+        } else {
+          selector.select(data, n, first.kept, &kept);
+          auto zero = [data](uint32_t i) { return data[i] == 0.0f; };
+          kept.erase(std::remove_if(kept.begin(), kept.end(), zero), kept.end());
+        }
         first.kept = kept.size();
+      } else {
+        selector.select(data, n, first.kept, &kept);
       }
-      // The varints' exact size (most gaps take one byte), then the values.
+      // The varints' exact size, then the values.
       const uint32_t* index = kept.data();  // not the thread_local itself in the loops
       size_t index_bytes = 0;
-      for (size_t j = 0; j < kept.size(); ++j) {
-        const uint32_t gap = j == 0 ? index[j] : index[j] - index[j - 1];
-        index_bytes += gap < 0x80 ? 1 : detail::varint_size(gap);
-      }
+      for (size_t j = 0; j < kept.size(); ++j)
+        index_bytes += detail::varint_size(j == 0 ? index[j] : index[j] - index[j - 1]);
       bytes.resize(index_bytes + (v.kind == CodecKind::kTopK ? 2 * first.kept
                                                              : 4 * shape.rows + sign_bytes(first.kept)));
       uint8_t* p = bytes.data();
       uint32_t previous = 0;
       for (size_t j = 0; j < kept.size(); ++j) {
-        const uint32_t gap = j == 0 ? index[j] : index[j] - previous;
-        if (gap < 0x80) *p++ = static_cast<uint8_t>(gap);  // put_varint's one-byte case
-        else detail::put_varint(gap, p);
+        detail::put_varint(j == 0 ? index[j] : index[j] - previous, p);
         previous = index[j];
       }
       if (v.kind == CodecKind::kTopK) {

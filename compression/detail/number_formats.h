@@ -50,6 +50,10 @@ inline void put_varint(uint64_t v, uint8_t*& p) {
 
 // Reads one varint from [p, end); false when it runs past `end` or past 64 bits.
 inline bool get_varint(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
+  if (p < end && *p < 0x80) {  // one byte: most gaps of a top-k index list
+    *v = *p++;
+    return true;
+  }
   uint64_t out = 0;
   for (int shift = 0; shift < 64 && p < end; shift += 7) {
     const uint8_t b = *p++;
