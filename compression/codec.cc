@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "compression/detail/block_sign.h"
+#include "compression/detail/every_sign.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
 
@@ -37,6 +39,11 @@ bool is_sparse_kind(CodecKind k) { return is_top_k(k) || k == CodecKind::kBlockS
 uint64_t sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
 
 Status first_non_finite(const float* x, uint64_t n, const char* codec) {
+  // One branch-free pass over the exponent bits (it vectorizes); the
+  // element is looked for only when there is one.
+  uint32_t non_finite = 0;
+  for (uint64_t i = 0; i < n; ++i) non_finite |= (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
+  if (!non_finite) return Status::ok();
   for (uint64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
       return Status::invalid_argument(std::string(codec) + " cannot encode a non-finite value (element " +
@@ -256,6 +263,26 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
   return false;
 }
 
+// topk_sign's values (row scales, then sign bits, at `values`): the scales
+// finite and >= 0, no sign bit set past the last kept entry.
+Status check_signs_and_scales(const CodecStageRecord& s, const uint8_t* values, uint64_t rows) {
+  for (uint64_t r = 0; r < rows; ++r) {
+    float scale;
+    std::memcpy(&scale, values + 4 * r, sizeof scale);
+    if (!std::isfinite(scale) || scale < 0) return Status::corruption("topk_sign: bad scale in row " + std::to_string(r));
+  }
+  const uint8_t* signs = values + 4 * rows;
+  if (s.kept % 8 != 0 && (signs[s.kept / 8] >> (s.kept % 8)) != 0)
+    return Status::corruption("topk_sign: sign bits set beyond the kept entries");
+  return Status::ok();
+}
+
+// A topk_sign payload that keeps every entry of its tensor (see
+// detail/every_sign.h), checked as the general path checks it.
+bool every_sign_payload(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols) {
+  return s.kind == CodecKind::kTopKSign && detail::is_every_sign(in, s.bytes, s.kept, rows, cols);
+}
+
 // Calls fn(index, value) for each entry a top-k payload (topk or topk_sign)
 // keeps, indices ascending; every index is checked against n and every scale
 // for being finite and >= 0 before fn sees them.
@@ -268,16 +295,7 @@ Status for_each_kept(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
   const uint8_t* values = in + s.bytes - (sign ? 4 * rows + sign_bytes(s.kept) : 2 * s.kept);
   // Only topk_sign has signs; a topk payload may be empty (no arithmetic on null).
   const uint8_t* signs = sign ? values + 4 * rows : nullptr;
-  if (sign) {
-    for (uint64_t r = 0; r < rows; ++r) {
-      float scale;
-      std::memcpy(&scale, values + 4 * r, sizeof scale);
-      if (!std::isfinite(scale) || scale < 0)
-        return Status::corruption("topk_sign: bad scale in row " + std::to_string(r));
-    }
-    if (s.kept % 8 != 0 && (signs[s.kept / 8] >> (s.kept % 8)) != 0)
-      return Status::corruption("topk_sign: sign bits set beyond the kept entries");
-  }
+  if (sign) XD_RETURN_IF_ERROR(check_signs_and_scales(s, values, rows));
   const uint8_t* p = in;
   uint64_t index = 0;
   // The row of `index` and its scale (topk_sign), by a cursor: the indices
@@ -341,6 +359,11 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
     }
     case CodecKind::kTopK:
     case CodecKind::kTopKSign:
+      if (every_sign_payload(s, in, rows, cols)) {
+        XD_RETURN_IF_ERROR(check_signs_and_scales(s, in + n, rows));
+        detail::decode_every_sign(in, rows, cols, out);
+        return Status::ok();
+      }
       if (n) std::memset(out, 0, n * sizeof(float));
       return for_each_kept(s, in, rows, cols, [out](uint64_t i, float v) { out[i] = v; });
     case CodecKind::kBlockSign:
@@ -491,6 +514,17 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       thread_local detail::TopKSelector selector;
       thread_local std::vector<uint32_t> kept;
       first.kept = detail::kept_count(v.density, n);
+      if (v.kind == CodecKind::kTopKSign && first.kept == n && n > 0 && !detail::has_zero(data, n)) {
+        // Every entry and no zero: the same bytes, without a list of indices.
+        bytes.resize(detail::every_sign_bytes(shape.rows, shape.cols));
+        if (sparse) {
+          sparse->index.resize(n);
+          std::iota(sparse->index.begin(), sparse->index.end(), 0u);
+          sparse->value.resize(n);
+        }
+        detail::encode_every_sign(data, shape.rows, shape.cols, bytes.data(), sparse ? sparse->value.data() : nullptr);
+        break;
+      }
       if (v.kind == CodecKind::kTopKSign) {  // a zero has no sign to send: +-scale would add error
         if (first.kept == n) {  // every entry: the nonzero ones in one pass, nothing to select
           kept.resize(n);
@@ -641,6 +675,14 @@ Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payl
                                   index[j] = static_cast<uint32_t>(i);
                                   value[j] = v;
                                 });
+    return Status::ok();
+  }
+  if (every_sign_payload(s, values, rec.shape.rows, rec.shape.cols)) {
+    XD_RETURN_IF_ERROR(check_signs_and_scales(s, values + n, rec.shape.rows));
+    out->index.resize(n);
+    std::iota(out->index.begin(), out->index.end(), 0u);
+    out->value.resize(n);
+    detail::decode_every_sign(values, rec.shape.rows, rec.shape.cols, out->value.data());
     return Status::ok();
   }
   out->index.reserve(rec.stages.front().kept);

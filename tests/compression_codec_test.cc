@@ -204,6 +204,69 @@ TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirR
   }
 }
 
+// topk_sign:1 of a tensor without zeros takes a fast path
+// (compression/detail/every_sign.h). The reference is the format itself,
+// written out naively: index 0 then gaps of 1 as varints, each row's mean
+// |x| summed in column order in double, then the sign bits low bit first.
+TEST(TopKSign, KeepingEveryEntryOfATensorWithoutZerosWritesAndReadsTheGeneralFormat) {
+  for (const TensorShape shape : {TensorShape{1, 1}, TensorShape{3, 5}, TensorShape{5, 401}, TensorShape{7, 8},
+                                  TensorShape{6, 13}, TensorShape{2, 300}}) {
+    std::vector<float> x = random_tensor(shape.elements(), 17 + static_cast<uint32_t>(shape.cols));
+    x[0] = -std::numeric_limits<float>::denorm_min();  // a subnormal keeps its sign
+    std::vector<uint8_t> want;
+    for (size_t i = 0; i < x.size(); ++i) want.push_back(i == 0 ? 0 : 1);
+    std::vector<float> decoded(x.size());
+    for (size_t r = 0; r < shape.rows; ++r) {
+      double sum = 0;
+      for (size_t c = 0; c < shape.cols; ++c) sum += std::abs(x[r * shape.cols + c]);
+      const float scale = static_cast<float>(sum / static_cast<double>(shape.cols));
+      uint8_t bytes[4];
+      std::memcpy(bytes, &scale, 4);
+      want.insert(want.end(), bytes, bytes + 4);
+      for (size_t c = 0; c < shape.cols; ++c) decoded[r * shape.cols + c] = x[r * shape.cols + c] < 0 ? -scale : scale;
+    }
+    std::vector<uint8_t> signs((x.size() + 7) / 8, 0);
+    for (size_t i = 0; i < x.size(); ++i) signs[i / 8] |= static_cast<uint8_t>(std::signbit(x[i])) << (i % 8);
+    want.insert(want.end(), signs.begin(), signs.end());
+
+    EncodedTensor e;
+    SparseTensor kept;
+    ASSERT_TRUE(pipeline("topk_sign:1").encode(x.data(), shape, &e, &kept).is_ok());
+    EXPECT_EQ(e.payload, want) << shape.rows << "x" << shape.cols;
+    std::vector<float> y(x.size(), 7.0f);
+    ASSERT_TRUE(decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok());
+    EXPECT_EQ(0, std::memcmp(y.data(), decoded.data(), 4 * y.size())) << shape.rows << "x" << shape.cols;
+    std::vector<uint32_t> every(x.size());
+    std::iota(every.begin(), every.end(), 0u);
+    EXPECT_EQ(kept.index, every);
+    ASSERT_EQ(kept.value.size(), x.size());
+    EXPECT_EQ(0, std::memcmp(kept.value.data(), decoded.data(), 4 * x.size()));
+    auto rec = parse_codec_record(e.metadata);
+    ASSERT_TRUE(rec);
+    SparseTensor read;
+    ASSERT_TRUE(decode_sparse(*rec, e.payload.data(), e.payload.size(), &read).is_ok());
+    EXPECT_EQ(read.index, every);
+    ASSERT_EQ(read.value.size(), x.size());
+    EXPECT_EQ(0, std::memcmp(read.value.data(), decoded.data(), 4 * x.size()));
+
+    // The general path still reads what is not quite this form: a gap of 2
+    // instead of the last 1 drops an entry from the list and shifts it.
+    if (x.size() >= 3) {
+      std::vector<uint8_t> gap = e.payload;
+      gap[x.size() - 1] = 2;
+      EXPECT_FALSE(decode_tensor(e.metadata, gap.data(), gap.size(), y.data(), y.size()).is_ok())
+          << "an index beyond the tensor";
+    }
+    // A bad scale is refused as the general path refuses it.
+    std::vector<uint8_t> nan_scale = e.payload;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(nan_scale.data() + x.size(), &nan, 4);
+    const Status st = decode_tensor(e.metadata, nan_scale.data(), nan_scale.size(), y.data(), y.size());
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.to_string();
+    EXPECT_FALSE(decode_sparse(*rec, nan_scale.data(), nan_scale.size(), &read).is_ok());
+  }
+}
+
 // The reference: each row's blocks by energy (ties to the lower block), the
 // kept ones as sign x the mean |x| of the row's kept entries.
 std::vector<float> naive_block_sign(const std::vector<float>& x, TensorShape shape, size_t block, double density) {
@@ -416,7 +479,7 @@ TEST(Codec, TruncatedOrCorruptPayloadsAndMetadataAreErrorsNeverCrashes) {
 TEST(Codec, ASparseDecodeGivesTheKeptEntriesOfTheDenseDecodeAndOfTheEncoderAndRefusesWhatTheDenseOneRefuses) {
   const std::vector<float> x = random_tensor(3 * 257, 5);
   for (const char* spec : {"topk:0.05", "topk:0.3+zstd:1", "topk:1", "topk_sign:0.05", "topk_sign:0.3+zstd:1",
-                           "block_sign:0.3", "block_sign:0.5:5+zstd:1"}) {
+                           "topk_sign:1", "topk_sign:1+zstd:1", "block_sign:0.3", "block_sign:0.5:5+zstd:1"}) {
     EncodedTensor e;
     ASSERT_TRUE(pipeline(spec).encode(x.data(), {3, 257}, &e).is_ok());
     auto rec = parse_codec_record(e.metadata);
