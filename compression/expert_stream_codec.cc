@@ -120,7 +120,10 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   const bool sparse = spec_.pipeline.is_sparse();
   XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr));
   const float* r = packed->data();
-  if (sparse) {
+  // A message that keeps every entry (every sign) is its own dense decode:
+  // the dense bookkeeping below, without an entry-by-entry walk.
+  const bool every_entry = sparse && sparse_.index.size() == packed->size();
+  if (sparse && !every_entry) {
     if (!weights)
       for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) std::copy(r + i * n_, r + (i + 1) * n_, st[i]);
     // The prediction moves every entry; the kept ones are corrected after.
@@ -141,11 +144,15 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     err->error += std::max(0.0, sums.residual - taken);
     return Status::ok();
   }
-  decoded_.resize(packed->size());
-  XD_RETURN_IF_ERROR(decode_tensor(out->metadata, out->payload.data(), out->payload.size(), decoded_.data(),
-                                   decoded_.size()));
+  const float* decoded = sparse_.value.data();
+  if (!every_entry) {
+    decoded_.resize(packed->size());
+    XD_RETURN_IF_ERROR(decode_tensor(out->metadata, out->payload.data(), out->payload.size(), decoded_.data(),
+                                     decoded_.size()));
+    decoded = decoded_.data();
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const float* d = decoded_.data() + i * n_;
+    const float* d = decoded + i * n_;
     const float* row = r + i * n_;
     for (size_t k = 0; k < n_; ++k) {
       const double left = double(row[k]) - d[k];
@@ -243,7 +250,9 @@ Status ExpertStreamCodec::apply_encoded(const std::vector<ExpertTensorRef>& tens
     return Status::invalid_argument("an encoded message of " + std::to_string(record.shape.rows) + "x" +
                                     std::to_string(record.shape.cols) + " for " + std::to_string(tensors.size()) +
                                     " tensors of " + std::to_string(n_));
-  if (is_sparse(record)) {
+  // A top-k message that keeps every entry takes the dense path, which
+  // applies the same float operations to every entry.
+  if (is_sparse(record) && record.stages.front().kept < record.shape.elements()) {
     XD_RETURN_IF_ERROR(decode_sparse(record, payload, payload_bytes, &sparse_));
     apply_sparse(tensors, sparse_);
     return Status::ok();

@@ -80,7 +80,8 @@ class ExpertStreamCodec {
                 ReconstructionError* err, const PackSums* prepacked = nullptr);
   // A received codec payload of `tensors` (its record's shape already
   // checked against them) into the tensors: weights data = base + decoded
-  // (+ held), gradients data += decoded. Top-k goes the sparse path.
+  // (+ held), gradients data += decoded. A top-k message that keeps fewer
+  // than all its entries goes the sparse path.
   Status apply_encoded(const std::vector<ExpertTensorRef>& tensors, const CodecRecord& record, const uint8_t* payload,
                        size_t payload_bytes);
   // The dense reference of receive(): `decoded` holds tensors.size() *
