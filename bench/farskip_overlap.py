@@ -21,7 +21,8 @@ the first run and printed):
 Every run is a real `xdmoe launch`: a coordinator and worker processes over
 loopback. Figures are means over the steps after two warm-up steps: step
 time, speedup over the first run, overlap % per direction, step / bound, and
-the planner's prediction (at start-up, and again with the measured compute).
+the planner's prediction (at start-up, live with the compute re-fitted while the
+run goes, and again with the whole run's measured compute).
 
 usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
            [--settings ep,ep4g,eplong,eplongbal,hybrid] [--trace-step 12] [--out bench/results]
@@ -152,7 +153,8 @@ def main():
                 "bwd_overlap_pct": round(j["bwd_overlap_percent"], 1),
                 "bound_ms": round(j["bound_s"] * 1e3, 1),
                 "step_over_bound": round(j["step_over_bound"], 3),
-                "predicted_ms": round(j["predicted_step_s"] * 1e3, 1),
+                "predicted_ms": round(j.get("startup_predicted_step_s", j["predicted_step_s"]) * 1e3, 1),
+                "predicted_live_ms": round(j.get("mean_predicted_step_s", 0) * 1e3, 1),
                 "predicted_measured_compute_ms": round(j.get("predicted_with_measured_compute_s", 0) * 1e3, 1),
                 "final_loss": round(j["final_loss"], 4),
             })
@@ -168,21 +170,24 @@ def main():
         w.writerows(rows)
     lines = []
     header = (f"{'setting':9} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
-              f"{'bwd ovl%':>8} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} "
+              f"{'bwd ovl%':>8} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} {'live ms':>8} "
               f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
         lines.append(f"{r['setting']:9} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
                      f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
                      f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
-                     f"{r['step_over_bound']:>8.2f} {r['predicted_ms']:>8} {r['predicted_measured_compute_ms']:>7} "
+                     f"{r['step_over_bound']:>8.2f} {r['predicted_ms']:>8} {r['predicted_live_ms']:>8} "
+                     f"{r['predicted_measured_compute_ms']:>7} "
                      f"{r['final_loss']:>7}")
     for name in a.settings.split(","):
         ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
         lines.append(f"{name}: busiest link's transmit time / compute = {ratio:.2f} (first run)")
     lines.append("exp ms: exposed communication (the most-waiting worker's); spread: the slowest worker's "
                  "compute minus the fastest's, which the others wait out as exposed time")
-    lines.append("pred*: the planner's prediction again with the compute the run measured")
+    lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "
+                 "re-fitted during the run (docs/planner.md, \"During a run\"); pred*: the prediction again with "
+                 "the compute the whole run measured")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "farskip_overlap.txt"), "w") as f:
         f.write(text)

@@ -348,7 +348,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();
   cmd->add_flag("--flat-ep", f->flat_ep, "EP sends tokens to their owner in one hop");
   cmd->add_flag("--no-probe", f->no_probe, "The coordinator plans with the config's link figures (no link probes)");
-  cmd->add_flag("--no-replan", f->no_replan, "The coordinator keeps its start-up plan for the whole run");
+  cmd->add_flag("--no-replan", f->no_replan, "The coordinator keeps its start-up plan and its prediction for the whole run");
   cmd->add_option("--hostfile", f->hostfile,
                   "Start the workers over ssh on these hosts: lines 'HOST slots=N [dc=NAME]' (docs/launch.md); "
                   "the coordinator runs here")

@@ -80,6 +80,7 @@ class Coordinator::Impl {
   std::vector<std::string> worker_keys;  // by rank: the public key each registered with
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0, last_replan_step = 0;
+  double startup_predicted_s = 0;  // the start-up plan's step, before any re-plan or re-fit
   double running_since = 0;  // when the workers were assigned
   ProgressLine progress;     // stdout: a live bar on a terminal, plain lines elsewhere
 
@@ -386,6 +387,7 @@ void Coordinator::Impl::assign_all() {
   a.domain_sizes = plan.choice().domain_sizes;
   a.flat_ep = opts.flat_ep && plan.mode == EpMode::kEp;
   a.predicted_step_s = plan.choice().iteration_s;
+  startup_predicted_s = a.predicted_step_s;
   a.hold = opts.hold;
   a.resume_dir = resume_dir;
   a.job = job;
@@ -456,10 +458,17 @@ void Coordinator::Impl::consider_replan() {
   const StepSummary* s = metrics.last_complete();
   if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
   last_replan_step = s->step;
-  auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s);
+  auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s,
+                              s->compute_s);
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();
+  metrics.set_predicted_step(c->switched() ? c->from_step : c->at_step + 1, plan.choice().iteration_s);
+  if (c->link == "compute") {  // the progress lines' "predicted" moves; the console stays quiet
+    XD_LOG_INFO("coordinator", "re-fit after step %lld: %s: %.1f ms a step (%.1f ms before)", (long long)c->at_step,
+                c->reason.c_str(), c->new_predicted_s * 1e3, c->old_predicted_s * 1e3);
+    return;
+  }
   progress.clear();
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%d stays (predicted %.1f ms, %.1f ms before)\n",
@@ -662,7 +671,8 @@ void Coordinator::Impl::write_summary() {
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
                       {"steps_complete", metrics.complete_steps().size()},
-                      {"predicted_step_s", plan.choice().iteration_s}};
+                      {"predicted_step_s", plan.choice().iteration_s},
+                      {"startup_predicted_step_s", startup_predicted_s}};
   if (!outcome.is_ok()) j["error"] = outcome.message();
   nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array(),
                  step_numbers = nlohmann::json::array();
@@ -685,6 +695,7 @@ void Coordinator::Impl::write_summary() {
   j["checkpoints"] = cks;
   j["step_times_s"] = step_times;
   j["plan_changes"] = plan_changes_json();
+  if (replanner) j["compute_refits"] = replanner->compute_refits();
   // The last fit of each link class (docs/launch.md), bytes/s.
   if (replanner) j["measured_link_bytes_per_s"] = replanner->measured();
   if (const StepSummary* last = metrics.last_complete()) {
@@ -692,6 +703,7 @@ void Coordinator::Impl::write_summary() {
     j["final_ce_loss"] = last->ce_loss;
     j["mean_tokens_per_s"] = mean.tokens_per_s;
     j["mean_step_s"] = mean.step_s;
+    j["mean_predicted_step_s"] = mean.predicted_step_s;  // each step's prediction as it ran (re-fits included)
     j["mean_compute_s"] = mean.compute_s;
     j["mean_compute_spread_s"] = mean.compute_spread_s();
     j["mean_comm_s"] = mean.comm_s;

@@ -1,6 +1,7 @@
 #include "coordinator/job_metrics.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string_view>
 #include <cstdio>
 #include <sstream>
@@ -39,6 +40,8 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
   for (size_t l = 0; l < m.gather_wait_s.size(); ++l) s.gather_wait_s[l] = std::max(s.gather_wait_s[l], m.gather_wait_s[l]);
   if (s.reporters == world_) {
+    if (auto it = predicted_from_.upper_bound(s.step); it != predicted_from_.begin())
+      s.predicted_step_s = std::prev(it)->second;
     for (const auto& [loss, ce, aux] : losses) {
       s.loss += loss / world_;
       s.ce_loss += ce / world_;

@@ -61,6 +61,9 @@ class JobMetrics {
   const StepSummary* last_complete() const { return complete_.empty() ? nullptr : &complete_.back(); }
   // The furthest step any worker has reported (0: none).
   int64_t latest_step() const;
+  // From `from_step` on, a step's predicted time is `seconds` (the plan the
+  // coordinator holds now) instead of what the workers were told at start.
+  void set_predicted_step(int64_t from_step, double seconds) { predicted_from_[from_step] = seconds; }
   // Means over the complete steps after the first `skip` (warm-up).
   StepSummary mean(int skip) const;
   nlohmann::json to_json() const;
@@ -72,6 +75,7 @@ class JobMetrics {
   std::map<int64_t, std::vector<std::array<double, 3>>> pending_losses_;  // by rank: loss, ce, aux
   std::vector<StepSummary> complete_;
   std::map<int, StepMetrics> last_by_rank_;
+  std::map<int64_t, double> predicted_from_;  // step -> the prediction from it on
 };
 
 }  // namespace xd

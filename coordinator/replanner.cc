@@ -16,13 +16,16 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
       options_(options) {}
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
-                                             int64_t latest_step, int64_t last_step, double step_s) {
+                                             int64_t latest_step, int64_t last_step, double step_s,
+                                             double compute_s) {
   if (step_s > 0) step_times_[step] = step_s;
   step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
   if (step < quiet_until_) return std::nullopt;
   window_.push_back(bursts);
+  compute_window_.push_back(compute_s);
   if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
+  if (static_cast<int>(compute_window_.size()) > options_.window_steps) compute_window_.erase(compute_window_.begin());
   if (static_cast<int>(window_.size()) < options_.window_steps) return std::nullopt;
 
   // beta from {bursts, bytes, seconds} with the plan's alpha; 0: too few bytes.
@@ -68,7 +71,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
       far_beta = beta;
     }
   }
-  if (far_level < 0) return std::nullopt;
+  if (far_level < 0) return refit_compute(step);
 
   PlanChange c;
   c.at_step = step;
@@ -126,7 +129,75 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   }
   inputs_ = fitted;
   window_.clear();
+  compute_window_.clear();
   history_.push_back(c);
+  return c;
+}
+
+namespace {
+
+// The compute model of a machine `factor` times slower (every compute term
+// of workload_of() scales by it).
+ComputeModel slower_by(ComputeModel c, double factor) {
+  c.flops_per_s /= factor;
+  c.gemm_overhead_s *= factor;
+  c.optimizer_s_per_param *= factor;
+  return c;
+}
+
+}  // namespace
+
+std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
+  if (!(options_.compute_tolerance > 0) || static_cast<int>(compute_window_.size()) < options_.window_steps)
+    return std::nullopt;
+  // The plan's compute as the run measures it: without the transport's
+  // CPU time, which the workers do not count as compute.
+  const PlanCandidate& now = plan_.choice();
+  const double assumed = now.compute_s - now.transport_cpu_s;
+  if (!(assumed > 0)) return std::nullopt;
+  const double far = std::log1p(options_.compute_tolerance);
+  int slower = 0, faster = 0;
+  double sum = 0;
+  for (double c : compute_window_) {
+    if (!(c > 0)) return std::nullopt;
+    sum += c;
+    slower += std::log(c / assumed) > far;
+    faster += std::log(c / assumed) < -far;
+  }
+  const int n = static_cast<int>(compute_window_.size());
+  if (slower < n && faster < n) return std::nullopt;
+  const double measured = sum / n;
+  // The measured compute holds the transport's CPU time already: the
+  // fitted model counts none on top.
+  PlannerInputs fitted = inputs_;
+  fitted.compute = slower_by(inputs_.compute, measured / assumed);
+  fitted.compute.transport_cpu_s_per_byte = 0;
+  // The workers' domains and r, predicted under the fitted compute.
+  PlannerInputs at_current = fitted;
+  at_current.expert_parallel.pipeline_degree = pipeline_degree_;
+  Plan next = plan_iteration(at_current);
+  int current = -1;
+  for (size_t i = 0; i < next.candidates.size(); ++i)
+    if (next.candidates[i].domain_sizes == now.domain_sizes) current = static_cast<int>(i);
+  if (current < 0) return std::nullopt;
+  next.chosen = current;
+  PlanChange c;
+  c.at_step = step;
+  c.link = "compute";
+  c.assumed_compute_s = assumed;
+  c.measured_compute_s = measured;
+  c.old_domains = c.new_domains = now.domain_sizes;
+  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
+  c.old_predicted_s = now.iteration_s;
+  c.old_now_predicted_s = c.new_predicted_s = next.choice().iteration_s;
+  char what[200];
+  std::snprintf(what, sizeof what, "compute measured %.1f ms a step, the plan assumed %.1f ms; the prediction follows",
+                measured * 1e3, assumed * 1e3);
+  c.reason = what;
+  plan_ = next;
+  inputs_ = fitted;
+  compute_window_.clear();
+  ++compute_refits_;
   return c;
 }
 
@@ -186,6 +257,7 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   pipeline_degree_ = sw.old_pipeline_degree;
   quiet_until_ = from + 1;
   window_.clear();
+  compute_window_.clear();
   history_.push_back(c);
   return c;
 }

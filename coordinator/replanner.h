@@ -10,6 +10,13 @@
 // to it from a step far enough ahead that every worker learns of it before
 // gathering that step's experts. Either way the fitted link becomes the
 // assumption, so a link that stays where it went does not re-plan again.
+// Compute is re-fitted the same way: when every step of a window measured
+// its compute (the slowest worker's) more than compute_tolerance away from
+// the plan's, the same way, the compute model is scaled to the window's mean
+// and the prediction follows it, with the domains and r as they are (a
+// shared machine's speed drifts by tens of percent within minutes; experts
+// move only when a link does). The measured compute holds the transport's
+// CPU time, so the fitted model adds none on top.
 // The planner can be wrong: once the new plan has run a few steps, its
 // measured step time is compared with the old plan's under the same link,
 // and the old plan comes back if the new one is more than revert_margin
@@ -37,6 +44,9 @@ struct ReplanOptions {
   int lead_steps = 3;
   double lead_seconds = 0.5;
   double min_bytes = 64e3;     // per fit and class, or no fit
+  // Every step of a window's compute this far from the plan's, the same
+  // way, and the compute model is re-fitted (0: never).
+  double compute_tolerance = 0.05;
   // After a switch, the new plan's measured steps (window_steps of them, past
   // its first) against the old plan's under the same link: slower by more
   // than this, and the old plan comes back.
@@ -47,8 +57,9 @@ struct ReplanOptions {
 struct PlanChange {
   int64_t at_step = 0;         // the complete step whose measurements triggered it
   int64_t from_step = 0;       // the first step on the new plan; 0: the plan stayed
-  std::string link;
+  std::string link;            // the re-fitted link class, or "compute"
   double assumed_bytes_per_s = 0, measured_bytes_per_s = 0;
+  double assumed_compute_s = 0, measured_compute_s = 0;  // a compute re-fit: the step's compute
   std::vector<int> old_domains, new_domains;
   int old_pipeline_degree = 1, new_pipeline_degree = 1;
   double old_predicted_s = 0;      // the current plan as predicted before
@@ -71,14 +82,19 @@ class Replanner {
 
   // A complete step's bursts per link class name, summed over workers.
   // `latest_step`: the furthest step any worker reported; `last_step`: the
-  // job's train.steps; `step_s`: the step's time (0: unknown). Returns a
-  // change when it re-planned.
+  // job's train.steps; `step_s`: the step's time, `compute_s` its compute
+  // (the slowest worker's; 0: unknown). Returns a change when it re-planned
+  // or re-fitted.
   std::optional<PlanChange> on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
-                                    int64_t latest_step, int64_t last_step, double step_s = 0);
+                                    int64_t latest_step, int64_t last_step, double step_s = 0,
+                                    double compute_s = 0);
 
   const Plan& plan() const { return plan_; }
   const PlannerInputs& inputs() const { return inputs_; }
+  // Re-plans and switches back, not compute re-fits (those only move the
+  // prediction; compute_refits() counts them).
   const std::vector<PlanChange>& history() const { return history_; }
+  int compute_refits() const { return compute_refits_; }
   // The last fitted bandwidth per class name (bytes/s); absent before a full window.
   const std::map<std::string, double>& measured() const { return measured_; }
 
@@ -90,6 +106,8 @@ class Replanner {
   int pipeline_degree_;
   ReplanOptions options_;
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
+  std::vector<double> compute_window_;  // the window's steps' compute
+  int compute_refits_ = 0;
   int64_t quiet_until_ = 0;  // no re-plan before this step (a switch in flight)
   std::map<std::string, double> measured_;
   std::vector<PlanChange> history_;
@@ -104,6 +122,7 @@ class Replanner {
   std::map<int64_t, double> step_times_;  // step -> measured seconds
   double mean_step_s(int64_t first, int64_t last) const;
   int64_t lead_steps(double step_s) const;  // how far ahead a switch goes
+  std::optional<PlanChange> refit_compute(int64_t step);
   std::optional<PlanChange> check_switch(int64_t step, int64_t latest_step, int64_t last_step, double step_s);
 };
 

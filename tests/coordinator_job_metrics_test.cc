@@ -36,6 +36,26 @@ TEST(JobMetrics, AStepIsCompleteWhenEveryWorkerReportedAndItsBoundIsTheLargerStr
   EXPECT_DOUBLE_EQ(s.bytes.at("dc/moe_dispatch_raw"), 200);  // summed over workers
 }
 
+TEST(JobMetrics, APredictionTheCoordinatorSetsReplacesTheWorkersFromItsStepOn) {
+  JobMetrics metrics(2);
+  auto told = [](int64_t step) {
+    StepMetrics m = report(step, 0.3, 0.1);
+    m.predicted_step_s = 0.25;  // what the workers were told at start
+    return m;
+  };
+  metrics.set_predicted_step(3, 0.4);
+  for (int64_t step = 1; step <= 4; ++step) {
+    metrics.record(0, told(step));
+    metrics.record(1, told(step));
+    EXPECT_DOUBLE_EQ(metrics.last_complete()->predicted_step_s, step < 3 ? 0.25 : 0.4) << step;
+  }
+  metrics.set_predicted_step(5, 0.5);
+  metrics.record(1, told(5));
+  metrics.record(0, told(5));
+  EXPECT_DOUBLE_EQ(metrics.last_complete()->predicted_step_s, 0.5);
+  EXPECT_DOUBLE_EQ(metrics.mean(0).predicted_step_s, (0.25 * 2 + 0.4 * 2 + 0.5) / 5);
+}
+
 TEST(JobMetrics, TheComputeSpreadIsTheSlowestWorkersComputeMinusTheFastestsWhateverTheOrder) {
   JobMetrics metrics(3);
   metrics.record(2, report(1, 0.35, 0.1));

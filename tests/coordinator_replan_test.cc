@@ -1,5 +1,6 @@
 // Live re-planning: the replanner re-fits a link class from the bursts the
-// workers measured and re-plans only when the fit moves far; and a running
+// workers measured and re-plans only when the fit moves far; it re-fits the
+// compute the workers measured and its prediction follows; and a running
 // job throttled hard switches its domains at a step boundary and still
 // trains exactly as one process does.
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -135,6 +138,66 @@ TEST(Replanner, UnshapedLinksAndSwitchesPastTheLastStepAreLeftAlone) {
   ASSERT_TRUE(c);
   EXPECT_FALSE(c->switched());
   EXPECT_NE(c->reason.find("too close to the end"), std::string::npos) << c->reason;
+}
+
+// The plan's compute as the workers measure it (without the transport's CPU time).
+double planned_compute(const Plan& p) { return p.choice().compute_s - p.choice().transport_cpu_s; }
+
+TEST(Replanner, ComputeMeasuredSlowerInEveryStepOfAWindowReFitsThePredictionAndKeepsTheDomains) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  const Plan start = plan_iteration(in);
+  const double assumed = planned_compute(start);
+  ASSERT_GT(assumed, 0);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
+  std::optional<PlanChange> c;
+  const double slow[] = {1.25, 1.35, 1.30};  // a machine 30% slower, noisily
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_FALSE(c) << "a change before the window was full";
+    c = r.on_step(step, link, step, 100, 0.5, slow[step - 1] * assumed);
+  }
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->link, "compute");
+  EXPECT_EQ(c->at_step, 3);
+  EXPECT_FALSE(c->switched());
+  EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
+  EXPECT_EQ(c->new_pipeline_degree, 2) << "the workers' r stays";
+  EXPECT_DOUBLE_EQ(c->assumed_compute_s, assumed);
+  EXPECT_NEAR(c->measured_compute_s, 1.30 * assumed, 1e-12);
+  // The new prediction's compute is what was measured; its step is longer.
+  EXPECT_NEAR(planned_compute(r.plan()), 1.30 * assumed, 1e-9 * assumed);
+  EXPECT_EQ(r.plan().choice().domain_sizes, start.choice().domain_sizes);
+  EXPECT_EQ(r.plan().choice().pipeline_degree, 2);
+  EXPECT_GT(c->new_predicted_s, c->old_predicted_s);
+  EXPECT_DOUBLE_EQ(c->new_predicted_s, r.plan().choice().iteration_s);
+  EXPECT_NE(c->reason.find("the prediction follows"), std::string::npos) << c->reason;
+  EXPECT_TRUE(r.history().empty()) << "a re-fit is no re-plan";
+  EXPECT_EQ(r.compute_refits(), 1);
+  // The fitted compute is the assumption now: the same speed changes nothing.
+  for (int64_t step = 4; step <= 12; ++step)
+    EXPECT_FALSE(r.on_step(step, link, step, 100, 0.5, 1.32 * assumed)) << step;
+}
+
+TEST(Replanner, ComputeWithinTheToleranceOrOffInOnlySomeStepsChangesNothing) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  const Plan start = plan_iteration(in);
+  const double assumed = planned_compute(start);
+  const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
+  Replanner close(in, start, {"dc", "worker"}, {true, true}, 2);
+  for (int64_t step = 1; step <= 12; ++step)
+    EXPECT_FALSE(close.on_step(step, link, step, 100, 0.5, (step % 2 ? 1.04 : 0.96) * assumed)) << step;
+  Replanner spiky(in, start, {"dc", "worker"}, {true, true}, 2);  // one slow step in each window
+  for (int64_t step = 1; step <= 12; ++step)
+    EXPECT_FALSE(spiky.on_step(step, link, step, 100, 0.5, (step % 3 == 0 ? 2.0 : 1.0) * assumed)) << step;
+  Replanner off(in, start, {"dc", "worker"}, {true, true}, 2, ReplanOptions{.compute_tolerance = 0});
+  for (int64_t step = 1; step <= 6; ++step) EXPECT_FALSE(off.on_step(step, link, step, 100, 0.5, 2 * assumed)) << step;
+  Replanner faster(in, start, {"dc", "worker"}, {true, true}, 2);
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 3; ++step) c = faster.on_step(step, link, step, 100, 0.5, 0.8 * assumed);
+  ASSERT_TRUE(c) << "a faster machine is followed too";
+  EXPECT_LT(c->new_predicted_s, c->old_predicted_s);
 }
 
 // The same global batch in one process.
