@@ -117,6 +117,13 @@ TEST(TopK, TheSelectorKeepsExactlyTheKLargestMagnitudesWithTiesToLowerIndices) {
         selector.select(x.data(), n, k, &got);
         ASSERT_EQ(got, naive_top_k(x, k)) << "n " << n << " k " << k << (ties ? " with ties" : "");
       }
+  // Mostly zeros: the sample's bound is 0, so every index is a candidate.
+  std::vector<float> sparse(50001, 0.0f);
+  for (size_t i = 0; i < sparse.size(); i += 97) sparse[i] = static_cast<float>(i % 13) - 6.0f;
+  for (size_t k : {size_t(10), size_t(400), size_t(5000)}) {
+    selector.select(sparse.data(), sparse.size(), k, &got);
+    ASSERT_EQ(got, naive_top_k(sparse, k)) << "mostly zeros, k " << k;
+  }
 }
 
 TEST(TopK, TheErrorIsExactlyWhatWasDroppedPlusTheRoundingOfWhatWasKept) {

@@ -1,8 +1,9 @@
 // Exact top-k by magnitude in linear time. For finite floats the bits of |x|
 // as unsigned integers order like the magnitudes. A small k of a large tensor
 // takes one pass: a strided sample estimates a key that about 1.5 k elements
-// exceed, one pass collects them, and the exact k-th key is selected among
-// those. Otherwise (or when the estimate lets fewer than k through) a radix
+// exceed, one pass collects them (four at a time), and the exact k-th key is
+// selected among those (a histogram of the keys' top bits, then the one bin
+// that holds it). Otherwise (or when the estimate lets fewer than k through) a radix
 // select on the key, 16 bits at a time. Either way one last pass takes every
 // index above the threshold and, at the threshold, the lowest indices first.
 // Inputs must be finite. Not thread-safe per Selector (it reuses buffers).
@@ -30,7 +31,7 @@ class TopKSelector {
   void select(const float* x, size_t n, size_t k, std::vector<uint32_t>* indices);
 
  private:
-  std::vector<uint32_t> histogram_, sample_, candidates_, keys_;
+  std::vector<uint32_t> histogram_, sample_, candidates_, keys_, bin_;
 };
 
 }  // namespace xd::detail
