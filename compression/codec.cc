@@ -149,6 +149,27 @@ std::string pack_record(const CodecRecord& r) {
 
 Status bad(const std::string& why) { return Status::corruption("codec metadata: " + why); }
 
+// One zstd compression and one decompression context per thread, reused, so
+// a tensor pays for no context's allocation and table set-up. The frames are
+// those of ZSTD_compress and ZSTD_decompress (the same parameters). Null
+// when zstd could not allocate one.
+struct ZstdContexts {
+  ZSTD_CCtx* compress = ZSTD_createCCtx();
+  ZSTD_DCtx* decompress = ZSTD_createDCtx();
+  ZstdContexts() = default;
+  ZstdContexts(const ZstdContexts&) = delete;
+  ZstdContexts& operator=(const ZstdContexts&) = delete;
+  ~ZstdContexts() {
+    ZSTD_freeCCtx(compress);
+    ZSTD_freeDCtx(decompress);
+  }
+};
+
+ZstdContexts& zstd_contexts() {
+  thread_local ZstdContexts contexts;
+  return contexts;
+}
+
 // Reads an unsigned integer field of a msgpack map entry.
 bool as_u64(const msgpack::object& o, uint64_t* v) {
   if (o.type != msgpack::type::POSITIVE_INTEGER) return false;
@@ -585,11 +606,13 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
   first.bytes = bytes.size();
   rec.stages.push_back(first);
   for (size_t i = 1; i < stages_.size(); ++i) {  // zstd
-    std::vector<uint8_t> z(ZSTD_compressBound(bytes.size()));
-    const size_t got = ZSTD_compress(z.data(), z.size(), bytes.data(), bytes.size(), stages_[i].level);
+    ZSTD_CCtx* context = zstd_contexts().compress;
+    if (!context) return Status::internal("zstd: no compression context (out of memory)");
+    thread_local std::vector<uint8_t> z;  // only grows: no allocation or zero-fill per tensor
+    if (z.size() < ZSTD_compressBound(bytes.size())) z.resize(ZSTD_compressBound(bytes.size()));
+    const size_t got = ZSTD_compressCCtx(context, z.data(), z.size(), bytes.data(), bytes.size(), stages_[i].level);
     if (ZSTD_isError(got)) return Status::internal(std::string("zstd: ") + ZSTD_getErrorName(got));
-    z.resize(got);
-    bytes.swap(z);
+    bytes.assign(z.data(), z.data() + got);
     rec.stages.push_back(CodecStageRecord{CodecKind::kZstd, bytes.size(), 0, 0, stages_[i].level});
   }
   out->metadata = pack_record(rec);
@@ -628,8 +651,11 @@ Status undo_byte_stages(const CodecRecord& rec, const uint8_t* payload, size_t p
     const unsigned long long declared = ZSTD_getFrameContentSize(data, rec.stages[i].bytes);
     if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN || declared != want)
       return Status::corruption("zstd: the frame does not declare the expected " + std::to_string(want) + " bytes");
-    std::vector<uint8_t> next(want);
-    const size_t got = ZSTD_decompress(next.data(), next.size(), data, rec.stages[i].bytes);
+    ZSTD_DCtx* context = zstd_contexts().decompress;
+    if (!context) return Status::internal("zstd: no decompression context (out of memory)");
+    thread_local std::vector<uint8_t> next;  // swapped with the caller's thread_local buffer: both keep their room
+    next.resize(want);
+    const size_t got = ZSTD_decompressDCtx(context, next.data(), next.size(), data, rec.stages[i].bytes);
     if (ZSTD_isError(got)) return Status::corruption(std::string("zstd: ") + ZSTD_getErrorName(got));
     if (got != want) return Status::corruption("zstd: decompressed to the wrong size");
     buffer->swap(next);
@@ -642,7 +668,7 @@ Status undo_byte_stages(const CodecRecord& rec, const uint8_t* payload, size_t p
 }  // namespace
 
 Status decode_tensor(const CodecRecord& rec, const uint8_t* payload, size_t payload_bytes, float* out, size_t n) {
-  std::vector<uint8_t> buffer;
+  thread_local std::vector<uint8_t> buffer;
   const uint8_t* values = nullptr;
   XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
   return decode_values(rec.stages.front(), values, rec.shape.rows, rec.shape.cols, out);
@@ -660,7 +686,7 @@ Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payl
   const uint64_t n = rec.shape.elements();
   if (n > std::numeric_limits<uint32_t>::max())
     return Status::corruption(std::string(kind_name(rec.stages.front().kind)) + ": tensor above 2^32 elements");
-  std::vector<uint8_t> buffer;
+  thread_local std::vector<uint8_t> buffer;
   const uint8_t* values = nullptr;
   XD_RETURN_IF_ERROR(undo_byte_stages(rec, payload, payload_bytes, n, &buffer, &values));
   const CodecStageRecord& s = rec.stages.front();
