@@ -299,9 +299,24 @@ Status check_signs_and_scales(const CodecStageRecord& s, const uint8_t* values, 
 }
 
 // A topk_sign payload that keeps every entry of its tensor (see
-// detail/every_sign.h), checked as the general path checks it.
+// detail/every_sign.h).
 bool every_sign_payload(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols) {
   return s.kind == CodecKind::kTopKSign && detail::is_every_sign(in, s.bytes, s.kept, rows, cols);
+}
+
+// Decodes such a payload into out[0, rows * cols) after the checks the
+// general path makes of its values.
+Status decode_every_sign_checked(const CodecStageRecord& s, const uint8_t* in, uint64_t rows, uint64_t cols,
+                                 float* out) {
+  XD_RETURN_IF_ERROR(check_signs_and_scales(s, in + rows * cols, rows));
+  detail::decode_every_sign(in, rows, cols, out);
+  return Status::ok();
+}
+
+// 0, 1, ..., n - 1: the indices of a message that keeps every entry.
+void every_index(uint64_t n, std::vector<uint32_t>* index) {
+  index->resize(n);
+  std::iota(index->begin(), index->end(), 0u);
 }
 
 // Calls fn(index, value) for each entry a top-k payload (topk or topk_sign)
@@ -380,11 +395,7 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
     }
     case CodecKind::kTopK:
     case CodecKind::kTopKSign:
-      if (every_sign_payload(s, in, rows, cols)) {
-        XD_RETURN_IF_ERROR(check_signs_and_scales(s, in + n, rows));
-        detail::decode_every_sign(in, rows, cols, out);
-        return Status::ok();
-      }
+      if (every_sign_payload(s, in, rows, cols)) return decode_every_sign_checked(s, in, rows, cols, out);
       if (n) std::memset(out, 0, n * sizeof(float));
       return for_each_kept(s, in, rows, cols, [out](uint64_t i, float v) { out[i] = v; });
     case CodecKind::kBlockSign:
@@ -539,8 +550,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
         // Every entry and no zero: the same bytes, without a list of indices.
         bytes.resize(detail::every_sign_bytes(shape.rows, shape.cols));
         if (sparse) {
-          sparse->index.resize(n);
-          std::iota(sparse->index.begin(), sparse->index.end(), 0u);
+          every_index(n, &sparse->index);
           sparse->value.resize(n);
         }
         detail::encode_every_sign(data, shape.rows, shape.cols, bytes.data(), sparse ? sparse->value.data() : nullptr);
@@ -704,11 +714,9 @@ Status decode_sparse(const CodecRecord& rec, const uint8_t* payload, size_t payl
     return Status::ok();
   }
   if (every_sign_payload(s, values, rec.shape.rows, rec.shape.cols)) {
-    XD_RETURN_IF_ERROR(check_signs_and_scales(s, values + n, rec.shape.rows));
-    out->index.resize(n);
-    std::iota(out->index.begin(), out->index.end(), 0u);
     out->value.resize(n);
-    detail::decode_every_sign(values, rec.shape.rows, rec.shape.cols, out->value.data());
+    XD_RETURN_IF_ERROR(decode_every_sign_checked(s, values, rec.shape.rows, rec.shape.cols, out->value.data()));
+    every_index(n, &out->index);
     return Status::ok();
   }
   out->index.reserve(rec.stages.front().kept);

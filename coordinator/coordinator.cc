@@ -464,7 +464,7 @@ void Coordinator::Impl::consider_replan() {
   plan = replanner->plan();
   plan_inputs = replanner->inputs();
   metrics.set_predicted_step(c->switched() ? c->from_step : c->at_step + 1, plan.choice().iteration_s);
-  if (c->link == "compute") {  // the progress lines' "predicted" moves; the console stays quiet
+  if (c->compute_refit()) {  // the progress lines' "predicted" moves; the console stays quiet
     XD_LOG_INFO("coordinator", "re-fit after step %lld: %s: %.1f ms a step (%.1f ms before)", (long long)c->at_step,
                 c->reason.c_str(), c->new_predicted_s * 1e3, c->old_predicted_s * 1e3);
     return;

@@ -70,6 +70,8 @@ struct PlanChange {
   // (old_now_predicted_s and new_predicted_s then hold those measured steps).
   bool reverted = false;
   bool switched() const { return from_step > 0; }
+  // A compute re-fit (the prediction only), whatever the link classes are called.
+  bool compute_refit() const { return measured_compute_s > 0; }
 };
 
 class Replanner {

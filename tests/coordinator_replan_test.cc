@@ -76,6 +76,7 @@ TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->at_step, 6);
   EXPECT_NEAR(c->measured_bytes_per_s, 12.5e6, 1e3);
+  EXPECT_FALSE(c->compute_refit());
   EXPECT_EQ(c->old_domains, start.choice().domain_sizes);
   ASSERT_TRUE(c->switched()) << c->reason;
   EXPECT_EQ(c->from_step, 7 + 3);  // the furthest reported step + lead_steps
@@ -159,6 +160,7 @@ TEST(Replanner, ComputeMeasuredSlowerInEveryStepOfAWindowReFitsThePredictionAndK
   }
   ASSERT_TRUE(c);
   EXPECT_EQ(c->link, "compute");
+  EXPECT_TRUE(c->compute_refit());
   EXPECT_EQ(c->at_step, 3);
   EXPECT_FALSE(c->switched());
   EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
