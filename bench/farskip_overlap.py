@@ -151,6 +151,8 @@ def main():
                 "compute_spread_ms": round(j.get("mean_compute_spread_s", 0) * 1e3, 1),
                 "fwd_overlap_pct": round(j["fwd_overlap_percent"], 1),
                 "bwd_overlap_pct": round(j["bwd_overlap_percent"], 1),
+                "critical_fwd_overlap_pct": round(j.get("critical_fwd_overlap_percent", 0), 1),
+                "critical_bwd_overlap_pct": round(j.get("critical_bwd_overlap_percent", 0), 1),
                 "bound_ms": round(j["bound_s"] * 1e3, 1),
                 "step_over_bound": round(j["step_over_bound"], 3),
                 "predicted_ms": round(j.get("startup_predicted_step_s", j["predicted_step_s"]) * 1e3, 1),
@@ -170,12 +172,13 @@ def main():
         w.writerows(rows)
     lines = []
     header = (f"{'setting':9} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
-              f"{'bwd ovl%':>8} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} {'live ms':>8} "
+              f"{'bwd ovl%':>8} {'slowest':>11} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'pred ms':>8} {'live ms':>8} "
               f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
         lines.append(f"{r['setting']:9} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
                      f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
+                     f"{'%.0f/%.0f' % (r['critical_fwd_overlap_pct'], r['critical_bwd_overlap_pct']):>11} "
                      f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
                      f"{r['step_over_bound']:>8.2f} {r['predicted_ms']:>8} {r['predicted_live_ms']:>8} "
                      f"{r['predicted_measured_compute_ms']:>7} "
@@ -183,8 +186,9 @@ def main():
     for name in a.settings.split(","):
         ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
         lines.append(f"{name}: busiest link's transmit time / compute = {ratio:.2f} (first run)")
-    lines.append("exp ms: exposed communication (the most-waiting worker's); spread: the slowest worker's "
-                 "compute minus the fastest's, which the others wait out as exposed time")
+    lines.append("fwd/bwd ovl%, exp ms: overlap and exposed communication of the most-waiting worker; slowest: "
+                 "fwd/bwd overlap of the slowest worker (the critical path; no spread in its waits); spread: the "
+                 "slowest worker's compute minus the fastest's, which the others wait out as exposed time")
     lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "
                  "re-fitted during the run (docs/planner.md, \"During a run\"); pred*: the prediction again with "
                  "the compute the whole run measured")

@@ -83,6 +83,11 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   row("  overlap fwd / bwd (%)", [](const RunResult& r) {
     return cell(r.summary, "fwd_overlap_percent", "%.0f") + " / " + cell(r.summary, "bwd_overlap_percent", "%.0f");
   });
+  // The slowest worker's (the critical path's): what the schedule left exposed, without the spread.
+  row("    slowest worker's", [](const RunResult& r) {
+    return cell(r.summary, "critical_fwd_overlap_percent", "%.0f") + " / " +
+           cell(r.summary, "critical_bwd_overlap_percent", "%.0f");
+  });
   row("bound (ms)", [](const RunResult& r) { return cell(r.summary, "bound_s", "%.1f", 1e3); });
   row("step / bound", [](const RunResult& r) {
     if (!r.summary.contains("bound_s") || !(r.summary["bound_s"].get<double>() > 0)) return std::string("-");

@@ -146,10 +146,12 @@ void print_status(const nlohmann::json& s) {
     std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  bound %s ms (step / bound %s), overlap forward %s%%, backward %s%%, compute spread %s ms\n",
+    std::printf("  bound %s ms (step / bound %s), overlap forward %s%%, backward %s%% (the slowest worker's %s%%, "
+                "%s%%), compute spread %s ms\n",
                 num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
                 num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
-                num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+                num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
+                num(l, "critical_bwd_overlap_percent", "%.0f").c_str(), num(l, "compute_spread_s", "%.1f", 1e3).c_str());
   }
 }
 
@@ -236,10 +238,15 @@ int run_metrics(const MonitorFlags& f) {
     std::printf("  compute %s ms, comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "comm_s", "%.1f", 1e3).c_str(), num(l, "exposed_comm_s", "%.1f", 1e3).c_str(),
                 num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  forward:  comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "fwd_comm_s", "%.1f", 1e3).c_str(),
-                num(l, "fwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "fwd_overlap_percent", "%.0f").c_str());
-    std::printf("  backward: comm %s ms, exposed %s ms, overlap %s%%\n", num(l, "bwd_comm_s", "%.1f", 1e3).c_str(),
-                num(l, "bwd_exposed_s", "%.1f", 1e3).c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str());
+    for (const char* d : {"fwd", "bwd"}) {
+      const std::string p = d;
+      std::printf("  %s comm %s ms, exposed %s ms, overlap %s%% (the slowest worker's: exposed %s ms, overlap %s%%)\n",
+                  p == "fwd" ? "forward: " : "backward:", num(l, (p + "_comm_s").c_str(), "%.1f", 1e3).c_str(),
+                  num(l, (p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),
+                  num(l, (p + "_overlap_percent").c_str(), "%.0f").c_str(),
+                  num(l, ("critical_" + p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),
+                  num(l, ("critical_" + p + "_overlap_percent").c_str(), "%.0f").c_str());
+    }
     std::printf("  bound %s ms, step / bound %s\n", num(l, "bound_s", "%.1f", 1e3).c_str(),
                 num(l, "step_over_bound", "%.2f").c_str());
     std::printf("  compute spread %s ms (slowest worker's compute minus the fastest's: exposed time no overlap hides)\n",

@@ -130,6 +130,7 @@ int run_plan(const PlanOptions& o) {
                     {"non_gemm_factor", compute.non_gemm_factor},
                     {"optimizer_s_per_param", compute.optimizer_s_per_param},
                     {"transport_cpu_s_per_byte", compute.transport_cpu_s_per_byte},
+                    {"exchange_cpu_s_per_byte", compute.exchange_cpu_s_per_byte},
                     {"step_probe_tokens", step_probe.tokens},
                     {"step_probe_copies", step_probe.copies},
                     {"step_probe_s", step_probe.seconds}};
@@ -155,6 +156,7 @@ int run_plan(const PlanOptions& o) {
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
                                  {"compute_s", c.compute_s},
                                  {"transport_cpu_s", c.transport_cpu_s},
+                                 {"exchange_cpu_s", c.exchange_cpu_s},
                                  {"a2a_s", c.a2a_s},
                                  {"exposed_a2a_s", c.exposed_a2a_s},
                                  {"pipeline_degree", c.pipeline_degree},
@@ -194,6 +196,11 @@ int run_plan(const PlanOptions& o) {
       std::printf("the transport's threads share the compute's cores (workers fill this machine): overlapped, "
                   "compute stretches by %.2f ns per byte sent (the chosen plan: %s a step)\n",
                   w.transport_cpu_s_per_byte * 1e9, fmt_seconds(choice.transport_cpu_s).c_str());
+    if (!w.overlapped && w.exchange_cpu_s_per_byte > 0)
+      std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %.2f ns per "
+                  "byte sent of transport CPU that compute waits out (the chosen plan: %s a step, in the "
+                  "exposed columns)\n",
+                  w.exchange_cpu_s_per_byte * 1e9, fmt_seconds(choice.exchange_cpu_s).c_str());
     std::printf("links:\n");
     for (const LinkEstimate& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),

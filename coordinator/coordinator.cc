@@ -715,6 +715,10 @@ void Coordinator::Impl::write_summary() {
     j["mean_bwd_comm_s"] = mean.bwd_comm_s;
     j["mean_bwd_exposed_s"] = mean.bwd_exposed_s;
     j["bwd_overlap_percent"] = mean.bwd_overlap_percent();
+    j["mean_critical_fwd_exposed_s"] = mean.critical_fwd_exposed_s;
+    j["critical_fwd_overlap_percent"] = mean.critical_fwd_overlap_percent();
+    j["mean_critical_bwd_exposed_s"] = mean.critical_bwd_exposed_s;
+    j["critical_bwd_overlap_percent"] = mean.critical_bwd_overlap_percent();
     j["step_over_bound"] = mean.step_over_bound();
     // The prediction again with the compute this run measured, so what is
     // left of the error is the communication and overlap model's. The
@@ -752,10 +756,14 @@ void Coordinator::Impl::write_summary() {
     if (j.contains("predicted_with_measured_compute_s"))
       std::printf("  predicted with the measured compute: %.1f ms (measured %.1f ms)\n",
                   j["predicted_with_measured_compute_s"].get<double>() * 1e3, mean.step_s * 1e3);
-    std::printf("  forward:  comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.fwd_comm_s * 1e3,
-                mean.fwd_exposed_s * 1e3, mean.fwd_overlap_percent());
-    std::printf("  backward: comm %.1f ms, exposed %.1f ms, overlap %.0f%%\n", mean.bwd_comm_s * 1e3,
-                mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent());
+    std::printf("  forward:  comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: exposed %.1f ms, "
+                "overlap %.0f%%)\n",
+                mean.fwd_comm_s * 1e3, mean.fwd_exposed_s * 1e3, mean.fwd_overlap_percent(),
+                mean.critical_fwd_exposed_s * 1e3, mean.critical_fwd_overlap_percent());
+    std::printf("  backward: comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: exposed %.1f ms, "
+                "overlap %.0f%%)\n",
+                mean.bwd_comm_s * 1e3, mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent(),
+                mean.critical_bwd_exposed_s * 1e3, mean.critical_bwd_overlap_percent());
     std::printf("  compute spread %.1f ms: the slowest worker's compute minus the fastest's, which the others "
                 "wait out as exposed communication\n",
                 mean.compute_spread_s() * 1e3);

@@ -21,6 +21,10 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   losses[rank] = {m.loss, m.ce_loss, m.aux_loss};
   s.tokens_per_s += m.tokens_per_s;
   s.step_s = std::max(s.step_s, m.step_s);
+  if (s.reporters == 1 || m.compute_s > s.compute_s) {  // the slowest worker so far
+    s.critical_fwd_exposed_s = m.fwd_exposed_s;
+    s.critical_bwd_exposed_s = m.bwd_exposed_s;
+  }
   s.compute_s = std::max(s.compute_s, m.compute_s);
   s.compute_min_s = s.reporters == 1 ? m.compute_s : std::min(s.compute_min_s, m.compute_s);
   s.comm_s = std::max(s.comm_s, m.comm_s);
@@ -80,6 +84,8 @@ StepSummary JobMetrics::mean(int skip) const {
     out.fwd_exposed_s += s.fwd_exposed_s;
     out.bwd_comm_s += s.bwd_comm_s;
     out.bwd_exposed_s += s.bwd_exposed_s;
+    out.critical_fwd_exposed_s += s.critical_fwd_exposed_s;
+    out.critical_bwd_exposed_s += s.critical_bwd_exposed_s;
     out.codec_s += s.codec_s;
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
@@ -106,6 +112,8 @@ StepSummary JobMetrics::mean(int skip) const {
   out.fwd_exposed_s /= n;
   out.bwd_comm_s /= n;
   out.bwd_exposed_s /= n;
+  out.critical_fwd_exposed_s /= n;
+  out.critical_bwd_exposed_s /= n;
   out.codec_s /= n;
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
@@ -136,6 +144,10 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"bwd_comm_s", s.bwd_comm_s},
           {"bwd_exposed_s", s.bwd_exposed_s},
           {"bwd_overlap_percent", s.bwd_overlap_percent()},
+          {"critical_fwd_exposed_s", s.critical_fwd_exposed_s},
+          {"critical_fwd_overlap_percent", s.critical_fwd_overlap_percent()},
+          {"critical_bwd_exposed_s", s.critical_bwd_exposed_s},
+          {"critical_bwd_overlap_percent", s.critical_bwd_overlap_percent()},
           {"codec_s", s.codec_s},
           {"bound_s", s.bound_s()},
           {"step_over_bound", s.step_over_bound()},
@@ -198,18 +210,25 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
     // Per direction: forward is the forward pass, backward the rest of the step.
-    struct Direction { const char* name; double comm, exposed, overlap; };
-    const Direction directions[] = {{"forward", s->fwd_comm_s, s->fwd_exposed_s, s->fwd_overlap_percent()},
-                                    {"backward", s->bwd_comm_s, s->bwd_exposed_s, s->bwd_overlap_percent()}};
+    struct Direction { const char* name; double values[5]; };
+    const Direction directions[] = {
+        {"forward", {s->fwd_comm_s, s->fwd_exposed_s, s->fwd_overlap_percent(), s->critical_fwd_exposed_s,
+                     s->critical_fwd_overlap_percent()}},
+        {"backward", {s->bwd_comm_s, s->bwd_exposed_s, s->bwd_overlap_percent(), s->critical_bwd_exposed_s,
+                      s->critical_bwd_overlap_percent()}}};
     const Field per_direction[] = {
         {"direction_comm_seconds", "Busiest link class's transmit time while the pass ran (at least the exposed time).", 0},
-        {"direction_exposed_comm_seconds", "Time compute waited for communication in the pass.", 0},
-        {"direction_overlap_percent", "1 - exposed / total communication of the pass, in percent.", 0}};
-    for (int f = 0; f < 3; ++f) {
+        {"direction_exposed_comm_seconds", "Time compute waited for communication in the pass, most-waiting worker.", 0},
+        {"direction_overlap_percent", "1 - exposed / total communication of the pass, in percent, most-waiting worker.", 0},
+        {"direction_critical_exposed_comm_seconds",
+         "Time the slowest worker's compute (the critical path) waited for communication in the pass.", 0},
+        {"direction_critical_overlap_percent",
+         "1 - the slowest worker's exposed / total communication of the pass, in percent.", 0}};
+    for (int f = 0; f < 5; ++f) {
       gauge(per_direction[f].name, per_direction[f].help);
       for (const Direction& d : directions)
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
-          << (f == 0 ? d.comm : f == 1 ? d.exposed : d.overlap) << "\n";
+          << d.values[f] << "\n";
     }
     // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the token
     // rows' fp32 bytes before any codec): two metrics with the same labels.

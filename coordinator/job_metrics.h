@@ -32,6 +32,11 @@ struct StepSummary {
   double link_busy_s = 0;                      // max over workers
   // Per direction (StepMetrics): link busy time and compute's wait, max over workers.
   double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
+  // The same waits of the slowest worker (the one with the most compute), the
+  // step's critical path: step = its compute + its waits. The other workers'
+  // waits also hold the spread (waiting out its compute), which no schedule
+  // hides; its own are the communication the schedule left exposed.
+  double critical_fwd_exposed_s = 0, critical_bwd_exposed_s = 0;
   double codec_s = 0;                          // max over workers
   // max(compute, busiest link's transmit time): no schedule can beat it.
   double bound_s() const { return std::max(compute_s, link_busy_s); }
@@ -45,6 +50,8 @@ struct StepSummary {
   double overlap_percent() const { return overlap(exposed_comm_s, comm_s); }
   double fwd_overlap_percent() const { return overlap(fwd_exposed_s, fwd_comm_s); }
   double bwd_overlap_percent() const { return overlap(bwd_exposed_s, bwd_comm_s); }
+  double critical_fwd_overlap_percent() const { return overlap(critical_fwd_exposed_s, fwd_comm_s); }
+  double critical_bwd_overlap_percent() const { return overlap(critical_bwd_exposed_s, bwd_comm_s); }
   // What users feel: 1.0 is the physical limit.
   double step_over_bound() const { return bound_s() > 0 ? step_s / bound_s() : 0.0; }
   static double overlap(double exposed, double total) {

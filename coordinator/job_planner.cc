@@ -164,6 +164,11 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     for (const LinkEstimate& e : out.links)
       out.compute.transport_cpu_s_per_byte =
           std::max(out.compute.transport_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
+  // Not overlapped, the exchanges' CPU time is the compute thread's wait,
+  // wherever the transport's threads run.
+  for (const LinkEstimate& e : out.links)
+    out.compute.exchange_cpu_s_per_byte =
+        std::max(out.compute.exchange_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);
   XD_RETURN_IF_ERROR(out.inputs.validate());

@@ -37,6 +37,8 @@ Status PlannerInputs::validate() const {
     return bad("compute.optimizer_s_per_param must be finite and >= 0");
   if (!(compute.transport_cpu_s_per_byte >= 0) || !std::isfinite(compute.transport_cpu_s_per_byte))
     return bad("compute.transport_cpu_s_per_byte must be finite and >= 0");
+  if (!(compute.exchange_cpu_s_per_byte >= 0) || !std::isfinite(compute.exchange_cpu_s_per_byte))
+    return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -140,6 +142,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.optimizer_s = in.compute.optimizer_s_per_param *
                   (w.dense_param_bytes / bytes + w.experts_per_worker * m.num_layers * w.expert_bytes / bytes);
   w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
+  w.exchange_cpu_s_per_byte = in.compute.exchange_cpu_s_per_byte;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   w.base_outer_sign = in.expert_parallel.base_codec == "sign";
@@ -229,6 +232,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // one layer's AG (outer level first, forwarding what the outer levels
   // gathered) and its RS (inner level first). Codec time rides on the hop.
   Route to_experts_chunk, to_sources_chunk, ag_layer, rs_layer;
+  double to_experts_chunk_bytes = 0, to_sources_chunk_bytes = 0;  // sent per chunk, all levels
   double gathered_per_layer_experts = 1;
   bool base_sync = false;
   int a2a_levels = 0;     // levels with all-to-all peers
@@ -247,6 +251,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
           {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
       to_sources_chunk.insert(to_sources_chunk.begin(),
           Hop{l, a2a_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s});
+      to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
+      to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
     }
     // The replicas' raw bytes, through the AG and RS codecs of this level.
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
@@ -324,8 +330,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     bucket_bytes.front() = bucket_bytes.back() = w.vocab_bytes;
   }
   std::vector<Route> bucket;
+  std::vector<double> bucket_sent;  // bytes a worker sends for each bucket, all levels
   for (double bytes : bucket_bytes) {
+    double before = 0, after = 0;
+    for (double b : c.level_bytes) before += b;
     bucket.push_back(all_reduce(bytes, false));
+    for (double b : c.level_bytes) after += b;
+    bucket_sent.push_back(after - before);
     c.allreduce_s += total(bucket.back());
   }
   const Route base = base_bytes > 0 ? all_reduce(base_bytes, true) : Route{};
@@ -371,12 +382,21 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     c.exposed_a2a_s += done - t;
     t = done;
   };
+  // Not overlapped, an exchange runs on the compute thread: its packing,
+  // sending, receiving and unpacking of `bytes` are CPU time the compute
+  // waits out on top of the link's (the probe's transport CPU per byte).
+  auto inline_cpu = [&](double bytes) { return w.overlapped ? 0.0 : w.exchange_cpu_s_per_byte * bytes; };
   // Starts an A2A chunk now; returns when it lands. Not overlapped, compute
   // waits for it at once.
-  auto a2a = [&](const Route& route, double* free) {
+  auto a2a = [&](const Route& route, double bytes, double* free) {
     *free = direct ? std::max(*free, send(t, route)) : send(std::max(t, *free), route);
     c.a2a_s += total(route);
-    if (!w.overlapped) wait_for(*free);
+    if (!w.overlapped) {
+      wait_for(*free);
+      const double cpu = inline_cpu(bytes);
+      wait_for(t + cpu);
+      c.exchange_cpu_s += cpu;
+    }
     return *free;
   };
   auto connectivity = [&](int k) {
@@ -401,7 +421,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     wait_for(combined);
     std::vector<double> dispatched(r);
     auto route = [&] {
-      for (int i = 0; i < r; ++i) dispatched[i] = a2a(to_experts_chunk, &to_experts_free);
+      for (int i = 0; i < r; ++i) dispatched[i] = a2a(to_experts_chunk, to_experts_chunk_bytes, &to_experts_free);
     };
     // The last layer under FarSkip MoE: the shared experts take Dispatch's
     // place, attention (b) but the router runs while Dispatch is still in
@@ -433,7 +453,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     for (int i = 0; i < r; ++i) {
       wait_for(dispatched[i]);
       compute(expert_fwd);
-      combined = a2a(to_sources_chunk, &to_sources_free);
+      combined = a2a(to_sources_chunk, to_sources_chunk_bytes, &to_sources_free);
     }
     compute(attention_late);
     if (!shared_first && !last_experts_first) compute(w.shared_fwd_s);
@@ -452,7 +472,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   for (int k = layers - 1; k >= 0; --k) {
     const Connectivity conn = connectivity(k);
     std::vector<double> to_experts(r);
-    for (int i = 0; i < r; ++i) to_experts[i] = a2a(to_experts_chunk, &to_experts_free);  // backward of Combine
+    for (int i = 0; i < r; ++i)  // backward of Combine
+      to_experts[i] = a2a(to_experts_chunk, to_experts_chunk_bytes, &to_experts_free);
     // With replicas (HybridEP) the attention backward waits until their
     // gradients have left.
     const bool attention_after_experts = farskip_moe(conn) && !rs_layer.empty();
@@ -465,7 +486,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     for (int i = 0; i < r; ++i) {
       wait_for(to_experts[i]);
       compute(expert_bwd / 2);           // input gradients
-      returned = a2a(to_sources_chunk, &to_sources_free);  // backward of Dispatch
+      returned = a2a(to_sources_chunk, to_sources_chunk_bytes, &to_sources_free);  // backward of Dispatch
       compute(expert_bwd / 2);           // weight gradients
     }
     // This layer's replica gradients go home.
@@ -485,7 +506,11 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   t += c.exposed_rs_s;
   if (!norm_in_backward) norm_done = send(t, norm_sum);
   if (!w.overlapped)
-    for (const Route& x : bucket) dense_done = send(std::max(t, dense_done), x);
+    for (size_t b = 0; b < bucket.size(); ++b) {
+      const double cpu = inline_cpu(bucket_sent[b]);
+      dense_done = send(std::max(t, dense_done), bucket[b]) + cpu;
+      c.exchange_cpu_s += cpu;
+    }
   const double end = std::max({t, norm_done, dense_done});
   c.exposed_allreduce_s = end - t;
   t = end;

@@ -79,6 +79,10 @@ struct ComputeModel {
   // receives as much of), in wall time on the cores its compute runs on.
   // Overlapped, it dilates compute; 0 when the threads have cores of their own.
   double transport_cpu_s_per_byte = 0;
+  // The same CPU time per byte, at the worker's share of a core, whoever's
+  // cores: not overlapped, each token exchange and dense bucket runs it while
+  // the compute thread waits, so it adds to the step.
+  double exchange_cpu_s_per_byte = 0;
 };
 
 struct PlannerInputs {
@@ -139,6 +143,7 @@ struct Workload {
   double shared_fwd_s = 0;         // shared experts
   double router_fwd_s = 0;         // the router's GEMMs (the simulator's "router" span)
   double transport_cpu_s_per_byte = 0;  // ComputeModel's
+  double exchange_cpu_s_per_byte = 0;   // ComputeModel's
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
@@ -163,6 +168,7 @@ struct PlanCandidate {
   double exposed_ag_s = 0;    // AG time the compute stream waited for
   double exposed_rs_s = 0;    // RS time left after the backward pass
   double exposed_a2a_s = 0;   // A2A time compute waited for (a2a_s when not overlapped)
+  double exchange_cpu_s = 0;  // not overlapped: the exchanges' CPU time compute waited out (in the exposed times)
   int pipeline_degree = 1;    // r of this candidate
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers

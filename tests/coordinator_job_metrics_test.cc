@@ -103,5 +103,38 @@ TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
   EXPECT_NE(text.find("xdmoe_step_over_bound{job=\"j\"} 2\n"), std::string::npos) << text;
 }
 
+// The critical path runs through the slowest worker's compute: its own waits
+// are the communication the schedule left exposed. The faster workers' waits
+// also hold the time they spent waiting out its compute.
+TEST(JobMetrics, TheCriticalOverlapIsTheSlowestWorkersWhateverOrderTheReportsCameIn) {
+  JobMetrics metrics(3);
+  StepMetrics fast = report(1, 0.30, 0.2), slow = report(1, 0.42, 0.2), middle = report(1, 0.35, 0.2);
+  fast.fwd_comm_s = 0.2, fast.fwd_exposed_s = 0.10, fast.bwd_comm_s = 0.4, fast.bwd_exposed_s = 0.12;
+  slow.fwd_comm_s = 0.2, slow.fwd_exposed_s = 0.01, slow.bwd_comm_s = 0.4, slow.bwd_exposed_s = 0.02;
+  middle.fwd_comm_s = 0.2, middle.fwd_exposed_s = 0.05, middle.bwd_comm_s = 0.4, middle.bwd_exposed_s = 0.06;
+  metrics.record(2, middle);
+  metrics.record(1, slow);
+  metrics.record(0, fast);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_DOUBLE_EQ(s.fwd_exposed_s, 0.10) << "the most-waiting worker's, as before";
+  EXPECT_DOUBLE_EQ(s.critical_fwd_exposed_s, 0.01);
+  EXPECT_DOUBLE_EQ(s.critical_bwd_exposed_s, 0.02);
+  EXPECT_DOUBLE_EQ(s.critical_fwd_overlap_percent(), 95.0);
+  EXPECT_DOUBLE_EQ(s.critical_bwd_overlap_percent(), 95.0);
+  EXPECT_DOUBLE_EQ(s.bwd_overlap_percent(), 70.0);
+  StepMetrics later = report(2, 0.5, 0.2);  // step 2: one worker, slowest by construction
+  later.bwd_comm_s = 0.4, later.bwd_exposed_s = 0.2;
+  for (int rank = 0; rank < 3; ++rank) {
+    StepMetrics m = rank == 1 ? later : report(2, 0.3, 0.2);
+    if (rank != 1) m.bwd_comm_s = 0.4;
+    metrics.record(rank, m);
+  }
+  EXPECT_DOUBLE_EQ(metrics.last_complete()->critical_bwd_exposed_s, 0.2);
+  EXPECT_DOUBLE_EQ(metrics.mean(0).critical_bwd_exposed_s, 0.11);
+  const std::string text = metrics.prometheus("j", {"running", "running", "running"});
+  EXPECT_NE(text.find("xdmoe_direction_critical_overlap_percent{job=\"j\",direction=\"backward\"} 50\n"),
+            std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace xd

@@ -372,6 +372,32 @@ TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsBytes) {
   EXPECT_DOUBLE_EQ(evaluate_candidate(simple, {2}, links, {1}, 1e300).compute_s, simple_compute);
 }
 
+// Not overlapped, each token exchange and dense bucket runs on the compute
+// thread: the transport's CPU time for the bytes it sends is waited out on
+// top of the link's time, once per byte, and nothing of it is compute.
+// Overlapped, the exchanges' CPU runs beside the compute and adds no wait.
+TEST(Planner, NotOverlappedTheExchangesCpuTimeAddsToTheStepForEveryByteSent) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}};
+  Workload simple = farskip_layer(false, 2);
+  const PlanCandidate plain = evaluate_candidate(simple, {2}, links, {1}, 1e300);
+  simple.exchange_cpu_s_per_byte = 2e-8;
+  const PlanCandidate loaded = evaluate_candidate(simple, {2}, links, {1}, 1e300);
+  double bytes = 0;
+  for (double b : loaded.level_bytes) bytes += b;
+  EXPECT_GT(bytes, 0);
+  EXPECT_NEAR(loaded.exchange_cpu_s, 2e-8 * bytes, 1e-12) << "EP: every byte sent is an A2A's or a bucket's";
+  EXPECT_NEAR(loaded.iteration_s, plain.iteration_s + loaded.exchange_cpu_s, 1e-9);
+  EXPECT_DOUBLE_EQ(loaded.compute_s, plain.compute_s);
+  EXPECT_NEAR(loaded.exposed_a2a_s + loaded.exposed_allreduce_s,
+              plain.exposed_a2a_s + plain.exposed_allreduce_s + loaded.exchange_cpu_s, 1e-9);
+  Workload overlapped = farskip_layer(true, 2);
+  const double before = evaluate_candidate(overlapped, {2}, links, {1}, 1e300).iteration_s;
+  overlapped.exchange_cpu_s_per_byte = 2e-8;
+  const PlanCandidate o = evaluate_candidate(overlapped, {2}, links, {1}, 1e300);
+  EXPECT_EQ(o.exchange_cpu_s, 0);
+  EXPECT_DOUBLE_EQ(o.iteration_s, before);
+}
+
 // The update runs once per step, after every gradient is in, over the
 // parameters the worker updates: its dense ones and its owned experts.
 TEST(Planner, TheOptimizerUpdateIsComputeOncePerStepOverTheWorkersParameters) {
