@@ -452,6 +452,22 @@ std::string domains_text(const std::vector<int>& d) {
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
+
+// Per level, the step's A2A imbalance: the token hops' larger sides over
+// their mean (LINK/moe_peak_raw over the raw rows sent); 0 where no token
+// crossed the level.
+std::vector<double> a2a_imbalance(const StepSummary& s, const std::vector<LevelSpec>& levels) {
+  std::vector<double> f;
+  for (const LevelSpec& l : levels) {
+    auto bytes = [&](const char* op) {
+      auto it = s.bytes.find(l.link.name + op);
+      return it == s.bytes.end() ? 0.0 : it->second;
+    };
+    const double raw = bytes("/moe_dispatch_raw") + bytes("/moe_combine_raw"), peak = bytes("/moe_peak_raw");
+    f.push_back(raw > 0 && peak > 0 ? std::max(1.0, peak / raw) : 0.0);
+  }
+  return f;
+}
 }  // namespace
 
 void Coordinator::Impl::consider_replan() {
@@ -459,12 +475,12 @@ void Coordinator::Impl::consider_replan() {
   if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
   last_replan_step = s->step;
   auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s,
-                              s->compute_s);
+                              s->compute_s, a2a_imbalance(*s, job.cluster.levels));
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();
   metrics.set_predicted_step(c->switched() ? c->from_step : c->at_step + 1, plan.choice().iteration_s);
-  if (c->compute_refit()) {  // the progress lines' "predicted" moves; the console stays quiet
+  if (c->model_refit()) {  // the progress lines' "predicted" moves; the console stays quiet
     XD_LOG_INFO("coordinator", "re-fit after step %lld: %s: %.1f ms a step (%.1f ms before)", (long long)c->at_step,
                 c->reason.c_str(), c->new_predicted_s * 1e3, c->old_predicted_s * 1e3);
     return;
@@ -696,6 +712,9 @@ void Coordinator::Impl::write_summary() {
   j["step_times_s"] = step_times;
   j["plan_changes"] = plan_changes_json();
   if (replanner) j["compute_refits"] = replanner->compute_refits();
+  if (replanner) j["a2a_imbalance_refits"] = replanner->imbalance_refits();
+  if (replanner && !replanner->inputs().a2a_imbalance.empty())
+    j["a2a_imbalance"] = replanner->inputs().a2a_imbalance;  // per level, as the last re-fit took it
   // The last fit of each link class (docs/launch.md), bytes/s.
   if (replanner) j["measured_link_bytes_per_s"] = replanner->measured();
   if (const StepSummary* last = metrics.last_complete()) {

@@ -39,6 +39,10 @@ Status PlannerInputs::validate() const {
     return bad("compute.transport_cpu_s_per_byte must be finite and >= 0");
   if (!(compute.exchange_cpu_s_per_byte >= 0) || !std::isfinite(compute.exchange_cpu_s_per_byte))
     return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
+  if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
+    return bad("need one A2A imbalance per level, or none");
+  for (double f : a2a_imbalance)
+    if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -143,6 +147,7 @@ Workload workload_of(const PlannerInputs& in) {
                   (w.dense_param_bytes / bytes + w.experts_per_worker * m.num_layers * w.expert_bytes / bytes);
   w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
   w.exchange_cpu_s_per_byte = in.compute.exchange_cpu_s_per_byte;
+  w.a2a_imbalance = in.a2a_imbalance;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   w.base_outer_sign = in.expert_parallel.base_codec == "sign";
@@ -247,10 +252,12 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                  codec.dispatch_s_per_byte == 0 && codec.combine_s_per_byte == 0;
     if (a2a_msgs > 0) {
       ++a2a_levels;
+      // The hop's larger side holds the link: F times the mean bytes.
+      const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? w.a2a_imbalance[l] : 1.0;
       to_experts_chunk.push_back(
-          {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
+          {l, a2a_bytes / r * (f * link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
       to_sources_chunk.insert(to_sources_chunk.begin(),
-          Hop{l, a2a_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s});
+          Hop{l, a2a_bytes / r * (f * link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s});
       to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
       to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
     }

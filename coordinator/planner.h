@@ -99,6 +99,11 @@ struct PlannerInputs {
   // expert_parallel.pipeline_degree (0: the planner picks it), the
   // connectivity model.connectivity.
   bool overlapped = false;
+  // Per level, how much longer than the mean a token A2A's hop lasts: a
+  // worker sends more rows than it receives or the reverse, and the hop
+  // lasts as long as the larger side (F >= 1, a run's LINK/moe_peak_raw over
+  // its raw token bytes). Empty: uniform routing (F = 1), as at start-up.
+  std::vector<double> a2a_imbalance;
 
   Status validate() const;
 };
@@ -144,6 +149,7 @@ struct Workload {
   double router_fwd_s = 0;         // the router's GEMMs (the simulator's "router" span)
   double transport_cpu_s_per_byte = 0;  // ComputeModel's
   double exchange_cpu_s_per_byte = 0;   // ComputeModel's
+  std::vector<double> a2a_imbalance;    // PlannerInputs'
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8

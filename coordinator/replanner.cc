@@ -17,15 +17,18 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                              int64_t latest_step, int64_t last_step, double step_s,
-                                             double compute_s) {
+                                             double compute_s, const std::vector<double>& a2a_imbalance) {
   if (step_s > 0) step_times_[step] = step_s;
   step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
   if (step < quiet_until_) return std::nullopt;
   window_.push_back(bursts);
   compute_window_.push_back(compute_s);
+  imbalance_window_.push_back(a2a_imbalance);
   if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
   if (static_cast<int>(compute_window_.size()) > options_.window_steps) compute_window_.erase(compute_window_.begin());
+  if (static_cast<int>(imbalance_window_.size()) > options_.window_steps)
+    imbalance_window_.erase(imbalance_window_.begin());
   if (static_cast<int>(window_.size()) < options_.window_steps) return std::nullopt;
 
   // beta from {bursts, bytes, seconds} with the plan's alpha; 0: too few bytes.
@@ -71,7 +74,10 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
       far_beta = beta;
     }
   }
-  if (far_level < 0) return refit_compute(step);
+  if (far_level < 0) {
+    if (auto c = refit_compute(step)) return c;
+    return refit_imbalance(step);
+  }
 
   PlanChange c;
   c.at_step = step;
@@ -128,10 +134,15 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     if (current >= 0) plan_.chosen = current;
   }
   inputs_ = fitted;
-  window_.clear();
-  compute_window_.clear();
+  clear_windows();
   history_.push_back(c);
   return c;
+}
+
+void Replanner::clear_windows() {
+  window_.clear();
+  compute_window_.clear();
+  imbalance_window_.clear();
 }
 
 namespace {
@@ -172,15 +183,8 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   PlannerInputs fitted = inputs_;
   fitted.compute = slower_by(inputs_.compute, measured / assumed);
   fitted.compute.transport_cpu_s_per_byte = 0;
-  // The workers' domains and r, predicted under the fitted compute.
-  PlannerInputs at_current = fitted;
-  at_current.expert_parallel.pipeline_degree = pipeline_degree_;
-  Plan next = plan_iteration(at_current);
-  int current = -1;
-  for (size_t i = 0; i < next.candidates.size(); ++i)
-    if (next.candidates[i].domain_sizes == now.domain_sizes) current = static_cast<int>(i);
-  if (current < 0) return std::nullopt;
-  next.chosen = current;
+  std::optional<Plan> next = predict_current(fitted);
+  if (!next) return std::nullopt;
   PlanChange c;
   c.at_step = step;
   c.link = "compute";
@@ -189,16 +193,80 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   c.old_domains = c.new_domains = now.domain_sizes;
   c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
   c.old_predicted_s = now.iteration_s;
-  c.old_now_predicted_s = c.new_predicted_s = next.choice().iteration_s;
+  c.old_now_predicted_s = c.new_predicted_s = next->choice().iteration_s;
   char what[200];
   std::snprintf(what, sizeof what, "compute measured %.1f ms a step, the plan assumed %.1f ms; the prediction follows",
                 measured * 1e3, assumed * 1e3);
   c.reason = what;
-  plan_ = next;
+  plan_ = *next;
   inputs_ = fitted;
   compute_window_.clear();
   ++compute_refits_;
   return c;
+}
+
+std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
+  const int n = options_.window_steps;
+  if (!(options_.compute_tolerance > 0) || static_cast<int>(imbalance_window_.size()) < n) return std::nullopt;
+  const size_t levels = inputs_.level_sizes.size();
+  const std::vector<double> assumed =
+      inputs_.a2a_imbalance.empty() ? std::vector<double>(levels, 1.0) : inputs_.a2a_imbalance;
+  std::vector<double> fitted = assumed;
+  const double far = std::log1p(options_.compute_tolerance);
+  bool moved = false;
+  for (size_t l = 0; l < levels; ++l) {
+    int above = 0, below = 0, measured = 0;
+    double sum = 0;
+    for (const std::vector<double>& w : imbalance_window_) {
+      if (l >= w.size() || !(w[l] >= 1) || !std::isfinite(w[l])) break;  // a level without A2A peers
+      ++measured;
+      sum += w[l];
+      above += std::log(w[l] / assumed[l]) > far;
+      below += std::log(w[l] / assumed[l]) < -far;
+    }
+    if (measured < n || (above < n && below < n)) continue;
+    fitted[l] = sum / n;
+    moved = true;
+  }
+  if (!moved) return std::nullopt;
+  PlannerInputs next_inputs = inputs_;
+  next_inputs.a2a_imbalance = fitted;
+  std::optional<Plan> next = predict_current(next_inputs);
+  if (!next) return std::nullopt;
+  const PlanCandidate& now = plan_.choice();
+  PlanChange c;
+  c.at_step = step;
+  c.link = "routing";
+  c.assumed_a2a_imbalance = assumed;
+  c.measured_a2a_imbalance = fitted;
+  c.old_domains = c.new_domains = now.domain_sizes;
+  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
+  c.old_predicted_s = now.iteration_s;
+  c.old_now_predicted_s = c.new_predicted_s = next->choice().iteration_s;
+  std::string what = "A2A imbalance measured";
+  for (size_t l = 0; l < levels; ++l) {
+    char one[96];
+    std::snprintf(one, sizeof one, "%s %s %.2f (assumed %.2f)", l ? "," : "",
+                  l < names_.size() ? names_[l].c_str() : std::to_string(l).c_str(), fitted[l], assumed[l]);
+    what += one;
+  }
+  c.reason = what + "; the prediction follows";
+  plan_ = *next;
+  inputs_ = next_inputs;
+  imbalance_window_.clear();
+  ++imbalance_refits_;
+  return c;
+}
+
+std::optional<Plan> Replanner::predict_current(PlannerInputs fitted) const {
+  fitted.expert_parallel.pipeline_degree = pipeline_degree_;
+  Plan next = plan_iteration(fitted);
+  for (size_t i = 0; i < next.candidates.size(); ++i)
+    if (next.candidates[i].domain_sizes == plan_.choice().domain_sizes) {
+      next.chosen = static_cast<int>(i);
+      return next;
+    }
+  return std::nullopt;
 }
 
 int64_t Replanner::lead_steps(double step_s) const {
@@ -256,8 +324,7 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   plan_ = sw.old_plan;
   pipeline_degree_ = sw.old_pipeline_degree;
   quiet_until_ = from + 1;
-  window_.clear();
-  compute_window_.clear();
+  clear_windows();
   history_.push_back(c);
   return c;
 }

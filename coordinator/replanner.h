@@ -16,7 +16,11 @@
 // and the prediction follows it, with the domains and r as they are (a
 // shared machine's speed drifts by tens of percent within minutes; experts
 // move only when a link does). The measured compute holds the transport's
-// CPU time, so the fitted model adds none on top.
+// CPU time, so the fitted model adds none on top. The routing's A2A
+// imbalance per level (how much longer than the mean a hop lasts, the runs'
+// LINK/moe_peak_raw over the raw token bytes) is re-fitted alike: measured
+// in every step of a window more than compute_tolerance from the assumed
+// (1 at start-up), the same way, and the prediction follows it.
 // The planner can be wrong: once the new plan has run a few steps, its
 // measured step time is compared with the old plan's under the same link,
 // and the old plan comes back if the new one is more than revert_margin
@@ -70,8 +74,13 @@ struct PlanChange {
   // (old_now_predicted_s and new_predicted_s then hold those measured steps).
   bool reverted = false;
   bool switched() const { return from_step > 0; }
+  // An A2A imbalance re-fit: per level, 0 where not re-fitted.
+  std::vector<double> assumed_a2a_imbalance, measured_a2a_imbalance;
   // A compute re-fit (the prediction only), whatever the link classes are called.
   bool compute_refit() const { return measured_compute_s > 0; }
+  bool imbalance_refit() const { return !measured_a2a_imbalance.empty(); }
+  // Either: the prediction moves, the plan stays.
+  bool model_refit() const { return compute_refit() || imbalance_refit(); }
 };
 
 class Replanner {
@@ -85,11 +94,12 @@ class Replanner {
   // A complete step's bursts per link class name, summed over workers.
   // `latest_step`: the furthest step any worker reported; `last_step`: the
   // job's train.steps; `step_s`: the step's time, `compute_s` its compute
-  // (the slowest worker's; 0: unknown). Returns a change when it re-planned
-  // or re-fitted.
+  // (the slowest worker's; 0: unknown), `a2a_imbalance` per level the
+  // step's measured A2A imbalance (0 or missing: none measured). Returns a
+  // change when it re-planned or re-fitted.
   std::optional<PlanChange> on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                     int64_t latest_step, int64_t last_step, double step_s = 0,
-                                    double compute_s = 0);
+                                    double compute_s = 0, const std::vector<double>& a2a_imbalance = {});
 
   const Plan& plan() const { return plan_; }
   const PlannerInputs& inputs() const { return inputs_; }
@@ -97,6 +107,7 @@ class Replanner {
   // prediction; compute_refits() counts them).
   const std::vector<PlanChange>& history() const { return history_; }
   int compute_refits() const { return compute_refits_; }
+  int imbalance_refits() const { return imbalance_refits_; }
   // The last fitted bandwidth per class name (bytes/s); absent before a full window.
   const std::map<std::string, double>& measured() const { return measured_; }
 
@@ -109,7 +120,8 @@ class Replanner {
   ReplanOptions options_;
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
   std::vector<double> compute_window_;  // the window's steps' compute
-  int compute_refits_ = 0;
+  std::vector<std::vector<double>> imbalance_window_;  // the window's steps' A2A imbalance per level
+  int compute_refits_ = 0, imbalance_refits_ = 0;
   int64_t quiet_until_ = 0;  // no re-plan before this step (a switch in flight)
   std::map<std::string, double> measured_;
   std::vector<PlanChange> history_;
@@ -125,6 +137,11 @@ class Replanner {
   double mean_step_s(int64_t first, int64_t last) const;
   int64_t lead_steps(double step_s) const;  // how far ahead a switch goes
   std::optional<PlanChange> refit_compute(int64_t step);
+  std::optional<PlanChange> refit_imbalance(int64_t step);
+  // The workers' domains and r predicted under `fitted`; none when those
+  // domains are not among its candidates.
+  std::optional<Plan> predict_current(PlannerInputs fitted) const;
+  void clear_windows();
   std::optional<PlanChange> check_switch(int64_t step, int64_t latest_step, int64_t last_step, double step_s);
 };
 

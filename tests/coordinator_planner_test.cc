@@ -372,6 +372,30 @@ TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsBytes) {
   EXPECT_DOUBLE_EQ(evaluate_candidate(simple, {2}, links, {1}, 1e300).compute_s, simple_compute);
 }
 
+// Each A2A hop lasts as long as its larger side: F times the mean bytes on
+// the link. What a worker sends on average (the bound's bytes) stays.
+TEST(Planner, AnA2AImbalanceStretchesEveryHopOfItsLevelByItsFactor) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  Workload w = farskip_layer(false, 1);
+  const PlanCandidate uniform = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  w.a2a_imbalance = {1.5};
+  const PlanCandidate skewed = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  EXPECT_DOUBLE_EQ(uniform.exposed_a2a_s, 4.0);
+  EXPECT_DOUBLE_EQ(skewed.exposed_a2a_s, 6.0);
+  EXPECT_DOUBLE_EQ(skewed.iteration_s, uniform.iteration_s + 2.0);
+  EXPECT_EQ(skewed.level_bytes, uniform.level_bytes);
+  PlannerInputs in;
+  in.model = default_train_config().model;
+  in.level_sizes = {2};
+  in.links = {LinkModel{1e-3, 1e-9}};
+  in.a2a_imbalance = {1.2, 1.0};
+  EXPECT_FALSE(in.validate().is_ok()) << "one per level";
+  in.a2a_imbalance = {0.9};
+  EXPECT_FALSE(in.validate().is_ok()) << "below 1";
+  in.a2a_imbalance = {1.2};
+  EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
+}
+
 // Not overlapped, each token exchange and dense bucket runs on the compute
 // thread: the transport's CPU time for the bytes it sends is waited out on
 // top of the link's time, once per byte, and nothing of it is compute.

@@ -202,6 +202,52 @@ TEST(Replanner, ComputeWithinTheToleranceOrOffInOnlySomeStepsChangesNothing) {
   EXPECT_LT(c->new_predicted_s, c->old_predicted_s);
 }
 
+// The routing's A2A imbalance (each hop lasts as long as its larger side)
+// measured in every step of a window moves the prediction of the current
+// domains and r; a level no token crossed keeps what it had.
+TEST(Replanner, AMeasuredA2AImbalanceMovesThePredictionNotThePlan) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  in.expert_parallel.mode = EpMode::kEp;  // tokens cross both levels
+  const Plan start = plan_iteration(in);
+  const double compute = planned_compute(start);
+  const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 1);
+  std::optional<PlanChange> c;
+  const double dc[] = {1.20, 1.30, 1.25};
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_FALSE(c) << "a change before the window was full";
+    c = r.on_step(step, link, step, 100, 0.5, compute, {dc[step - 1], 0.0});
+  }
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->imbalance_refit());
+  EXPECT_FALSE(c->compute_refit());
+  EXPECT_TRUE(c->model_refit());
+  EXPECT_FALSE(c->switched());
+  EXPECT_EQ(c->link, "routing");
+  EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
+  EXPECT_EQ(c->new_pipeline_degree, 1);
+  ASSERT_EQ(c->measured_a2a_imbalance.size(), 2u);
+  EXPECT_NEAR(c->measured_a2a_imbalance[0], 1.25, 1e-12);
+  EXPECT_EQ(c->measured_a2a_imbalance[1], 1.0) << "no token crossed the worker level: it stays uniform";
+  EXPECT_EQ(r.inputs().a2a_imbalance, c->measured_a2a_imbalance);
+  EXPECT_GT(c->new_predicted_s, c->old_predicted_s) << "longer hops on the DC link";
+  EXPECT_DOUBLE_EQ(c->new_predicted_s, r.plan().choice().iteration_s);
+  EXPECT_NE(c->reason.find("dc 1.25 (assumed 1.00)"), std::string::npos) << c->reason;
+  EXPECT_TRUE(r.history().empty()) << "a re-fit is no re-plan";
+  EXPECT_EQ(r.imbalance_refits(), 1);
+  EXPECT_EQ(r.compute_refits(), 0);
+  // The fitted imbalance is the assumption now: the same routing changes nothing.
+  for (int64_t step = 4; step <= 12; ++step)
+    EXPECT_FALSE(r.on_step(step, link, step, 100, 0.5, compute, {1.26, 0.0})) << step;
+  // Within the tolerance, or never measured, nothing moves either.
+  Replanner close(in, start, {"dc", "worker"}, {true, true}, 1);
+  for (int64_t step = 1; step <= 6; ++step) {
+    EXPECT_FALSE(close.on_step(step, link, step, 100, 0.5, compute, {1.03, 1.02})) << step;
+    EXPECT_FALSE(close.on_step(step + 6, link, step + 6, 100, 0.5, compute)) << step;
+  }
+}
+
 // The same global batch in one process.
 std::vector<double> one_process_losses(const std::string& yaml, int steps) {
   auto job = parse_job_config(yaml, "<test>");
