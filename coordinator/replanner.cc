@@ -185,15 +185,9 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   fitted.compute.transport_cpu_s_per_byte = 0;
   std::optional<Plan> next = predict_current(fitted);
   if (!next) return std::nullopt;
-  PlanChange c;
-  c.at_step = step;
-  c.link = "compute";
+  PlanChange c = refit_change(step, "compute", *next);
   c.assumed_compute_s = assumed;
   c.measured_compute_s = measured;
-  c.old_domains = c.new_domains = now.domain_sizes;
-  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
-  c.old_predicted_s = now.iteration_s;
-  c.old_now_predicted_s = c.new_predicted_s = next->choice().iteration_s;
   char what[200];
   std::snprintf(what, sizeof what, "compute measured %.1f ms a step, the plan assumed %.1f ms; the prediction follows",
                 measured * 1e3, assumed * 1e3);
@@ -233,16 +227,9 @@ std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
   next_inputs.a2a_imbalance = fitted;
   std::optional<Plan> next = predict_current(next_inputs);
   if (!next) return std::nullopt;
-  const PlanCandidate& now = plan_.choice();
-  PlanChange c;
-  c.at_step = step;
-  c.link = "routing";
+  PlanChange c = refit_change(step, "routing", *next);
   c.assumed_a2a_imbalance = assumed;
   c.measured_a2a_imbalance = fitted;
-  c.old_domains = c.new_domains = now.domain_sizes;
-  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
-  c.old_predicted_s = now.iteration_s;
-  c.old_now_predicted_s = c.new_predicted_s = next->choice().iteration_s;
   std::string what = "A2A imbalance measured";
   for (size_t l = 0; l < levels; ++l) {
     char one[96];
@@ -255,6 +242,17 @@ std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
   inputs_ = next_inputs;
   imbalance_window_.clear();
   ++imbalance_refits_;
+  return c;
+}
+
+PlanChange Replanner::refit_change(int64_t step, const char* what, const Plan& next) const {
+  PlanChange c;
+  c.at_step = step;
+  c.link = what;
+  c.old_domains = c.new_domains = plan_.choice().domain_sizes;
+  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
+  c.old_predicted_s = plan_.choice().iteration_s;
+  c.old_now_predicted_s = c.new_predicted_s = next.choice().iteration_s;
   return c;
 }
 

@@ -141,6 +141,8 @@ class Replanner {
   // The workers' domains and r predicted under `fitted`; none when those
   // domains are not among its candidates.
   std::optional<Plan> predict_current(PlannerInputs fitted) const;
+  // A re-fit's change: the current domains and r, predicted as `next` does.
+  PlanChange refit_change(int64_t step, const char* what, const Plan& next) const;
   void clear_windows();
   std::optional<PlanChange> check_switch(int64_t step, int64_t latest_step, int64_t last_step, double step_s);
 };
