@@ -164,6 +164,10 @@ int run_simulate(const SimulateOptions& o) {
                    "note: the job's codecs are measured only without --flops-per-s; this simulation sends raw "
                    "bytes\n");
   }
+  auto imbalance = level_imbalances(job, o.imbalances);
+  if (!imbalance) return fail(imbalance.status().message());
+  // The planner beside the simulation prices the same skewed hops.
+  if (!o.imbalances.empty()) in.a2a_imbalance = *imbalance;
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
   Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
   // The schedule of a plan's choice (its r, whether it gathers experts).
@@ -224,8 +228,6 @@ int run_simulate(const SimulateOptions& o) {
     si.backbone_bytes_per_s = *v;
   }
   {
-    auto imbalance = level_imbalances(job, o.imbalances);
-    if (!imbalance) return fail(imbalance.status().message());
     si.a2a_imbalance = *imbalance;
     auto overhead = level_hop_overheads(job, o.hop_overheads);
     if (!overhead) return fail(overhead.status().message());
@@ -319,7 +321,8 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--a2a-imbalance", o->imbalances,
                   "LEVEL=FACTOR: a real run's token A2A hops on that level last as if every worker moved FACTOR "
                   "times the mean rows (routing is not uniform; a run's summary gives LINK/moe_peak_raw over "
-                  "LINK/moe_dispatch_raw + LINK/moe_combine_raw). Default 1: uniform routing");
+                  "LINK/moe_dispatch_raw + LINK/moe_combine_raw); the planner's prediction printed beside takes it too. "
+                  "Default 1: uniform routing");
   cmd->add_option("--hop-overhead", o->hop_overheads,
                   "LEVEL=TIME: what each hop of a collective on that level costs beyond its bytes and latency "
                   "(packing, copies, thread wake-ups; a traced run's hop span less both). Default 0");

@@ -417,6 +417,8 @@ TEST(Simulator, RoutingImbalanceLengthensTheStepButNotItsBound) {
   // counts the bytes uniform routing moves.
   EXPECT_GT(skewed["simulated_step_s"].get<double>(), 1.2 * uniform["simulated_step_s"].get<double>());
   EXPECT_DOUBLE_EQ(skewed["steps"][1]["bound_s"].get<double>(), uniform["steps"][1]["bound_s"].get<double>());
+  // The planner's prediction beside it prices the same longer hops.
+  EXPECT_GT(skewed["planner_step_s"].get<double>(), 1.2 * uniform["planner_step_s"].get<double>());
 }
 
 TEST(Simulator, AHopOverheadDelaysEveryTokenHopOnItsLevelButNotTheBound) {
