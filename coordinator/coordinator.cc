@@ -452,30 +452,16 @@ std::string domains_text(const std::vector<int>& d) {
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
-
-// Per level, the step's A2A imbalance: the token hops' larger sides over
-// their mean (LINK/moe_peak_raw over the raw rows sent); 0 where no token
-// crossed the level.
-std::vector<double> a2a_imbalance(const StepSummary& s, const std::vector<LevelSpec>& levels) {
-  std::vector<double> f;
-  for (const LevelSpec& l : levels) {
-    auto bytes = [&](const char* op) {
-      auto it = s.bytes.find(l.link.name + op);
-      return it == s.bytes.end() ? 0.0 : it->second;
-    };
-    const double raw = bytes("/moe_dispatch_raw") + bytes("/moe_combine_raw"), peak = bytes("/moe_peak_raw");
-    f.push_back(raw > 0 && peak > 0 ? std::max(1.0, peak / raw) : 0.0);
-  }
-  return f;
-}
 }  // namespace
 
 void Coordinator::Impl::consider_replan() {
   const StepSummary* s = metrics.last_complete();
   if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
   last_replan_step = s->step;
+  std::vector<double> imbalance;  // per level; 0 where no token crossed it
+  for (const LevelSpec& l : job.cluster.levels) imbalance.push_back(s->a2a_imbalance(l.link.name));
   auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s,
-                              s->compute_s, a2a_imbalance(*s, job.cluster.levels));
+                              s->compute_s, imbalance);
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();

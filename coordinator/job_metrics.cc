@@ -57,6 +57,15 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   }
 }
 
+double StepSummary::a2a_imbalance(const std::string& link) const {
+  auto get = [&](const char* op) {
+    auto it = bytes.find(link + op);
+    return it == bytes.end() ? 0.0 : it->second;
+  };
+  const double raw = get("/moe_dispatch_raw") + get("/moe_combine_raw"), peak = get("/moe_peak_raw");
+  return raw > 0 && peak > 0 ? std::max(1.0, peak / raw) : 0.0;
+}
+
 int64_t JobMetrics::latest_step() const {
   int64_t latest = 0;
   for (const auto& [rank, m] : last_by_rank_) latest = std::max(latest, m.step);

@@ -54,6 +54,10 @@ struct StepSummary {
   double critical_bwd_overlap_percent() const { return overlap(critical_bwd_exposed_s, bwd_comm_s); }
   // What users feel: 1.0 is the physical limit.
   double step_over_bound() const { return bound_s() > 0 ? step_s / bound_s() : 0.0; }
+  // The routing's A2A imbalance on a link class: its token hops' larger
+  // sides over their mean, `link`/moe_peak_raw over the raw rows sent (>= 1);
+  // 0 when no token row crossed it this step.
+  double a2a_imbalance(const std::string& link) const;
   static double overlap(double exposed, double total) {
     return total > 0 ? std::max(0.0, 100.0 * (1.0 - exposed / total)) : 0.0;
   }

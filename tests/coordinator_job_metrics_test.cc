@@ -81,6 +81,19 @@ TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) 
   EXPECT_NE(text.find("xdmoe_bound_seconds{job=\"j\"} 0.5\n"), std::string::npos) << text;
 }
 
+// A hop of a token A2A lasts as long as its larger side: summed over the
+// hops and workers, the larger sides over the rows sent is the imbalance.
+TEST(JobMetrics, TheA2AImbalanceIsTheHopsLargerSidesOverTheRowsSent) {
+  StepSummary s;
+  s.bytes = {{"dc/moe_dispatch_raw", 100}, {"dc/moe_combine_raw", 100}, {"dc/moe_peak_raw", 250},
+             {"worker/moe_dispatch_raw", 100}, {"worker/moe_combine_raw", 100}, {"worker/moe_peak_raw", 190}};
+  EXPECT_DOUBLE_EQ(s.a2a_imbalance("dc"), 1.25);
+  EXPECT_DOUBLE_EQ(s.a2a_imbalance("worker"), 1.0) << "never below uniform routing";
+  EXPECT_EQ(s.a2a_imbalance("rack"), 0.0) << "no token crossed it";
+  s.bytes["dc/moe_peak_raw"] = 0;
+  EXPECT_EQ(s.a2a_imbalance("dc"), 0.0) << "not measured";
+}
+
 // Per direction: overlap = 1 - exposed / comm of the worst worker, never
 // below 0; step / bound beside them.
 TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
