@@ -116,7 +116,7 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-probe", f->no_probe, "Plan with the spec's link figures instead of probing each shaped class at start-up");
   cmd->add_flag("--no-replan", f->no_replan,
                 "Keep the start-up plan and its prediction even when a link's measured bandwidth, or the "
-                "workers' measured compute, moves far from what it assumed");
+                "workers' measured compute or routing imbalance, moves far from what it assumed");
   cmd->add_option("--resume", f->resume,
                   "Start from a checkpoint: a step_<N> directory, or a directory of them (the newest complete one; "
                   "torn or corrupt ones are skipped)");

@@ -296,8 +296,12 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
   // hop per level, inner first, then the all-gathers back, or one hop where
   // the runtime all-reduces in one round (dense_stage); adds its bytes per
-  // level.
-  auto all_reduce = [&](double bytes, bool base) {
+  // level, and their sum to *sent when given.
+  auto all_reduce = [&](double bytes, bool base, double* sent_total = nullptr) {
+    auto count = [&](int l, double sent) {
+      c.level_bytes[l] += sent;
+      if (sent_total) *sent_total += sent;
+    };
     Route up, down;
     double shard = bytes;
     for (int l = num_levels - 1; l >= 0; --l) {
@@ -314,7 +318,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
         if (stage == DenseStage::kOneRound) {
           const double sent = (sf - 1) * shard * fraction;
           up.push_back({l, links[l].beta_s_per_byte * sent, links[l].alpha_s});
-          c.level_bytes[l] += sent;
+          count(l, sent);
           continue;  // every member holds the whole sum: nothing left to split
         }
         const double sent = 2.0 * (sf - 1) / sf * shard * fraction;
@@ -322,7 +326,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                        (stage == DenseStage::kRing ? sf - 1 : 1) * links[l].alpha_s};
         up.push_back(half);
         down.insert(down.begin(), half);
-        c.level_bytes[l] += sent;
+        count(l, sent);
       }
       shard /= sf;
     }
@@ -339,11 +343,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   std::vector<Route> bucket;
   std::vector<double> bucket_sent;  // bytes a worker sends for each bucket, all levels
   for (double bytes : bucket_bytes) {
-    double before = 0, after = 0;
-    for (double b : c.level_bytes) before += b;
-    bucket.push_back(all_reduce(bytes, false));
-    for (double b : c.level_bytes) after += b;
-    bucket_sent.push_back(after - before);
+    bucket_sent.push_back(0);
+    bucket.push_back(all_reduce(bytes, false, &bucket_sent.back()));
     c.allreduce_s += total(bucket.back());
   }
   const Route base = base_bytes > 0 ? all_reduce(base_bytes, true) : Route{};
@@ -389,18 +390,16 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     c.exposed_a2a_s += done - t;
     t = done;
   };
-  // Not overlapped, an exchange runs on the compute thread: its packing,
-  // sending, receiving and unpacking of `bytes` are CPU time the compute
-  // waits out on top of the link's (the probe's transport CPU per byte).
-  auto inline_cpu = [&](double bytes) { return w.overlapped ? 0.0 : w.exchange_cpu_s_per_byte * bytes; };
   // Starts an A2A chunk now; returns when it lands. Not overlapped, compute
-  // waits for it at once.
+  // waits for it at once, and then for the exchange's own packing, sending,
+  // receiving and unpacking of `bytes`: it runs on the compute thread (the
+  // probe's transport CPU per byte).
   auto a2a = [&](const Route& route, double bytes, double* free) {
     *free = direct ? std::max(*free, send(t, route)) : send(std::max(t, *free), route);
     c.a2a_s += total(route);
     if (!w.overlapped) {
       wait_for(*free);
-      const double cpu = inline_cpu(bytes);
+      const double cpu = w.exchange_cpu_s_per_byte * bytes;
       wait_for(t + cpu);
       c.exchange_cpu_s += cpu;
     }
@@ -514,7 +513,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   if (!norm_in_backward) norm_done = send(t, norm_sum);
   if (!w.overlapped)
     for (size_t b = 0; b < bucket.size(); ++b) {
-      const double cpu = inline_cpu(bucket_sent[b]);
+      const double cpu = w.exchange_cpu_s_per_byte * bucket_sent[b];  // the bucket's exchange CPU, as for an A2A
       dense_done = send(std::max(t, dense_done), bucket[b]) + cpu;
       c.exchange_cpu_s += cpu;
     }

@@ -22,13 +22,13 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
   if (step < quiet_until_) return std::nullopt;
-  window_.push_back(bursts);
-  compute_window_.push_back(compute_s);
-  imbalance_window_.push_back(a2a_imbalance);
-  if (static_cast<int>(window_.size()) > options_.window_steps) window_.erase(window_.begin());
-  if (static_cast<int>(compute_window_.size()) > options_.window_steps) compute_window_.erase(compute_window_.begin());
-  if (static_cast<int>(imbalance_window_.size()) > options_.window_steps)
-    imbalance_window_.erase(imbalance_window_.begin());
+  auto keep_last = [this](auto* window, auto value) {
+    window->push_back(std::move(value));
+    if (static_cast<int>(window->size()) > options_.window_steps) window->erase(window->begin());
+  };
+  keep_last(&window_, bursts);
+  keep_last(&compute_window_, compute_s);
+  keep_last(&imbalance_window_, a2a_imbalance);
   if (static_cast<int>(window_.size()) < options_.window_steps) return std::nullopt;
 
   // beta from {bursts, bytes, seconds} with the plan's alpha; 0: too few bytes.
@@ -158,26 +158,32 @@ ComputeModel slower_by(ComputeModel c, double factor) {
 
 }  // namespace
 
-std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
-  if (!(options_.compute_tolerance > 0) || static_cast<int>(compute_window_.size()) < options_.window_steps)
+std::optional<double> Replanner::drifted_mean(const std::vector<double>& window, double assumed) const {
+  if (!(options_.compute_tolerance > 0) || static_cast<int>(window.size()) < options_.window_steps ||
+      !(assumed > 0))
     return std::nullopt;
+  const double far = std::log1p(options_.compute_tolerance);
+  int above = 0, below = 0;
+  double sum = 0;
+  for (double v : window) {
+    if (!(v > 0) || !std::isfinite(v)) return std::nullopt;
+    sum += v;
+    above += std::log(v / assumed) > far;
+    below += std::log(v / assumed) < -far;
+  }
+  const int n = static_cast<int>(window.size());
+  if (above < n && below < n) return std::nullopt;
+  return sum / n;
+}
+
+std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   // The plan's compute as the run measures it: without the transport's
   // CPU time, which the workers do not count as compute.
   const PlanCandidate& now = plan_.choice();
   const double assumed = now.compute_s - now.transport_cpu_s;
-  if (!(assumed > 0)) return std::nullopt;
-  const double far = std::log1p(options_.compute_tolerance);
-  int slower = 0, faster = 0;
-  double sum = 0;
-  for (double c : compute_window_) {
-    if (!(c > 0)) return std::nullopt;
-    sum += c;
-    slower += std::log(c / assumed) > far;
-    faster += std::log(c / assumed) < -far;
-  }
-  const int n = static_cast<int>(compute_window_.size());
-  if (slower < n && faster < n) return std::nullopt;
-  const double measured = sum / n;
+  const std::optional<double> drifted = drifted_mean(compute_window_, assumed);
+  if (!drifted) return std::nullopt;
+  const double measured = *drifted;
   // The measured compute holds the transport's CPU time already: the
   // fitted model counts none on top.
   PlannerInputs fitted = inputs_;
@@ -200,27 +206,22 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
 }
 
 std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
-  const int n = options_.window_steps;
-  if (!(options_.compute_tolerance > 0) || static_cast<int>(imbalance_window_.size()) < n) return std::nullopt;
   const size_t levels = inputs_.level_sizes.size();
   const std::vector<double> assumed =
       inputs_.a2a_imbalance.empty() ? std::vector<double>(levels, 1.0) : inputs_.a2a_imbalance;
   std::vector<double> fitted = assumed;
-  const double far = std::log1p(options_.compute_tolerance);
   bool moved = false;
   for (size_t l = 0; l < levels; ++l) {
-    int above = 0, below = 0, measured = 0;
-    double sum = 0;
-    for (const std::vector<double>& w : imbalance_window_) {
-      if (l >= w.size() || !(w[l] >= 1) || !std::isfinite(w[l])) break;  // a level without A2A peers
-      ++measured;
-      sum += w[l];
-      above += std::log(w[l] / assumed[l]) > far;
-      below += std::log(w[l] / assumed[l]) < -far;
+    // The level's F in each step of the window; a step that measured none
+    // (no token crossed the level) leaves it as assumed.
+    std::vector<double> level;
+    for (const std::vector<double>& w : imbalance_window_)
+      if (l < w.size() && w[l] >= 1) level.push_back(w[l]);
+    if (level.size() < imbalance_window_.size()) continue;
+    if (const std::optional<double> f = drifted_mean(level, assumed[l])) {
+      fitted[l] = *f;
+      moved = true;
     }
-    if (measured < n || (above < n && below < n)) continue;
-    fitted[l] = sum / n;
-    moved = true;
   }
   if (!moved) return std::nullopt;
   PlannerInputs next_inputs = inputs_;

@@ -61,7 +61,7 @@ struct ReplanOptions {
 struct PlanChange {
   int64_t at_step = 0;         // the complete step whose measurements triggered it
   int64_t from_step = 0;       // the first step on the new plan; 0: the plan stayed
-  std::string link;            // the re-fitted link class, or "compute"
+  std::string link;            // the re-fitted link class, or "compute" or "routing" (a re-fit)
   double assumed_bytes_per_s = 0, measured_bytes_per_s = 0;
   double assumed_compute_s = 0, measured_compute_s = 0;  // a compute re-fit: the step's compute
   std::vector<int> old_domains, new_domains;
@@ -74,7 +74,8 @@ struct PlanChange {
   // (old_now_predicted_s and new_predicted_s then hold those measured steps).
   bool reverted = false;
   bool switched() const { return from_step > 0; }
-  // An A2A imbalance re-fit: per level, 0 where not re-fitted.
+  // An A2A imbalance re-fit: per level, F before and after (unchanged
+  // where that level did not move).
   std::vector<double> assumed_a2a_imbalance, measured_a2a_imbalance;
   // A compute re-fit (the prediction only), whatever the link classes are called.
   bool compute_refit() const { return measured_compute_s > 0; }
@@ -136,6 +137,9 @@ class Replanner {
   std::map<int64_t, double> step_times_;  // step -> measured seconds
   double mean_step_s(int64_t first, int64_t last) const;
   int64_t lead_steps(double step_s) const;  // how far ahead a switch goes
+  // The window's mean when it is full and each of its values lies more than
+  // compute_tolerance from `assumed`, all on the same side; none otherwise.
+  std::optional<double> drifted_mean(const std::vector<double>& window, double assumed) const;
   std::optional<PlanChange> refit_compute(int64_t step);
   std::optional<PlanChange> refit_imbalance(int64_t step);
   // The workers' domains and r predicted under `fitted`; none when those
