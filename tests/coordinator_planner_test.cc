@@ -350,6 +350,13 @@ TEST(Planner, DirectExchangesQueueTheirChunksBackToBackSoTheLatenciesOverlap) {
   EXPECT_NEAR(simple.exposed_a2a_s, 4 * 4 * 2.0, 1e-12);
 }
 
+// What a worker sends in a step, over every level.
+double bytes_sent(const PlanCandidate& c) {
+  double bytes = 0;
+  for (double b : c.level_bytes) bytes += b;
+  return bytes;
+}
+
 // Overlapped, the transport's threads take the compute's cores for their CPU
 // time per byte sent: compute stretches by exactly that. The simple schedule
 // (the transfers run while compute waits) is left alone.
@@ -359,8 +366,7 @@ TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsBytes) {
   const PlanCandidate plain = evaluate_candidate(w, {2}, links, {1}, 1e300);
   w.transport_cpu_s_per_byte = 1e-7;
   const PlanCandidate loaded = evaluate_candidate(w, {2}, links, {1}, 1e300);
-  double bytes = 0;
-  for (double b : loaded.level_bytes) bytes += b;
+  const double bytes = bytes_sent(loaded);
   EXPECT_GT(bytes, 0);
   EXPECT_NEAR(loaded.transport_cpu_s, 1e-7 * bytes, 1e-12);
   EXPECT_NEAR(loaded.compute_s, plain.compute_s + loaded.transport_cpu_s, 1e-9);
@@ -406,8 +412,7 @@ TEST(Planner, NotOverlappedTheExchangesCpuTimeAddsToTheStepForEveryByteSent) {
   const PlanCandidate plain = evaluate_candidate(simple, {2}, links, {1}, 1e300);
   simple.exchange_cpu_s_per_byte = 2e-8;
   const PlanCandidate loaded = evaluate_candidate(simple, {2}, links, {1}, 1e300);
-  double bytes = 0;
-  for (double b : loaded.level_bytes) bytes += b;
+  const double bytes = bytes_sent(loaded);
   EXPECT_GT(bytes, 0);
   EXPECT_NEAR(loaded.exchange_cpu_s, 2e-8 * bytes, 1e-12) << "EP: every byte sent is an A2A's or a bucket's";
   EXPECT_NEAR(loaded.iteration_s, plain.iteration_s + loaded.exchange_cpu_s, 1e-9);
