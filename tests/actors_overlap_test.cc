@@ -190,7 +190,8 @@ TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
       EXPECT_EQ(e["pid"].get<int>(), rank);
     }
     for (const char* name : {"attention (a)", "routed experts", "dispatch", "combine", "dispatch backward",
-                             "combine backward", "dense all-reduce", "expert all-gather", "optimizer"})
+                             "combine backward", "dense all-reduce", "expert all-gather", "optimizer",
+                             "wait replica gradients"})
       EXPECT_TRUE(names.count(name)) << "rank " << rank << " has no '" << name << "' span";
     EXPECT_TRUE(categories.count("compute") && categories.count("comm")) << "rank " << rank;
     EXPECT_GE(lanes.size(), 4u) << "compute, both exchange threads, the dense all-reduce";
