@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/check.h"
+#include "model/detail/vector_exp.h"
 #include "model/gemm.h"
 
 namespace xd {
@@ -105,9 +107,10 @@ void rope_backward(T* dx, int batch, int seq, int heads, int head_dim, double th
 }
 
 namespace {
-// Causal softmax of row t over columns 0..t, in place; the rest zeroed.
+// Causal softmax of row t over columns 0..t, in place; the rest zeroed. The
+// double path (and the naive reference) takes libm's exp in double.
 template <typename T>
-void causal_softmax_row(T* row, int t, int seq) {
+void causal_softmax_row_exact(T* row, int t, int seq) {
   double mx = row[0];
   for (int j = 1; j <= t; ++j) mx = std::max<double>(mx, row[j]);
   double sum = 0;
@@ -118,6 +121,23 @@ void causal_softmax_row(T* row, int t, int seq) {
   }
   for (int j = 0; j <= t; ++j) row[j] = static_cast<T>(row[j] / sum);
   for (int j = t + 1; j < seq; ++j) row[j] = T(0);
+}
+
+// The float path takes its exponentials in SIMD float (model/detail/
+// vector_exp.h), sums them in double: libm's double exp was the model's
+// largest cost after the GEMMs.
+template <typename T>
+void causal_softmax_row(T* row, int t, int seq) {
+  if constexpr (!std::is_same_v<T, float>) {
+    causal_softmax_row_exact(row, t, seq);
+  } else {
+    float mx = row[0];
+    for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+    const double sum = detail::exp_shifted_sum(row, row, (size_t)t + 1, mx);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j <= t; ++j) row[j] *= inv;
+    for (int j = t + 1; j < seq; ++j) row[j] = 0.0f;
+  }
 }
 }  // namespace
 
@@ -161,7 +181,7 @@ void attention_forward_reference(T* out, T* probs, const T* q, const T* k, const
           }
           p[(size_t)t * T_ + s] = static_cast<T>(dot * scale);
         }
-        causal_softmax_row(p + (size_t)t * T_, t, T_);
+        causal_softmax_row_exact(p + (size_t)t * T_, t, T_);
         T* o = out + (((size_t)b * T_ + t) * H + h) * hd;
         for (int i = 0; i < hd; ++i) {
           double acc = 0;
@@ -228,9 +248,38 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
   }
 }
 
+namespace {
+// The float path: one pass of SIMD float exponentials per row (summed in
+// double) serves the loss and the gradient, p = e / sum. The double path
+// below is its reference (CrossEntropy tests).
+double cross_entropy_float(float* dlogits, const float* logits, const int32_t* targets, int n, int vocab,
+                           double scale) {
+  thread_local std::vector<float> e;
+  e.resize(vocab);
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = logits + (size_t)i * vocab;
+    XD_CHECK(targets[i] >= 0 && targets[i] < vocab);
+    float mx = row[0];
+    for (int j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+    const double sum = detail::exp_shifted_sum(e.data(), row, vocab, mx);
+    total += (double)mx + std::log(sum) - row[targets[i]];
+    if (dlogits) {
+      float* drow = dlogits + (size_t)i * vocab;
+      const double k = scale / n;
+      const float per = static_cast<float>(k / sum);
+      for (int j = 0; j < vocab; ++j) drow[j] = e[j] * per;
+      drow[targets[i]] = static_cast<float>(k * ((double)e[targets[i]] / sum - 1.0));
+    }
+  }
+  return total / n;
+}
+}  // namespace
+
 template <typename T>
 double cross_entropy_forward_backward(T* dlogits, const T* logits, const int32_t* targets, int n,
                                       int vocab, double scale) {
+  if constexpr (std::is_same_v<T, float>) return cross_entropy_float(dlogits, logits, targets, n, vocab, scale);
   double total = 0;
   for (int i = 0; i < n; ++i) {
     const T* row = logits + (size_t)i * vocab;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/detail/vector_exp.h"
 #include "model/gemm.h"
 #include "model/ops.h"
 
@@ -11,50 +12,21 @@ namespace xd {
 namespace {
 inline double sigmoid_of(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-// The float gate, SIMD at plain -O2 (no -ffast-math, no -march): scalar loops
-// cost ~3 ns per (n, ff) element in the forward (one libm expf + a divide),
-// which at d = 128 is a third of the forward GEMM time. exp is Cephes expf
-// (magic-number round, degree-5 polynomial, 2^k from exponent bits; sigmoid
-// within 1.5e-7 relative on [-80, 80]) on GCC/Clang vector types: 4 lanes at
-// baseline SSE2, 8 lanes in a target("avx2,fma") copy picked once at run time.
-// The argument is clamped to +-86 so nothing goes subnormal. Helpers take vectors
-// by reference (no vector-ABI by-value passing) and are always inlined, so each
-// loop compiles for the target of the function it lands in.
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int i32x4 __attribute__((vector_size(16)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef int i32x8 __attribute__((vector_size(32)));
-template <class V> struct IntVec;
-template <> struct IntVec<f32x4> { using type = i32x4; };
-template <> struct IntVec<f32x8> { using type = i32x8; };
+// The float gate, SIMD at plain -O2: scalar loops cost ~3 ns per (n, ff)
+// element in the forward (one libm expf + a divide), which at d = 128 is a
+// third of the forward GEMM time. exp is model/detail/vector_exp.h's (sigmoid
+// within 1.5e-7 relative on [-80, 80]): 4 lanes at baseline SSE2, 8 lanes in
+// a target("avx2,fma") copy picked once at run time.
+using detail::f32x4;
+using detail::f32x8;
 
 // s = 1 / (1 + exp(-x)), lane-wise.
 template <class V>
 [[gnu::always_inline]] inline void sigmoid_v(V& s, const V& x) {
-  using VI = typename IntVec<V>::type;
-  const V zero = {};
-  const V lo = zero - 86.0f, hi = zero + 86.0f, magic = zero + 12582912.0f;  // 1.5 * 2^23
-  V t = -x;
-  t = t < lo ? lo : t;
-  t = t > hi ? hi : t;
-  V kf = t * 1.44269504088896341f + magic;  // round(t / ln 2) in the low mantissa bits
-  VI k, kmagic;  // bit patterns (memcpy: std::bit_cast would pass vectors by value)
-  std::memcpy(&k, &kf, sizeof k);
-  std::memcpy(&kmagic, &magic, sizeof kmagic);
-  k = (k - kmagic + 127) << 23;  // 2^k as float bits
-  kf -= magic;
-  V r = t - kf * 0.693359375f;
-  r = r - kf * -2.12194440e-4f;
-  V p = zero + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  V two_k;
-  std::memcpy(&two_k, &k, sizeof two_k);
-  s = 1.0f / (1.0f + p * two_k);
+  const V t = -x;
+  V e;
+  detail::exp_v(e, t);
+  s = 1.0f / (1.0f + e);
 }
 
 // sig = sigmoid(h1), gated = h1 * sig * h3 over m elements (tail via padded lanes).

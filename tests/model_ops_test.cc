@@ -5,6 +5,7 @@
 
 #include "grad_check.h"
 #include "common/rng.h"
+#include "model/detail/vector_exp.h"
 #include "model/gemm.h"
 #include "model/ops.h"
 #include "model/swiglu_expert.h"
@@ -156,6 +157,56 @@ TEST(CrossEntropy, GradientsMatchFiniteDifferencesAndUniformLogitsGiveLogV) {
   std::vector<double> dx(x.size());
   cross_entropy_forward_backward<double>(dx.data(), x.data(), t.data(), n, V, 1.0);
   EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
+}
+
+// The float model takes its exponentials in SIMD float; the double path
+// (libm) is the reference for it.
+TEST(VectorExp, MatchesLibmToTwoUlpsAndKeepsNaN) {
+  std::vector<float> in(1003), out(in.size());  // not a multiple of 8: the tail goes through padded lanes
+  for (size_t i = 0; i < in.size(); ++i) in[i] = -90.0f + 90.0f * float(i) / float(in.size() - 1);
+  const double sum = detail::exp_shifted_sum(out.data(), in.data(), in.size(), 0.0f);
+  double want_sum = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const double want = std::exp((double)in[i]);
+    want_sum += want;
+    if (in[i] >= -86.0f) EXPECT_NEAR(out[i], want, 2.5e-7 * want) << "exp(" << in[i] << ")";
+    else EXPECT_EQ(out[i], (float)std::exp(-86.0)) << "below -86 the argument is clamped";
+  }
+  EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum);
+  float nan_in[3] = {0.0f, std::nanf(""), -1.0f}, nan_out[3];
+  EXPECT_TRUE(std::isnan(detail::exp_shifted_sum(nan_out, nan_in, 3, 0.0f)));
+  EXPECT_TRUE(std::isnan(nan_out[1]));
+  EXPECT_FLOAT_EQ(nan_out[0], 1.0f);
+}
+
+TEST(CrossEntropy, TheFloatPathMatchesTheDoublePath) {
+  const int n = 6, V = 301;
+  auto x = random_vector(n * V, 7, 3.0);
+  std::vector<int32_t> t = {0, 5, 300, 17, 150, 299};
+  std::vector<float> xf(x.begin(), x.end()), df(x.size());
+  std::vector<double> xd(xf.begin(), xf.end()), dd(x.size());
+  const double lf = cross_entropy_forward_backward<float>(df.data(), xf.data(), t.data(), n, V, 2.0);
+  const double ld = cross_entropy_forward_backward<double>(dd.data(), xd.data(), t.data(), n, V, 2.0);
+  EXPECT_NEAR(lf, ld, 1e-6 * ld);
+  EXPECT_EQ(cross_entropy_forward_backward<float>(nullptr, xf.data(), t.data(), n, V, 2.0), lf)
+      << "the loss does not depend on whether the gradient is asked for";
+  for (size_t i = 0; i < dd.size(); ++i) EXPECT_NEAR(df[i], dd[i], 1e-6 * 2.0 / n) << "entry " << i;
+}
+
+TEST(Attention, TheFloatPathMatchesTheDoubleReference) {
+  AttentionDims dm{2, 13, 4, 2, 8};
+  const size_t qn = (size_t)dm.batch * dm.seq * dm.heads * dm.head_dim;
+  const size_t kvn = (size_t)dm.batch * dm.seq * dm.kv_heads * dm.head_dim;
+  auto q = random_vector(qn, 1), k = random_vector(kvn, 2), v = random_vector(kvn, 3);
+  std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end());
+  std::vector<double> qd(qf.begin(), qf.end()), kd(kf.begin(), kf.end()), vd(vf.begin(), vf.end());
+  const size_t pn = (size_t)dm.batch * dm.heads * dm.seq * dm.seq;
+  std::vector<float> of(qn), pf(pn);
+  std::vector<double> od(qn), pd(pn);
+  attention_forward(of.data(), pf.data(), qf.data(), kf.data(), vf.data(), dm);
+  attention_forward_reference(od.data(), pd.data(), qd.data(), kd.data(), vd.data(), dm);
+  for (size_t i = 0; i < pn; ++i) EXPECT_NEAR(pf[i], pd[i], 1e-6) << "probability " << i;
+  for (size_t i = 0; i < qn; ++i) EXPECT_NEAR(of[i], od[i], 1e-5) << "output " << i;
 }
 
 TEST(Embedding, BackwardAccumulatesRowsOfRepeatedTokens) {
