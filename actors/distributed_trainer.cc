@@ -238,7 +238,16 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   return Status::ok();
 }
 
-void DistributedTrainer::record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m) {
+double phase_floor_seconds(const StepPhases& p) {
+  const double window1 = std::max(p.previous_optimizer_s + p.forward_compute_s, p.forward_link_s);
+  const double window2 = std::max(p.backward_compute_s - p.optimizer_s, p.backward_link_s);
+  const double by_phase = window1 + window2 - p.previous_optimizer_s + p.optimizer_s;
+  const double bound = std::max(p.forward_compute_s + p.backward_compute_s, p.forward_link_s + p.backward_link_s);
+  return std::max(by_phase, bound);
+}
+
+std::pair<double, double> DistributedTrainer::record_link_figures(const TransportStats& mid, TransportStats now,
+                                                                  StepMetrics* m) {
   std::map<int, const LinkStats*> before;
   for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
   for (const LinkStats& l : now.links) {
@@ -301,6 +310,7 @@ void DistributedTrainer::record_link_figures(const TransportStats& mid, Transpor
   m->fwd_comm_s = std::max(fwd_busy, m->fwd_exposed_s);
   m->bwd_comm_s = std::max(bwd_busy, m->bwd_exposed_s);
   last_stats_ = std::move(now);
+  return {fwd_busy, bwd_busy};
 }
 
 Expected<StepMetrics> DistributedTrainer::step() {
@@ -347,6 +357,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
     for (size_t i = b; i < e; ++i) dense_norm_sq += (double)g[i] * g[i];
   const double norm_sq = dense_norm_sq + expert_norm_sq;
   const bool finite = std::isfinite(norm_sq);
+  double optimizer_s = 0;
   if (!finite) {
     const std::string what = "step " + std::to_string(step_ + 1) + ": " +
                              (std::isfinite(loss.loss) ? ""
@@ -365,6 +376,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
     // all-gather leaves from inside it.
     if (!traced && traces(step_ + 2)) timeline_.set_enabled(true);
     ScopedSpan span(&timeline_, "optimizer");
+    const double optimizer_t0 = steady_seconds();
     // The next step's first-level AG rows are packed, and each layer's sent,
     // as the update writes the weights (nothing when there is no next step,
     // or the next one runs another plan: the communicator is rebuilt).
@@ -372,6 +384,7 @@ Expected<StepMetrics> DistributedTrainer::step() {
     const auto fused = step_ + 1 < tc.steps && !switching ? comm_->fused_encoder(static_cast<uint32_t>(step_ + 1))
                                                           : std::function<void(size_t, size_t)>{};
     optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq, fused);
+    optimizer_s = steady_seconds() - optimizer_t0;
   }
   ++step_;
   if (traced) write_trace(step_);
@@ -397,7 +410,16 @@ Expected<StepMetrics> DistributedTrainer::step() {
   norm_wait_s_ = 0;
   m.exposed_comm_s = m.fwd_exposed_s + m.bwd_exposed_s;
   m.compute_s = std::max(0.0, m.step_s - m.exposed_comm_s);
-  record_link_figures(mid, before_update, &m);
+  const auto [fwd_busy, bwd_busy] = record_link_figures(mid, before_update, &m);
+  StepPhases phases;
+  phases.previous_optimizer_s = last_optimizer_s_;
+  phases.forward_compute_s = std::max(0.0, forward_s - m.fwd_exposed_s);
+  phases.forward_link_s = fwd_busy;
+  phases.backward_compute_s = std::max(0.0, m.compute_s - phases.forward_compute_s);
+  phases.optimizer_s = optimizer_s;
+  phases.backward_link_s = bwd_busy;
+  m.phase_floor_s = phase_floor_seconds(phases);
+  last_optimizer_s_ = optimizer_s;
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
   // A new plan takes effect at this boundary: the next step's replicas have

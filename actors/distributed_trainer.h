@@ -59,6 +59,29 @@ struct DistributedOptions {
   std::string resume_dir;
 };
 
+// One worker's step, cut where its link figures are cut. Window 1 runs from
+// the previous step's optimizer step (which sends this step's expert
+// all-gather) to the end of the forward pass; window 2 from there to this
+// step's optimizer step. Times are seconds.
+struct StepPhases {
+  double previous_optimizer_s = 0;  // the previous step's optimizer step (0 on the first)
+  double forward_compute_s = 0;     // the forward pass less its waits
+  double forward_link_s = 0;        // the busiest link class's transmit time in window 1
+  double backward_compute_s = 0;    // the rest of the step less its waits, optimizer included
+  double optimizer_s = 0;           // this step's optimizer step
+  double backward_link_s = 0;       // the busiest link class's transmit time in window 2
+};
+
+// The step's floor by phase. A phase's traffic cannot use the other phase's
+// idle link: the all-gather needs the optimizer step's weights, the replica
+// gradients and dense buckets exist only once backward has made them. So
+// window 1 lasts at least max(previous optimizer + forward compute, its link
+// time), window 2 at least max(backward compute less the optimizer, its link
+// time), and the step is window 1 + window 2 - the previous optimizer step +
+// this one. Never below max(compute, link); above it when one phase's traffic
+// outlasts that phase's compute while the other's link idles.
+double phase_floor_seconds(const StepPhases& p);
+
 class DistributedTrainer {
  public:
   static Expected<std::unique_ptr<DistributedTrainer>> create(const JobConfig& job,
@@ -104,7 +127,8 @@ class DistributedTrainer {
   // the step just taken: from the last step's `now` to this one's, taken
   // before the optimizer step (which sends the next step's all-gather);
   // `mid` is the one taken when backward began.
-  void record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m);
+  // Returns the busiest link class's transmit time before and after `mid`.
+  std::pair<double, double> record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m);
   // Takes this worker's share of a checkpoint (options.resume_dir).
   Status resume(const std::string& dir);
   // Names the tensors whose gradient is not finite on this worker (for the log).
@@ -133,6 +157,7 @@ class DistributedTrainer {
   int64_t step_ = 0;
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
+  double last_optimizer_s_ = 0;  // the previous step's optimizer step (StepPhases)
   bool loss_finite_ = true;     // this step's local loss
   bool norm_sum_started_ = false;  // this step's; step() clears it before backward
   double norm_sum_ = 0;         // the local squared norm, then the sum (norm_sum_handle_)

@@ -95,6 +95,9 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     std::snprintf(buf, sizeof buf, "%.2f", r.summary["mean_step_s"].get<double>() / r.summary["bound_s"].get<double>());
     return std::string(buf);
   });
+  // Each phase's own bound, summed: what no schedule of this job can beat (docs/overlap.md).
+  row("phase floor (ms)", [](const RunResult& r) { return cell(r.summary, "phase_floor_s", "%.1f", 1e3); });
+  row("step / phase floor", [](const RunResult& r) { return cell(r.summary, "step_over_phase_floor", "%.2f"); });
   // The steps' predictions as they ran (the compute re-fitted, docs/planner.md), as the summary line gives them.
   row("predicted step (ms)", [](const RunResult& r) {
     return cell(r.summary, r.summary.contains("mean_predicted_step_s") ? "mean_predicted_step_s" : "predicted_step_s",

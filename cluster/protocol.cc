@@ -147,7 +147,7 @@ json to_json(const StepMetrics& m) {
           {"aux_loss", m.aux_loss},   {"tokens_per_s", m.tokens_per_s},
           {"step_s", m.step_s},       {"compute_s", m.compute_s},
           {"comm_s", m.comm_s},       {"exposed_comm_s", m.exposed_comm_s},
-          {"link_busy_s", m.link_busy_s},
+          {"link_busy_s", m.link_busy_s},   {"phase_floor_s", m.phase_floor_s},
           {"fwd_comm_s", m.fwd_comm_s},   {"fwd_exposed_s", m.fwd_exposed_s},
           {"bwd_comm_s", m.bwd_comm_s},   {"bwd_exposed_s", m.bwd_exposed_s},
           {"codec_s", m.codec_s},
@@ -173,6 +173,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("comm_s", &m.comm_s);
     f.get("exposed_comm_s", &m.exposed_comm_s);
     f.get("link_busy_s", &m.link_busy_s);
+    f.get("phase_floor_s", &m.phase_floor_s);
     f.get("fwd_comm_s", &m.fwd_comm_s);
     f.get("fwd_exposed_s", &m.fwd_exposed_s);
     f.get("bwd_comm_s", &m.bwd_comm_s);

@@ -109,6 +109,10 @@ struct StepMetrics {
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
   // max(compute_s, link_busy_s).
   double link_busy_s = 0;
+  // The step's floor by phase (phase_floor_seconds, actors/distributed_trainer.h):
+  // each phase's own max(compute, link), since a phase's traffic cannot use
+  // the other's idle link. At least max(compute_s, link_busy_s).
+  double phase_floor_s = 0;
   // Encoding and decoding: token rows (on the compute thread, part of
   // compute_s) and expert tensors (on the expert communicator's thread).
   double codec_s = 0;

@@ -742,6 +742,9 @@ void Coordinator::Impl::write_summary() {
     j["mean_link_busy_s"] = mean.link_busy_s;
     j["mean_codec_s"] = mean.codec_s;
     j["bound_s"] = mean.bound_s();  // max(mean compute, mean busiest-link transmit time)
+    // Each phase's own bound, summed (docs/overlap.md, "Measuring it").
+    j["phase_floor_s"] = mean.phase_floor_s;
+    j["step_over_phase_floor"] = mean.step_over_phase_floor();
     j["bytes_per_step"] = mean.bytes;
     j["mean_nmse"] = mean.nmse;
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;
@@ -772,6 +775,9 @@ void Coordinator::Impl::write_summary() {
     std::printf("  compute spread %.1f ms: the slowest worker's compute minus the fastest's, which the others "
                 "wait out as exposed communication\n",
                 mean.compute_spread_s() * 1e3);
+    std::printf("  phase floor %.1f ms (step / phase floor %.2f): each phase's own max(compute, link), summed; "
+                "a phase's traffic cannot use the other's idle link\n",
+                mean.phase_floor_s * 1e3, mean.step_over_phase_floor());
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
     if (!mean.gather_wait_s.empty()) {

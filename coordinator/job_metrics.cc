@@ -30,6 +30,7 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.comm_s = std::max(s.comm_s, m.comm_s);
   s.exposed_comm_s = std::max(s.exposed_comm_s, m.exposed_comm_s);
   s.link_busy_s = std::max(s.link_busy_s, m.link_busy_s);
+  s.phase_floor_s = std::max(s.phase_floor_s, m.phase_floor_s);
   s.fwd_comm_s = std::max(s.fwd_comm_s, m.fwd_comm_s);
   s.fwd_exposed_s = std::max(s.fwd_exposed_s, m.fwd_exposed_s);
   s.bwd_comm_s = std::max(s.bwd_comm_s, m.bwd_comm_s);
@@ -89,6 +90,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.comm_s += s.comm_s;
     out.exposed_comm_s += s.exposed_comm_s;
     out.link_busy_s += s.link_busy_s;
+    out.phase_floor_s += s.phase_floor_s;
     out.fwd_comm_s += s.fwd_comm_s;
     out.fwd_exposed_s += s.fwd_exposed_s;
     out.bwd_comm_s += s.bwd_comm_s;
@@ -117,6 +119,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.comm_s /= n;
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
+  out.phase_floor_s /= n;
   out.fwd_comm_s /= n;
   out.fwd_exposed_s /= n;
   out.bwd_comm_s /= n;
@@ -160,6 +163,8 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"codec_s", s.codec_s},
           {"bound_s", s.bound_s()},
           {"step_over_bound", s.step_over_bound()},
+          {"phase_floor_s", s.phase_floor_s},
+          {"step_over_phase_floor", s.step_over_phase_floor()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
@@ -210,6 +215,11 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
         {"bound_seconds", "The step's bound: max(compute, busiest link's transmit time).", s->bound_s()},
         {"step_over_bound", "Step time / bound; 1 is the physical limit.", s->step_over_bound()},
+        {"phase_floor_seconds",
+         "Each phase's own max(compute, busiest link's transmit time), summed: a phase's traffic cannot use the "
+         "other's idle link.", s->phase_floor_s},
+        {"step_over_phase_floor", "Step time / phase floor; 1 leaves nothing for a schedule to overlap better.",
+         s->step_over_phase_floor()},
         {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},

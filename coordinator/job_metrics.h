@@ -40,6 +40,10 @@ struct StepSummary {
   double codec_s = 0;                          // max over workers
   // max(compute, busiest link's transmit time): no schedule can beat it.
   double bound_s() const { return std::max(compute_s, link_busy_s); }
+  // Each phase's own max(compute, link), summed (StepMetrics::phase_floor_s),
+  // max over workers: at least the bound, above it when a phase's traffic
+  // outlasts its compute while the other phase's link idles.
+  double phase_floor_s = 0;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;                   // max
   std::map<std::string, double> bytes;         // sum
@@ -54,6 +58,9 @@ struct StepSummary {
   double critical_bwd_overlap_percent() const { return overlap(critical_bwd_exposed_s, bwd_comm_s); }
   // What users feel: 1.0 is the physical limit.
   double step_over_bound() const { return bound_s() > 0 ? step_s / bound_s() : 0.0; }
+  // How far the schedule is from what each phase's own traffic and compute
+  // allow: 1.0 leaves nothing to overlap better.
+  double step_over_phase_floor() const { return phase_floor_s > 0 ? step_s / phase_floor_s : 0.0; }
   // The routing's A2A imbalance on a link class: its token hops' larger
   // sides over their mean, `link`/moe_peak_raw over the raw rows sent (>= 1);
   // 0 when no token row crossed it this step.

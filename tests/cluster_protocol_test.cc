@@ -142,8 +142,10 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
   m.loss = 2.5;
   m.bytes = {{"dc/moe_dispatch", 1e6}};
   m.gather_wait_s = {0.1, 0.2};
+  m.phase_floor_s = 0.41;
   ASSERT_TRUE(from_json(to_json(m), &m2).is_ok());
   EXPECT_EQ(to_json(m2), to_json(m));
+  EXPECT_EQ(m2.phase_floor_s, 0.41);
 
   ErrorReport e{"boom"}, e2;
   ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());

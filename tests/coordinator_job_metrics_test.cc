@@ -71,6 +71,29 @@ TEST(JobMetrics, TheComputeSpreadIsTheSlowestWorkersComputeMinusTheFastestsWhate
   EXPECT_NE(metrics.prometheus("job", {"running", "running", "running"}).find("xdmoe_compute_spread_seconds"), std::string::npos);
 }
 
+TEST(JobMetrics, ThePhaseFloorIsTheHighestWorkersAndTheStepIsMeasuredAgainstIt) {
+  JobMetrics metrics(2);
+  StepMetrics a = report(1, 0.30, 0.25), b = report(1, 0.35, 0.20);
+  a.phase_floor_s = 0.45;  // this worker's backward traffic outlasted its backward compute
+  b.phase_floor_s = 0.35;
+  a.step_s = b.step_s = 0.5;
+  metrics.record(1, b);
+  metrics.record(0, a);
+  ASSERT_NE(metrics.last_complete(), nullptr);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_DOUBLE_EQ(s.phase_floor_s, 0.45);
+  EXPECT_DOUBLE_EQ(s.bound_s(), 0.35);
+  EXPECT_NEAR(s.step_over_phase_floor(), 0.5 / 0.45, 1e-12);
+  a.step = b.step = 2;
+  a.phase_floor_s = b.phase_floor_s = 0.25;
+  metrics.record(0, a);
+  metrics.record(1, b);
+  EXPECT_NEAR(metrics.mean(0).phase_floor_s, 0.35, 1e-12);
+  const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_phase_floor_seconds{job=\"j\"} 0.25\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_step_over_phase_floor{job=\"j\"} 2\n"), std::string::npos) << text;
+}
+
 TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) {
   JobMetrics metrics(1);
   metrics.record(0, report(1, 0.3, 0.5));
