@@ -24,7 +24,7 @@ template <class V> struct IntVec;
 template <> struct IntVec<f32x4> { using type = i32x4; };
 template <> struct IntVec<f32x8> { using type = i32x8; };
 
-// e = exp(t), lane-wise.
+// e = exp(x), lane-wise.
 template <class V>
 [[gnu::always_inline]] inline void exp_v(V& e, const V& x) {
   using VI = typename IntVec<V>::type;
@@ -54,8 +54,9 @@ template <class V>
 }
 
 // out[j] = exp(in[j] - shift) for j < n (out may be in); returns the sum of
-// out[0, n) in double (four interleaved partial sums, in a fixed order). The float softmax and cross-entropy
-// take their exponentials here; the double paths keep libm's exp.
+// out[0, n) in double (four interleaved partial sums, in a fixed order). The
+// float softmax and cross-entropy take their exponentials here; the double
+// paths keep libm's exp.
 double exp_shifted_sum(float* out, const float* in, size_t n, float shift);
 
 }  // namespace xd::detail
