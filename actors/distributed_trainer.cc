@@ -161,6 +161,7 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   model_->set_expert_resolver([c](int layer, int expert) { return c->replica(layer, expert); });
   c->set_timeline(&timeline_);
   exchange->set_before_replicas([c](int layer) { c->wait_gathered(layer); });
+  exchange->set_replicas_landed([c](int layer) { return c->gathered(layer); });
   exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
   MoeTransformer<float>::BackwardHooks hooks;
   const int layers = mc.num_layers;

@@ -403,6 +403,11 @@ ExpertCommunicator::FirstSend ExpertCommunicator::post_first_send(uint32_t step,
   return f;
 }
 
+bool ExpertCommunicator::gathered(int layer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_[layer].gathered;
+}
+
 void ExpertCommunicator::wait_gathered(int layer) {
   const auto start = std::chrono::steady_clock::now();
   const double t0 = steady_seconds();

@@ -115,6 +115,7 @@ class ExpertCommunicator {
   int64_t sent_during_update() const { return sent_during_update_.load(); }
   void start_gather(uint32_t step);  // every layer, in order
   void wait_gathered(int layer);     // blocks; its time is counted as AG wait
+  bool gathered(int layer) const;    // wait_gathered(layer) would not block
   // The layer's replica gradients are final (compute thread): they leave
   // now; what comes back for owned experts is added once
   // owned_grads_final(layer) says the compute thread is done with them.

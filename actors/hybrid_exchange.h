@@ -57,6 +57,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // all-gather; owned experts have computed meanwhile); after_replica_grads,
   // once a layer's replica gradients are final (their return starts).
   using LayerHook = std::function<void(int layer)>;
+  // replicas_landed: whether before_replicas(layer) would return at once.
+  using LayerQuery = std::function<bool(int layer)>;
 
   HybridExpertExchange(Transport* transport, Topology topology, int num_experts,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
@@ -68,6 +70,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // anything could tear the transport down under them.
   void complete_sends();
   void set_before_replicas(LayerHook hook) { before_replicas_ = std::move(hook); }
+  void set_replicas_landed(LayerQuery query) { replicas_landed_ = std::move(query); }
   void set_after_replica_grads(LayerHook hook) { after_replica_grads_ = std::move(hook); }
   // true (the default): exchanges run on the comm threads.
   void set_overlapped(bool overlapped);
@@ -99,6 +102,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void before_replicas(int layer) override {
     if (before_replicas_) before_replicas_(layer);
   }
+  bool replicas_landed(int layer) const override { return !replicas_landed_ || replicas_landed_(layer); }
   void replicas_backward_done(int layer) override {
     if (after_replica_grads_) after_replica_grads_(layer);
   }
@@ -218,6 +222,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   std::chrono::milliseconds timeout_;
   uint32_t step_ = 0;             // compute thread
   LayerHook before_replicas_, after_replica_grads_;
+  LayerQuery replicas_landed_;
   std::array<double, 2> blocked_s_{};  // compute thread
   Timeline* timeline_ = nullptr;
   bool direct_ = false;                                      // see start_direct

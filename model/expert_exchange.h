@@ -75,6 +75,12 @@ class ExpertExchange {
     return false;
   }
   virtual void before_replicas(int layer) { (void)layer; }
+  // True when before_replicas(layer) would not block: the layer's gathered
+  // weights are here. A peek, like landed(), for work while waiting.
+  virtual bool replicas_landed(int layer) const {
+    (void)layer;
+    return true;
+  }
   virtual void replicas_backward_done(int layer) { (void)layer; }
   // True when finish_* of this started tag would not block: its rows have
   // landed. A peek for the compute thread, which then does other ready work

@@ -166,6 +166,8 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   // The steps of docs/overlap.md: under FarSkip the attention needs only
   // p_{k-1} and the MoE only o_{k-1}, so Combine(k-1) overlaps attention
   // part (a) and Dispatch(k) part (b); Combine(k) overlaps the shared experts.
+  bool replicas = false;  // gathered experts (HybridEP) among those computed here
+  for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
   for (int l = 0; l < L; ++l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -250,16 +252,20 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     stats.aux_loss += c.moe.router.gate.aux_loss;
     stats.z_loss += c.moe.router.gate.z_loss;
     stats.dropped += c.moe.plan.dropped;
-    // The shared experts need no Dispatch: when it has not landed they run
-    // first, in its place; otherwise after the routed experts, hiding
-    // Combine(l). In the last layer they run first under FarSkip MoE (above),
-    // and otherwise after, as only they can hide its Combine.
+    // The shared experts need no Dispatch and no gathered experts: when
+    // either has not landed (HybridEP's layer 0 waits for its all-gather
+    // most) they run first, in its place; otherwise after the routed
+    // experts, hiding Combine(l). In the last layer they run first under
+    // FarSkip MoE (above), and otherwise after, as only they can hide its
+    // Combine.
     auto shared_experts = [&] {
       ScopedSpan span(timeline_, "shared experts", l);
       c.shared_out.resize(Nd);
       moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
     };
-    const bool shared_first = last_experts_first || (l + 1 < L && !moe_dispatch_landed(*exchange, dm));
+    const bool shared_first =
+        last_experts_first ||
+        (l + 1 < L && (!moe_dispatch_landed(*exchange, dm) || (replicas && !exchange->replicas_landed(l))));
     if (shared_first) shared_experts();
     // Work while waiting: a Dispatch still in flight after them takes
     // attention (b) sequence by sequence.
