@@ -157,18 +157,16 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     models.push_back(e.model);
     out.links.push_back(e);
   }
-  // Where the workers fill this machine's cores, their transport threads run
-  // on the cores the compute needs: the most a probe measured per byte, in
-  // wall time at each worker's share of a core.
-  if (workers_per_core_set(job) >= this_machine_cores())
-    for (const LinkEstimate& e : out.links)
-      out.compute.transport_cpu_s_per_byte =
-          std::max(out.compute.transport_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
-  // Not overlapped, the exchanges' CPU time is the compute thread's wait,
-  // wherever the transport's threads run.
+  // The most a probe measured per byte, in wall time at each worker's share
+  // of a core. Not overlapped, it is the compute thread's wait wherever the
+  // transport's threads run; overlapped, it dilates compute only where the
+  // workers fill this machine's cores, so the transport threads run on the
+  // cores the compute needs.
   for (const LinkEstimate& e : out.links)
     out.compute.exchange_cpu_s_per_byte =
         std::max(out.compute.exchange_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
+  if (workers_per_core_set(job) >= this_machine_cores())
+    out.compute.transport_cpu_s_per_byte = out.compute.exchange_cpu_s_per_byte;
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);
   XD_RETURN_IF_ERROR(out.inputs.validate());

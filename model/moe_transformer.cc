@@ -36,6 +36,13 @@ bool farskip_attention(Connectivity c) {
 bool farskip_moe(Connectivity c) {
   return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipMoe;
 }
+// Whether gathered experts (HybridEP replicas) are among those computed here.
+template <typename T>
+bool computes_replicas(const ExpertExchange<T>& exchange) {
+  for (size_t j = 0; j < exchange.computed_experts().size(); ++j)
+    if (exchange.is_replica(j)) return true;
+  return false;
+}
 }  // namespace
 
 template <typename T>
@@ -166,8 +173,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   // The steps of docs/overlap.md: under FarSkip the attention needs only
   // p_{k-1} and the MoE only o_{k-1}, so Combine(k-1) overlaps attention
   // part (a) and Dispatch(k) part (b); Combine(k) overlaps the shared experts.
-  bool replicas = false;  // gathered experts (HybridEP) among those computed here
-  for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
+  const bool replicas = computes_replicas(*exchange);
   for (int l = 0; l < L; ++l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -324,8 +330,7 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   // d p_k = d o_k + dp_extra, while d r_k = d o_k.
   std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dshared_xn(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv,
       dnorm1(Nd), dattn_in(Nd);
-  bool replicas = false;  // gathered experts (HybridEP) among those computed here
-  for (size_t j = 0; j < exchange->computed_experts().size(); ++j) replicas = replicas || exchange->is_replica(j);
+  const bool replicas = computes_replicas(*exchange);
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];

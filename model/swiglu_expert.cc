@@ -85,8 +85,7 @@ template <class V>
   }
 }
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define XD_GATE_AVX2 1
+#ifdef XD_VECTOR_AVX2
 __attribute__((target("avx2,fma"))) void gate_fwd_avx2(float* s, float* g, const float* a,
                                                        const float* b, size_t m) {
   gate_fwd_loop<f32x8>(s, g, a, b, m);
@@ -96,23 +95,19 @@ __attribute__((target("avx2,fma"))) void gate_bwd_avx2(float* d1, float* d3, con
                                                        size_t m) {
   gate_bwd_loop<f32x8>(d1, d3, a, b, s, m);
 }
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 #endif
 
 void gate_fwd(float* sig, float* gated, const float* h1, const float* h3, size_t m) {
-#ifdef XD_GATE_AVX2
-  if (have_avx2()) return gate_fwd_avx2(sig, gated, h1, h3, m);
+#ifdef XD_VECTOR_AVX2
+  if (detail::have_avx2_fma()) return gate_fwd_avx2(sig, gated, h1, h3, m);
 #endif
   gate_fwd_loop<f32x4>(sig, gated, h1, h3, m);
 }
 
 void gate_bwd(float* dh1, float* dh3, const float* h1, const float* h3, const float* sig,
               size_t m) {
-#ifdef XD_GATE_AVX2
-  if (have_avx2()) return gate_bwd_avx2(dh1, dh3, h1, h3, sig, m);
+#ifdef XD_VECTOR_AVX2
+  if (detail::have_avx2_fma()) return gate_bwd_avx2(dh1, dh3, h1, h3, sig, m);
 #endif
   gate_bwd_loop<f32x4>(dh1, dh3, h1, h3, sig, m);
 }

@@ -110,13 +110,9 @@ double worst_weight_difference(const JobRun& a, const JobRun& b) {
 
 // The step's floor by phase (actors/distributed_trainer.h).
 TEST(PhaseFloor, WhenEachPhaseIsComputeBoundItIsTheCompute) {
-  StepPhases p;
-  p.previous_optimizer_s = 0.02;
-  p.forward_compute_s = 0.10;
-  p.forward_link_s = 0.05;
-  p.backward_compute_s = 0.20;  // the optimizer step's 0.02 included
-  p.optimizer_s = 0.02;
-  p.backward_link_s = 0.15;
+  const StepPhases p{.previous_optimizer_s = 0.02, .forward_compute_s = 0.10, .forward_link_s = 0.05,
+                     .backward_compute_s = 0.20,  // the optimizer step's 0.02 included
+                     .optimizer_s = 0.02, .backward_link_s = 0.15};
   EXPECT_NEAR(phase_floor_seconds(p), 0.30, 1e-12);
 }
 
@@ -124,13 +120,8 @@ TEST(PhaseFloor, ABackwardWhoseTrafficOutlastsItsComputeLiftsItAboveTheBound) {
   // The forward's link idles 70 ms of its 170 ms window; the backward sends
   // 240 ms in a 180 ms compute window: no schedule of these phases beats
   // 170 + 240 ms, though max(compute, link) is only 350 ms.
-  StepPhases p;
-  p.previous_optimizer_s = 0.02;
-  p.forward_compute_s = 0.15;
-  p.forward_link_s = 0.10;
-  p.backward_compute_s = 0.20;
-  p.optimizer_s = 0.02;
-  p.backward_link_s = 0.24;
+  StepPhases p{.previous_optimizer_s = 0.02, .forward_compute_s = 0.15, .forward_link_s = 0.10,
+               .backward_compute_s = 0.20, .optimizer_s = 0.02, .backward_link_s = 0.24};
   EXPECT_NEAR(std::max(p.forward_compute_s + p.backward_compute_s, p.forward_link_s + p.backward_link_s), 0.35, 1e-12);
   EXPECT_NEAR(phase_floor_seconds(p), 0.41, 1e-12);
   // The all-gather's window opens with the previous optimizer step: a

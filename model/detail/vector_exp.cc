@@ -27,22 +27,24 @@ template <class V>
   }
 }
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define XD_EXP_AVX2 1
+#ifdef XD_VECTOR_AVX2
 __attribute__((target("avx2,fma"))) void exp_shifted_avx2(float* out, const float* in, size_t n, float shift) {
   exp_shifted_loop<f32x8>(out, in, n, shift);
-}
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
 }
 #endif
 
 }  // namespace
 
+#ifdef XD_VECTOR_AVX2
+bool have_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
 double exp_shifted_sum(float* out, const float* in, size_t n, float shift) {
-#ifdef XD_EXP_AVX2
-  if (have_avx2())
+#ifdef XD_VECTOR_AVX2
+  if (have_avx2_fma())
     exp_shifted_avx2(out, in, n, shift);
   else
 #endif

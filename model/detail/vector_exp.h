@@ -24,6 +24,13 @@ template <class V> struct IntVec;
 template <> struct IntVec<f32x4> { using type = i32x4; };
 template <> struct IntVec<f32x8> { using type = i32x8; };
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+// A target("avx2,fma") copy of a loop can be picked at run time.
+#define XD_VECTOR_AVX2 1
+// Whether this CPU runs such copies; asked once, then cached.
+bool have_avx2_fma();
+#endif
+
 // e = exp(x), lane-wise.
 template <class V>
 [[gnu::always_inline]] inline void exp_v(V& e, const V& x) {
