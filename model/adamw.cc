@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common/check.h"
+#include "model/detail/adamw_kernel.h"
 
 namespace xd {
 
@@ -32,17 +34,40 @@ double AdamW<T>::step(T* params, T* grads, double lr, double grad_norm_sq,
   const double c2 = 1.0 - std::pow(b2, (double)step_count_);
   for (size_t block = 0; block < n; block += kBlock) {
     const size_t end = std::min(n, block + kBlock);
-    for (size_t i = block; i < end; ++i) {
-      const double g = grads[i] * clip;
-      grads[i] = static_cast<T>(g);
-      const double m = b1 * m_[i] + (1 - b1) * g;
-      const double v = b2 * v_[i] + (1 - b2) * g * g;
-      m_[i] = static_cast<T>(m);
-      v_[i] = static_cast<T>(v);
-      double p = params[i];
-      if (decay_[i]) p -= lr * config_.weight_decay * p;
-      p -= lr * (m / c1) / (std::sqrt(v / c2) + config_.eps);
-      params[i] = static_cast<T>(p);
+    if constexpr (std::is_same_v<T, float>) {
+      // The float path: SIMD lanes in float (model/detail/adamw_kernel.h),
+      // over the runs of elements that share their weight decay.
+      detail::AdamWFloatStep s;
+      s.clip = static_cast<float>(clip);
+      s.beta1 = static_cast<float>(b1);
+      s.one_minus_beta1 = static_cast<float>(1 - b1);
+      s.beta2 = static_cast<float>(b2);
+      s.one_minus_beta2 = static_cast<float>(1 - b2);
+      s.decay_factor = static_cast<float>(1 - lr * config_.weight_decay);
+      s.step_size = static_cast<float>(lr / c1);
+      s.inv_sqrt_c2 = static_cast<float>(1 / std::sqrt(c2));
+      s.eps = static_cast<float>(config_.eps);
+      for (size_t run = block; run < end;) {
+        size_t stop = run + 1;
+        while (stop < end && decay_[stop] == decay_[run]) ++stop;
+        detail::adamw_float_span(params + run, grads + run, m_.data() + run, v_.data() + run, stop - run,
+                                 decay_[run] != 0, s);
+        run = stop;
+      }
+    } else {
+      // The reference: every element in double.
+      for (size_t i = block; i < end; ++i) {
+        const double g = grads[i] * clip;
+        grads[i] = static_cast<T>(g);
+        const double m = b1 * m_[i] + (1 - b1) * g;
+        const double v = b2 * v_[i] + (1 - b2) * g * g;
+        m_[i] = static_cast<T>(m);
+        v_[i] = static_cast<T>(v);
+        double p = params[i];
+        if (decay_[i]) p -= lr * config_.weight_decay * p;
+        p -= lr * (m / c1) / (std::sqrt(v / c2) + config_.eps);
+        params[i] = static_cast<T>(p);
+      }
     }
     if (after_block) after_block(block, end);
   }

@@ -1,6 +1,9 @@
 // AdamW over one contiguous parameter block, with global-norm gradient clipping.
 // The moments m and v share the parameter layout (model/param_layout.h), so a
-// checkpoint can store them under the parameters' names. Not thread-safe.
+// checkpoint can store them under the parameters' names. AdamW<float> updates
+// in float on SIMD lanes (model/detail/adamw_kernel.h); AdamW<double> in
+// double, element by element, the reference the float path is tested
+// against. Not thread-safe.
 #pragma once
 
 #include <cstddef>
