@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "actors/detail/row_order.h"
 #include "actors/detail/work_thread.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -187,14 +188,12 @@ HybridExpertExchange::Pass HybridExpertExchange::begin_pass(const ExchangeTag& t
       p.status = Status::internal("MoE exchange: backward with other counts than the Dispatch");
     p.data = std::move(rows);
   } else {
-    p.data.assign(r.final_order.size() * (size_t)width, 0.0f);
     if (p.status.is_ok() && r.hops.size() != levels)
       p.status = Status::internal("MoE exchange: rows sent back without a Dispatch");
-    if (p.status.is_ok() && rows.size() != p.data.size())
+    if (p.status.is_ok() && rows.size() != r.final_order.size() * (size_t)width)
       p.status = Status::internal("MoE exchange: rows do not match the route");
-    if (p.status.is_ok())
-      for (size_t k = 0; k < r.final_order.size(); ++k)
-        std::memcpy(&p.data[(size_t)r.final_order[k] * width], &rows[k * width], sizeof(float) * width);
+    if (p.status.is_ok()) p.data = detail::rows_scattered(rows.data(), r.final_order, width);
+    else p.data.assign(r.final_order.size() * (size_t)width, 0.0f);
   }
   return p;
 }
@@ -270,9 +269,7 @@ HybridExpertExchange::Result HybridExpertExchange::conclude(Pass* p) {
     }
     result.rows.assign((p->to_experts ? r.final_order.size() : (size_t)r.rows_in) * width, 0.0f);
   } else if (p->to_experts) {
-    result.rows.resize(r.final_order.size() * (size_t)width);
-    for (size_t k = 0; k < r.final_order.size(); ++k)
-      std::memcpy(&result.rows[k * width], &p->data[(size_t)r.final_order[k] * width], sizeof(float) * width);
+    result.rows = detail::rows_gathered(p->data.data(), r.final_order, width);
   } else {
     result.rows = std::move(p->data);
   }

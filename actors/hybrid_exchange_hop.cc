@@ -3,6 +3,7 @@
 // send at start_* and receive at finish_*, and a comm thread can do both.
 #include <cstring>
 
+#include "actors/detail/row_order.h"
 #include "actors/hybrid_exchange.h"
 #include "common/clock.h"
 
@@ -45,22 +46,16 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
 
   // Outgoing rows grouped by member: forward permutes into send order, reverse
   // already holds the received layout.
-  h->staged = std::make_shared<std::vector<float>>();
+  h->staged = std::make_shared<std::vector<float>>(
+      forward ? detail::rows_gathered(data->data(), hop->send_order, width) : std::move(*data));
   h->staged_ids = std::make_shared<std::vector<int32_t>>();
   const auto& staged_buffer = h->staged;
   const auto& staged_ids_buffer = h->staged_ids;
   std::vector<float>& staged = *staged_buffer;
   std::vector<int32_t>& staged_ids = *staged_ids_buffer;
-  if (forward) {
-    staged.resize(hop->send_order.size() * (size_t)width);
-    for (size_t k = 0; k < hop->send_order.size(); ++k)
-      std::memcpy(&staged[k * width], &(*data)[(size_t)hop->send_order[k] * width], sizeof(float) * width);
-    if (ids) {
-      staged_ids.resize(hop->send_order.size());
-      for (size_t k = 0; k < hop->send_order.size(); ++k) staged_ids[k] = (*ids)[hop->send_order[k]];
-    }
-  } else {
-    staged = std::move(*data);
+  if (forward && ids) {
+    staged_ids.reserve(hop->send_order.size());
+    for (int k : hop->send_order) staged_ids.push_back((*ids)[k]);
   }
 
   // Rows move only between A2A pairs of this level; every A2A peer gets a
@@ -178,20 +173,26 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
   in_counts[me] = out_counts[me];
   std::vector<int> in_off(members + 1, 0);
   for (int i = 0; i < members; ++i) in_off[i + 1] = in_off[i] + in_counts[i];
-  std::vector<float> result((size_t)in_off[members] * width);
-  std::vector<int> result_ids(ids ? in_off[members] : 0);
+  // Members in order, each at in_off[i]: appended, not copied over zeros.
+  std::vector<float> result;
+  result.reserve((size_t)in_off[members] * width);
+  std::vector<int> result_ids;
+  result_ids.reserve(ids ? in_off[members] : 0);
   for (int i = 0; i < members; ++i) {
     if (in_counts[i] == 0) continue;
-    const size_t bytes = (size_t)in_counts[i] * width * sizeof(float);
+    const size_t n = (size_t)in_counts[i] * width;
+    const float* rows;
+    const int32_t* row_ids;
     if (i == me) {
-      std::memcpy(&result[(size_t)in_off[i] * width], &staged[(size_t)out_off[i] * width], bytes);
-      if (ids) std::memcpy(&result_ids[in_off[i]], &staged_ids[out_off[i]], sizeof(int) * in_counts[i]);
+      rows = &staged[(size_t)out_off[i] * width];
+      row_ids = ids ? &staged_ids[out_off[i]] : nullptr;
     } else {
       const size_t frame = ids ? 1 : 0;
-      const void* rows = decoded[i].empty() ? received[i].tensor_data(frame) : decoded[i].data();
-      std::memcpy(&result[(size_t)in_off[i] * width], rows, bytes);
-      if (ids) std::memcpy(&result_ids[in_off[i]], received[i].tensor_data(0), sizeof(int32_t) * in_counts[i]);
+      rows = decoded[i].empty() ? static_cast<const float*>(received[i].tensor_data(frame)) : decoded[i].data();
+      row_ids = ids ? static_cast<const int32_t*>(received[i].tensor_data(0)) : nullptr;
     }
+    result.insert(result.end(), rows, rows + n);
+    if (ids) result_ids.insert(result_ids.end(), row_ids, row_ids + in_counts[i]);
   }
   if (wait_sends)
     for (auto& c : h->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
@@ -201,10 +202,8 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     *data = std::move(result);
     if (ids) *ids = std::move(result_ids);
   } else {
-    std::vector<float> restored(hop->send_order.size() * (size_t)width);
-    for (size_t k = 0; k < hop->send_order.size(); ++k)
-      std::memcpy(&restored[(size_t)hop->send_order[k] * width], &result[k * width], sizeof(float) * width);
-    *data = std::move(restored);
+    XD_CHECK(result.size() == hop->send_order.size() * (size_t)width);
+    *data = detail::rows_scattered(result.data(), hop->send_order, width);
   }
   return Status::ok();
 }

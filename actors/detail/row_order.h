@@ -1,0 +1,31 @@
+// Token-row permutations for the MoE exchange: a new buffer with the rows of
+// another in a given order, written once (no zero fill before the copy; the
+// exchange moves every token row several times a layer). Pure functions.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "common/check.h"
+
+namespace xd::detail {
+
+// Row k of the result is row order[k] of `src` (rows of `width` floats).
+inline std::vector<float> rows_gathered(const float* src, const std::vector<int>& order, int width) {
+  std::vector<float> out;
+  out.reserve(order.size() * (size_t)width);
+  for (int from : order) out.insert(out.end(), src + (size_t)from * width, src + (size_t)(from + 1) * width);
+  return out;
+}
+
+// Row order[k] of the result is row k of `src`; `order` is a permutation.
+inline std::vector<float> rows_scattered(const float* src, const std::vector<int>& order, int width) {
+  std::vector<int> inverse(order.size(), -1);
+  for (size_t k = 0; k < order.size(); ++k) {
+    XD_CHECK(order[k] >= 0 && (size_t)order[k] < order.size() && inverse[order[k]] < 0);
+    inverse[order[k]] = static_cast<int>(k);
+  }
+  return rows_gathered(src, inverse, width);
+}
+
+}  // namespace xd::detail
