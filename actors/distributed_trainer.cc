@@ -164,6 +164,9 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   exchange->set_replicas_landed([c](int layer) { return c->gathered(layer); });
   exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
   MoeTransformer<float>::BackwardHooks hooks;
+  // Overlapped, the owned experts' weight gradients run while the replicas'
+  // and the last dense buckets cross the links, instead of before them.
+  hooks.defer_owned_expert_weights = job_.train.farskip.overlapped;
   const int layers = mc.num_layers;
   const bool norm_in_backward = !c->holds_replicas() && job_.train.farskip.overlapped;
   hooks.experts_done = [this, c, norm_in_backward](int layer) {

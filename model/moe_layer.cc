@@ -165,7 +165,8 @@ void moe_router_backward(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T
 }
 
 template <typename T>
-void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm) {
+void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm,
+                          std::vector<std::function<void()>>* deferred) {
   const int d = dm.hidden;
   for (int i = 0; i < dm.chunks; ++i) {
     MoeChunk<T>& ch = c->chunks[i];
@@ -188,8 +189,12 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
       for (size_t j = 0; j < ch.expert_counts.size(); ++j) {
         if (exchange->is_replica(j) != replicas) continue;
         const size_t r = first_row[j];
-        swiglu_expert_backward_weights(ch.expert_dout.data() + r * d, ch.expert_in.data() + r * d,
-                                       ch.expert_cache[j], w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
+        auto weights = [&ch, r, j, d, ff = dm.expert_ff, p = w.computed[j]] {
+          swiglu_expert_backward_weights(ch.expert_dout.data() + r * d, ch.expert_in.data() + r * d,
+                                         ch.expert_cache[j], p, ch.expert_counts[j], d, ff);
+        };
+        if (deferred && !replicas) deferred->push_back(std::move(weights));
+        else weights();
       }
       if (replicas && i == dm.chunks - 1) exchange->replicas_backward_done(dm.layer);
     }
@@ -244,7 +249,7 @@ void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* c, const T* xn, cons
   template void moe_router_backward<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&, const ModelConfig&,  \
                                        const MoeDims&, double);                                               \
   template void moe_experts_backward<T>(MoeCache<T>*, const MoeWeights<T>&, ExpertExchange<T>*,               \
-                                        const MoeDims&);                                                      \
+                                        const MoeDims&, std::vector<std::function<void()>>*);                 \
   template void moe_shared_backward<T>(T*, const T*, MoeCache<T>*, const T*, const MoeWeights<T>&,            \
                                        const MoeDims&);                                                       \
   template void moe_dispatch_backward_finish<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&,             \

@@ -13,6 +13,7 @@
 // pieces back to back; MoeTransformer runs the backward ones in its schedule. Not thread-safe: one cache per layer and micro-batch.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "model/expert_exchange.h"
@@ -98,10 +99,13 @@ template <typename T>
 void moe_router_backward(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
                          const MoeDims& dims, double loss_scale);
 // Per chunk: finishes its Combine backward, computes the input gradients,
-// starts the backward of Dispatch, then the weight gradients (which overlap it).
+// starts the backward of Dispatch, then the weight gradients (which overlap it),
+// replicas' first. With `deferred`, the weight gradients of the experts this
+// worker owns are appended there instead, to run (in order) before the next
+// forward: nothing waits for them but the optimizer.
 template <typename T>
 void moe_experts_backward(MoeCache<T>* cache, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
-                          const MoeDims& dims);
+                          const MoeDims& dims, std::vector<std::function<void()>>* deferred = nullptr);
 template <typename T>
 void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w,
                          const MoeDims& dims);

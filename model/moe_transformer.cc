@@ -331,6 +331,8 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dshared_xn(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv,
       dnorm1(Nd), dattn_in(Nd);
   const bool replicas = computes_replicas(*exchange);
+  const bool defer = hooks_.defer_owned_expert_weights && replicas;
+  std::vector<std::function<void()>> deferred;  // the owned experts' weight gradients, in order
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -386,9 +388,9 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     if (shared_first) shared_backward();
     {
       ScopedSpan span(timeline_, "routed experts backward", l);
-      moe_experts_backward(&c.moe, mw, exchange, dm);
+      moe_experts_backward(&c.moe, mw, exchange, dm, defer ? &deferred : nullptr);
     }
-    if (hooks_.experts_done) hooks_.experts_done(l);
+    if (hooks_.experts_done && !defer) hooks_.experts_done(l);
     if (attention_after_experts) attention_backward_pass(dp.data());
     if (!shared_first) shared_backward();
     for (size_t j = 0; j < Nd; ++j) dnorm2[j] += dshared_xn[j];
@@ -413,6 +415,12 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   for (size_t j = 0; j < Nd; ++j) dout[j] += dp_extra[j];
   embedding_backward(g_.embed_tokens, dout.data(), inputs_.data(), N, d);
   if (hooks_.grads_ready) hooks_.grads_ready(-1);
+  if (defer) {
+    ScopedSpan span(timeline_, "owned experts' weight gradients");
+    for (auto& weights : deferred) weights();
+    if (hooks_.experts_done)
+      for (int l = L - 1; l >= 0; --l) hooks_.experts_done(l);
+  }
 }
 
 template class MoeTransformer<float>;

@@ -46,9 +46,15 @@ class MoeTransformer {
   // group of dense gradients is: group num_layers is the LM head and final
   // norm (first), then each layer from the last down (its attention, norms,
   // router and shared experts), and -1 the token embedding (last).
+  // With `defer_owned_expert_weights` and gathered replicas computed here,
+  // the weight gradients of the experts this worker owns wait until after
+  // the embedding's (nothing else needs them before the optimizer, and the
+  // replicas' gradients then leave sooner); experts_done then comes for
+  // every layer after them, from the last down. The sums are the same bits.
   struct BackwardHooks {
     std::function<void(int layer)> experts_done;
     std::function<void(int group)> grads_ready;
+    bool defer_owned_expert_weights = false;
   };
 
   explicit MoeTransformer(const ParamLayout& layout);

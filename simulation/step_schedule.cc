@@ -40,6 +40,7 @@ const char* compute_kind_name(ComputeKind k) {
     case ComputeKind::kHead: return "head";
     case ComputeKind::kHeadBackward: return "head backward";
     case ComputeKind::kOptimizer: return "optimizer";
+    case ComputeKind::kOwnedExpertsWeightBackward: return "owned experts' weight gradients";
     case ComputeKind::kAttentionBackward: return "attention backward";
     case ComputeKind::kRouterBackward: return "router backward";
     case ComputeKind::kExpertsInputBackward: return "routed experts backward (inputs)";
@@ -205,6 +206,7 @@ constexpr SpanRule kSpans[] = {
     {"router backward", ComputeKind::kRouterBackward, false},
     {"routed experts backward", ComputeKind::kExpertsInputBackward, true},
     {"shared experts backward", ComputeKind::kSharedBackward, false},
+    {"owned experts' weight gradients", ComputeKind::kOwnedExpertsWeightBackward, false},
 };
 
 ModelConfig miniature(const ModelConfig& m) {
@@ -245,6 +247,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   // DistributedTrainer's hooks: overlapped, a dense bucket leaves when
   // backward has finished it (group -1: the embedding's, the last).
   MoeTransformer<float>::BackwardHooks hooks;
+  hooks.defer_owned_expert_weights = shape.overlapped;
   hooks.grads_ready = [&](int group) {
     if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
   };

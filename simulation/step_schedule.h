@@ -11,7 +11,8 @@
 // runtime makes them. The trainer's own part of a step is added around it as
 // DistributedTrainer does it: the expert all-gathers of every layer start
 // before the forward, a layer's replica gradients leave when its expert
-// backward is done, dense-gradient buckets leave as backward finishes them
+// backward is done (overlapped, the owned experts' weight gradients wait until
+// the end of backward), dense-gradient buckets leave as backward finishes them
 // (at the end when not overlapped), and the expert gradients' norm is summed
 // once the replica gradients are home, beside the buckets. Durations and bytes are not part of the schedule: the
 // simulator (simulation/simgrid_replay.h) prices them from the planner's
@@ -65,6 +66,8 @@ enum class ComputeKind : int {
   kExpertsWeightBackward = 10, // one chunk: weight gradients
   kSharedBackward = 11,
   kOptimizer = 12,             // the update, once every gradient is in
+  kOwnedExpertsWeightBackward = 13,  // overlapped HybridEP: every layer's owned experts'
+                                     // weight gradients, after the embedding's
 };
 const char* compute_kind_name(ComputeKind k);
 

@@ -11,6 +11,8 @@ StepTraffic::StepTraffic(const SimulationInputs& in, const StepSchedule& schedul
   double gathered = 1;
   for (int s : in.domain_sizes) gathered *= s;
   held_ = in.workload.experts_per_worker * gathered;
+  gathered_ = gathered;
+  defers_owned_ = schedule.overlapped && schedule.gathers_experts;
 }
 
 double StepTraffic::compute_seconds(ComputeKind kind) const {
@@ -34,8 +36,13 @@ double StepTraffic::compute_seconds(ComputeKind kind) const {
     case ComputeKind::kHeadBackward: return w.post_s * 2 / 3;
     case ComputeKind::kAttentionBackward: return (attention - router) * bwd_scale;
     case ComputeKind::kRouterBackward: return router * bwd_scale;
-    case ComputeKind::kExpertsInputBackward:
-    case ComputeKind::kExpertsWeightBackward: return expert_bwd / 2;
+    case ComputeKind::kExpertsInputBackward: return expert_bwd / 2;
+    // Deferring, a layer's chunk keeps the replicas' share of its weight
+    // half (the owned experts are 1 / gathered of those held), and the
+    // owned share of every layer's chunks runs at the end.
+    case ComputeKind::kExpertsWeightBackward: return expert_bwd / 2 * (defers_owned_ ? 1 - 1 / gathered_ : 1);
+    case ComputeKind::kOwnedExpertsWeightBackward:
+      return defers_owned_ ? w.num_moe_layers * r_ * expert_bwd / 2 / gathered_ : 0;
     case ComputeKind::kSharedBackward: return w.shared_fwd_s * bwd_scale;
     case ComputeKind::kOptimizer: return w.optimizer_s;
   }

@@ -55,6 +55,8 @@ class StepTraffic {
   Topology topo_;
   int r_ = 1;
   double held_ = 1;
+  double gathered_ = 1;        // experts held per owned one (the domain sizes' product)
+  bool defers_owned_ = false;  // overlapped HybridEP: owned weight gradients at the end
 };
 
 }  // namespace xd::detail
