@@ -174,6 +174,36 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   // p_{k-1} and the MoE only o_{k-1}, so Combine(k-1) overlaps attention
   // part (a) and Dispatch(k) part (b); Combine(k) overlaps the shared experts.
   const bool replicas = computes_replicas(*exchange);
+  // Attention (a) of layer l from its input, and its core sequence by
+  // sequence: attended[l] counts the sequences done, -1 before part (a).
+  std::vector<int> attended(L, -1);
+  auto attention_a = [&](int l) {
+    LayerCache& c = layers_[l];
+    const LayerWeights<T>& W = w_.layers[l];
+    ScopedSpan span(timeline_, "attention (a)", l);
+    c.norm1.resize(Nd);
+    c.rstd1.resize(N);
+    rmsnorm_forward(c.norm1.data(), c.rstd1.data(), c.attn_in.data(), W.input_layernorm, N, d, cfg.rms_norm_eps);
+    c.q.resize((size_t)N * H * hd);
+    c.k.resize((size_t)N * KVH * hd);
+    c.v.resize((size_t)N * KVH * hd);
+    linear_forward(c.q.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
+    linear_forward(c.k.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
+    linear_forward(c.v.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
+    rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
+    rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
+    c.probs.resize((size_t)batch * H * seq * seq);
+    c.context.resize((size_t)N * H * hd);
+    attended[l] = 0;
+  };
+  auto attend = [&](int l, int upto) {
+    LayerCache& c = layers_[l];
+    const size_t b0 = attended[l];
+    attention_forward(c.context.data() + b0 * seq * H * hd, c.probs.data() + b0 * H * seq * seq,
+                      c.q.data() + b0 * seq * H * hd, c.k.data() + b0 * seq * KVH * hd,
+                      c.v.data() + b0 * seq * KVH * hd, AttentionDims{upto - attended[l], seq, H, KVH, hd});
+    attended[l] = upto;
+  };
   for (int l = 0; l < L; ++l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -181,47 +211,26 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     const MoeDims dm = dims(l);
     const T* o_prev = residual_[l].data();
     bool combined = l == 0;  // o_{l-1} is known (o_{-1} is the embedding, r_{-1} = 0)
-    if (farskip_attention(conn)) {
-      const T* partial_prev = l > 0 ? layers_[l - 1].partial.data() : o_prev;
-      c.attn_in.assign(partial_prev, partial_prev + Nd);
-    } else {
-      if (!combined) finish_combine(l - 1);
-      combined = true;
-      c.attn_in.assign(o_prev, o_prev + Nd);
-    }
-    {
-      ScopedSpan span(timeline_, "attention (a)", l);
-      c.norm1.resize(Nd);
-      c.rstd1.resize(N);
-      rmsnorm_forward(c.norm1.data(), c.rstd1.data(), c.attn_in.data(), W.input_layernorm, N, d, cfg.rms_norm_eps);
-      c.q.resize((size_t)N * H * hd);
-      c.k.resize((size_t)N * KVH * hd);
-      c.v.resize((size_t)N * KVH * hd);
-      linear_forward(c.q.data(), c.norm1.data(), W.q_proj, N, d, H * hd);
-      linear_forward(c.k.data(), c.norm1.data(), W.k_proj, N, d, KVH * hd);
-      linear_forward(c.v.data(), c.norm1.data(), W.v_proj, N, d, KVH * hd);
-      rope_forward(c.q.data(), batch, seq, H, hd, cfg.rope_theta);
-      rope_forward(c.k.data(), batch, seq, KVH, hd, cfg.rope_theta);
+    if (attended[l] < 0) {  // not begun while layer l-1 waited for its experts (below)
+      if (farskip_attention(conn)) {
+        const T* partial_prev = l > 0 ? layers_[l - 1].partial.data() : o_prev;
+        c.attn_in.assign(partial_prev, partial_prev + Nd);
+      } else {
+        if (!combined) finish_combine(l - 1);
+        combined = true;
+        c.attn_in.assign(o_prev, o_prev + Nd);
+      }
+      attention_a(l);
     }
     // Work while waiting: attention (b)'s core needs neither o_{l-1} nor the
     // router, so while Combine(l-1) is still in flight (a slower peer, a busy
     // link) it runs sequence by sequence instead of the wait; what is left
     // of it then hides Dispatch(l). Per sequence it is the same arithmetic.
-    c.probs.resize((size_t)batch * H * seq * seq);
-    c.context.resize((size_t)N * H * hd);
-    int attended = 0;  // sequences whose attention core is done
-    auto attend = [&](int upto) {
-      const size_t b0 = attended;
-      attention_forward(c.context.data() + b0 * seq * H * hd, c.probs.data() + b0 * H * seq * seq,
-                        c.q.data() + b0 * seq * H * hd, c.k.data() + b0 * seq * KVH * hd,
-                        c.v.data() + b0 * seq * KVH * hd, AttentionDims{upto - attended, seq, H, KVH, hd});
-      attended = upto;
-    };
     if (!combined) {
-      if (!moe_combine_landed(*exchange, dims(l - 1))) {
+      if (attended[l] < batch && !moe_combine_landed(*exchange, dims(l - 1))) {
         ScopedSpan span(timeline_, "attention (b)", l);
-        do attend(attended + 1);
-        while (attended < batch && !moe_combine_landed(*exchange, dims(l - 1)));
+        do attend(l, attended[l] + 1);
+        while (attended[l] < batch && !moe_combine_landed(*exchange, dims(l - 1)));
       }
       finish_combine(l - 1);
     }
@@ -240,7 +249,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     }
     auto finish_attention_b = [&] {
       ScopedSpan span(timeline_, "attention (b)", l);
-      if (attended < batch) attend(batch);
+      if (attended[l] < batch) attend(l, batch);
       c.attn_out.resize(Nd);
       linear_forward(c.attn_out.data(), c.context.data(), W.o_proj, N, H * hd, d);
     };
@@ -269,16 +278,37 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
       c.shared_out.resize(Nd);
       moe_shared_forward(c.shared_out.data(), &c.moe, c.norm2.data(), mw, dm);
     };
+    auto make_partial = [&] {
+      c.partial.resize(Nd);
+      for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];
+    };
+    const bool replicas_late = replicas && !exchange->replicas_landed(l);
     const bool shared_first =
-        last_experts_first ||
-        (l + 1 < L && (!moe_dispatch_landed(*exchange, dm) || (replicas && !exchange->replicas_landed(l))));
+        last_experts_first || (l + 1 < L && (!moe_dispatch_landed(*exchange, dm) || replicas_late));
     if (shared_first) shared_experts();
     // Work while waiting: a Dispatch still in flight after them takes
     // attention (b) sequence by sequence.
-    if (last_experts_first && attended < batch && !moe_dispatch_landed(*exchange, dm)) {
+    if (last_experts_first && attended[l] < batch && !moe_dispatch_landed(*exchange, dm)) {
       ScopedSpan span(timeline_, "attention (b)", l);
-      do attend(attended + 1);
-      while (attended < batch && !moe_dispatch_landed(*exchange, dm));
+      do attend(l, attended[l] + 1);
+      while (attended[l] < batch && !moe_dispatch_landed(*exchange, dm));
+    }
+    // Still waiting for the gathered experts (HybridEP's layer 0 most):
+    // under FarSkip attention the next layer's attention needs only p_l =
+    // o_{l-1} + a_l + s_l, known now, so its part (a) and, sequence by
+    // sequence, its core run in the wait's place.
+    const bool partial_first = !last_experts_first && shared_first && l + 1 < L &&
+                               farskip_attention(cfg.layer_connectivity(l + 1)) &&
+                               replicas && !exchange->replicas_landed(l);
+    if (partial_first) {
+      make_partial();
+      layers_[l + 1].attn_in.assign(c.partial.begin(), c.partial.end());
+      attention_a(l + 1);
+      if (!exchange->replicas_landed(l)) {
+        ScopedSpan span(timeline_, "attention (b)", l + 1);
+        do attend(l + 1, attended[l + 1] + 1);
+        while (attended[l + 1] < batch && !exchange->replicas_landed(l));
+      }
     }
     {
       ScopedSpan span(timeline_, "routed experts", l);
@@ -286,8 +316,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     }
     if (last_experts_first) finish_attention_b();
     if (!shared_first) shared_experts();
-    c.partial.resize(Nd);
-    for (size_t j = 0; j < Nd; ++j) c.partial[j] = o_prev[j] + c.attn_out[j] + c.shared_out[j];
+    if (!partial_first) make_partial();
   }
   finish_combine(L - 1);
 
