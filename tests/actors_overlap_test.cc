@@ -190,6 +190,47 @@ TEST(FarSkipOverlap, AHeavilyDelayedLinkGivesIdenticalResults) {
   EXPECT_EQ(weights, 0.0);
 }
 
+// HybridEP with the experts gathered across the delayed link (domains 2 x 1):
+// each layer's gathered experts land late, so the next layer's attention runs
+// in the wait (docs/overlap.md, "Work while waiting"), and the owned experts'
+// weight gradients wait until the end of backward. The weights are still
+// those of the undelayed run, to the bit.
+TEST(FarSkipOverlap, ExpertsGatheredOverADelayedLinkMoveWorkIntoTheWaitAndChangeNothing) {
+  const std::vector<std::string> args = {"--mode", "hybrid", "--domains", "2,1"};
+  const JobRun fast = run_farskip("gathered_fast", true, 1, args);
+  JobRun slow;
+  slow.dir = temp_dir("gathered_slow");
+  std::string yaml = farskip_yaml(true, slow.dir + "/ckpt") + cluster_yaml(1, "40ms");
+  yaml.replace(yaml.find("  eval_every: 0\n"), 16,
+               "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + slow.dir + "/trace\n");
+  auto job = testing::run_job(slow.dir, yaml, 4, args);
+  ASSERT_TRUE(job.ok()) << job.logs();
+  for (const auto& l : job.summary["losses"]) slow.losses.push_back(l.get<double>());
+  const double loss = worst_loss_difference(slow, fast);
+  const double weights = worst_weight_difference(slow, fast);
+  std::printf("[overlap] gathered over a 40 ms link vs none: worst loss difference %.2e, weights %.2e\n", loss, weights);
+  EXPECT_LT(loss, 1e-12);
+  EXPECT_EQ(weights, 0.0);
+  int ahead = 0, deferred = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(slow.dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    double attention1 = 1e300, experts0 = 1e300;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e["cat"] != "compute") continue;
+      const int layer = e.contains("args") ? e["args"]["layer"].get<int>() : -1;
+      const double ts = e["ts"].get<double>();
+      if (e["name"] == "attention (a)" && layer == 1) attention1 = std::min(attention1, ts);
+      if (e["name"] == "routed experts" && layer == 0) experts0 = std::min(experts0, ts);
+      if (e["name"] == "owned experts' weight gradients") ++deferred;
+    }
+    if (attention1 < experts0) ++ahead;
+  }
+  EXPECT_GT(ahead, 0) << "no worker began layer 1's attention while layer 0's experts were on their way";
+  EXPECT_EQ(deferred, 4) << "every worker computes its owned experts' weight gradients after the embedding's";
+}
+
 // A traced step: every worker writes a Chrome trace of it with compute
 // spans, waits, transfers on the comm threads and the shaped links'
 // transmissions, and scripts/trace_png.py draws them with gnuplot.
