@@ -73,6 +73,8 @@ __attribute__((target("avx2"))) void update_avx2(float* p, float* g, float* m, f
 
 }  // namespace
 
+// update_avx2's loop on 4 lanes. The two are written out: each square-root
+// builtin must sit in a function compiled for its own target.
 void adamw_float_span_portable(float* p, float* g, float* m, float* v, size_t n, bool decay,
                                const AdamWFloatStep& s) {
   size_t i = 0;
