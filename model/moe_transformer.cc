@@ -297,6 +297,7 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
     // under FarSkip attention the next layer's attention needs only p_l =
     // o_{l-1} + a_l + s_l, known now, so its part (a) and, sequence by
     // sequence, its core run in the wait's place.
+    // (Asked again: they may have landed while the shared experts ran.)
     const bool partial_first = !last_experts_first && shared_first && l + 1 < L &&
                                farskip_attention(cfg.layer_connectivity(l + 1)) &&
                                replicas && !exchange->replicas_landed(l);
