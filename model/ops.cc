@@ -301,15 +301,26 @@ double cross_entropy_forward_backward(T* dlogits, const T* logits, const int32_t
   return total / n;
 }
 
+// The float path (the routers' gates) takes its exponentials in SIMD float,
+// once per entry, summed in double; the double path keeps libm's exp.
 template <typename T>
 double softmax_row(T* out, const T* in, int n) {
-  double mx = in[0];
-  for (int j = 1; j < n; ++j) mx = std::max<double>(mx, in[j]);
-  double sum = 0;
-  for (int j = 0; j < n; ++j) sum += std::exp(in[j] - mx);
-  const double lse = mx + std::log(sum);
-  for (int j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(in[j] - lse));
-  return lse;
+  if constexpr (std::is_same_v<T, float>) {
+    float mx = in[0];
+    for (int j = 1; j < n; ++j) mx = std::max(mx, in[j]);
+    const double sum = detail::exp_shifted_sum(out, in, (size_t)n, mx);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < n; ++j) out[j] *= inv;
+    return mx + std::log(sum);
+  } else {
+    double mx = in[0];
+    for (int j = 1; j < n; ++j) mx = std::max<double>(mx, in[j]);
+    double sum = 0;
+    for (int j = 0; j < n; ++j) sum += std::exp(in[j] - mx);
+    const double lse = mx + std::log(sum);
+    for (int j = 0; j < n; ++j) out[j] = static_cast<T>(std::exp(in[j] - lse));
+    return lse;
+  }
 }
 
 #define XD_INSTANTIATE_OPS(T)                                                                  \

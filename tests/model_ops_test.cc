@@ -193,6 +193,24 @@ TEST(CrossEntropy, TheFloatPathMatchesTheDoublePath) {
   for (size_t i = 0; i < dd.size(); ++i) EXPECT_NEAR(df[i], dd[i], 1e-6 * 2.0 / n) << "entry " << i;
 }
 
+TEST(SoftmaxRow, TheFloatPathMatchesTheDoublePath) {
+  // Router-sized rows (1 to 64 experts) and a wide one, values up to +-20.
+  for (int n : {1, 2, 3, 7, 8, 9, 16, 64, 301}) {
+    auto x = random_vector(n, 100 + n, 20.0);
+    std::vector<float> xf(x.begin(), x.end()), pf(n);
+    std::vector<double> xd(xf.begin(), xf.end()), pd(n);
+    const double lf = softmax_row<float>(pf.data(), xf.data(), n);
+    const double ld = softmax_row<double>(pd.data(), xd.data(), n);
+    EXPECT_NEAR(lf, ld, 1e-6 * std::max(1.0, std::abs(ld))) << "n " << n;
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      EXPECT_NEAR(pf[j], pd[j], 1e-6) << "n " << n << ", entry " << j;
+      sum += pf[j];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "n " << n;
+  }
+}
+
 TEST(Attention, TheFloatPathMatchesTheDoubleReference) {
   AttentionDims dm{2, 13, 4, 2, 8};
   const size_t qn = (size_t)dm.batch * dm.seq * dm.heads * dm.head_dim;
