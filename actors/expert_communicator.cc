@@ -212,6 +212,12 @@ void ExpertCommunicator::finish(int layer, bool gather, const Status& st) {
   cv_.notify_all();
 }
 
+int ExpertCommunicator::reduce_levels() const {
+  int n = 0;
+  for (int l = 0; l < topology_.num_levels(); ++l) n += topology_.ag_peers(rank_, l).empty() ? 0 : 1;
+  return n;
+}
+
 int ExpertCommunicator::first_gather_level() const {
   for (int l = 0; l < topology_.num_levels(); ++l)
     if (!topology_.ag_peers(rank_, l).empty()) return l;

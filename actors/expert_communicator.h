@@ -93,6 +93,10 @@ class ExpertCommunicator {
   // Weights and gradient buffers of a gathered replica (layer, global expert).
   ExpertParams<float> replica(int layer, int expert);
   bool holds_replicas() const { return replicas_per_layer_ > 0; }
+  // Levels whose replica gradients this worker reduces (those with AG peers).
+  // Past the first, a level's gradients go on only once the owned experts'
+  // are final: each level adds into them (receive_reduce_level).
+  int reduce_levels() const;
   size_t replica_bytes() const;  // weights of all replicas, all layers
 
   // Transfers and waits go here (may be null); set before the first start_gather.

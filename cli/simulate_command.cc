@@ -173,7 +173,10 @@ int run_simulate(const SimulateOptions& o) {
   // The schedule of a plan's choice (its r, whether it gathers experts).
   auto shape_of = [&](const PlanCandidate& c) {
     ScheduleShape shape{job.train.model, c.pipeline_degree, job.train.farskip.overlapped, false};
-    for (int s : c.domain_sizes) shape.gathers_experts = shape.gathers_experts || s > 1;
+    int levels = 0;  // of gathered replicas
+    for (int s : c.domain_sizes) levels += s > 1 ? 1 : 0;
+    shape.gathers_experts = levels > 0;
+    shape.defers_owned_expert_weights = shape.overlapped && levels == 1;
     return shape;
   };
   Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
@@ -192,7 +195,8 @@ int run_simulate(const SimulateOptions& o) {
     workload.transport_cpu_s_per_byte = 0;  // the measured compute holds it
     plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
     const ScheduleShape again = shape_of(plan.choice());
-    if (again.pipeline_degree != shape.pipeline_degree || again.gathers_experts != shape.gathers_experts) {
+    if (again.pipeline_degree != shape.pipeline_degree || again.gathers_experts != shape.gathers_experts ||
+        again.defers_owned_expert_weights != shape.defers_owned_expert_weights) {
       shape = again;
       schedule = record_step_schedule(shape);
       if (!schedule) return fail(schedule.status().message());

@@ -233,6 +233,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   s.pipeline_degree = shape.pipeline_degree;
   s.overlapped = shape.overlapped;
   s.gathers_experts = shape.gathers_experts;
+  s.defers_owned_expert_weights = shape.defers_owned_expert_weights && shape.gathers_experts;
   Recorder rec(&s);
   const int L = cfg.num_layers;
 
@@ -247,7 +248,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   // DistributedTrainer's hooks: overlapped, a dense bucket leaves when
   // backward has finished it (group -1: the embedding's, the last).
   MoeTransformer<float>::BackwardHooks hooks;
-  hooks.defer_owned_expert_weights = shape.overlapped;
+  hooks.defer_owned_expert_weights = shape.defers_owned_expert_weights;
   hooks.grads_ready = [&](int group) {
     if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
   };

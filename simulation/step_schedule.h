@@ -11,8 +11,8 @@
 // runtime makes them. The trainer's own part of a step is added around it as
 // DistributedTrainer does it: the expert all-gathers of every layer start
 // before the forward, a layer's replica gradients leave when its expert
-// backward is done (overlapped, the owned experts' weight gradients wait until
-// the end of backward), dense-gradient buckets leave as backward finishes them
+// backward is done (overlapped with one level of replicas, the owned experts'
+// weight gradients wait until the end of backward), dense-gradient buckets leave as backward finishes them
 // (at the end when not overlapped), and the expert gradients' norm is summed
 // once the replica gradients are home, beside the buckets. Durations and bytes are not part of the schedule: the
 // simulator (simulation/simgrid_replay.h) prices them from the planner's
@@ -92,6 +92,7 @@ struct StepSchedule {
   int pipeline_degree = 1;
   bool overlapped = false;
   bool gathers_experts = false;
+  bool defers_owned_expert_weights = false;  // kOwnedExpertsWeightBackward at the end of backward
   std::string describe() const;  // one op per line, for `xdmoe simulate --show-schedule`
 };
 
@@ -100,6 +101,9 @@ struct ScheduleShape {
   int pipeline_degree = 1;      // r
   bool overlapped = false;      // farskip.overlapped
   bool gathers_experts = false; // some domain size > 1 (HybridEP): AG and replica gradients
+  // Overlapped with exactly one domain size > 1, the runtime computes the
+  // owned experts' weight gradients after the embedding's (DistributedTrainer).
+  bool defers_owned_expert_weights = false;
 };
 
 // Errors: the model config does not validate, r < 1.

@@ -260,7 +260,9 @@ TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
   ASSERT_TRUE(job.ok()) << job.logs();
   auto cfg = parse_job_config(yaml, "<test>");
   ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
-  auto s = record_step_schedule(ScheduleShape{cfg->train.model, 2, true, true});
+  // Domains 1 x 2: one level of replicas, so the owned experts' weight
+  // gradients come after the embedding's.
+  auto s = record_step_schedule(ScheduleShape{cfg->train.model, 2, true, true, true});
   ASSERT_TRUE(s.has_value());
   // The schedule's compute, chunks of one span merged into one.
   auto span_of = [](ComputeKind k) -> std::string {

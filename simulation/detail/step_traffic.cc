@@ -12,7 +12,7 @@ StepTraffic::StepTraffic(const SimulationInputs& in, const StepSchedule& schedul
   for (int s : in.domain_sizes) gathered *= s;
   held_ = in.workload.experts_per_worker * gathered;
   gathered_ = gathered;
-  defers_owned_ = schedule.overlapped && schedule.gathers_experts;
+  defers_owned_ = schedule.defers_owned_expert_weights;
 }
 
 double StepTraffic::compute_seconds(ComputeKind kind) const {

@@ -56,7 +56,7 @@ class StepTraffic {
   int r_ = 1;
   double held_ = 1;
   double gathered_ = 1;        // experts held per owned one (the domain sizes' product)
-  bool defers_owned_ = false;  // overlapped HybridEP: owned weight gradients at the end
+  bool defers_owned_ = false;  // owned experts' weight gradients at the end (StepSchedule)
 };
 
 }  // namespace xd::detail
