@@ -51,7 +51,13 @@ class AdamW {
  private:
   AdamWConfig config_;
   std::vector<T> m_, v_;
-  std::vector<unsigned char> decay_;  // 1 where weight decay applies
+  // Maximal runs of elements that share their weight decay, in order: run k
+  // ends (exclusive) at runs_[k].end. Built once, walked by every step.
+  struct DecayRun {
+    size_t end;
+    bool decay;
+  };
+  std::vector<DecayRun> runs_;
   int64_t step_count_ = 0;
 };
 
