@@ -44,6 +44,23 @@ std::string cluster_yaml(int r, const std::string& dc_latency = "0ms") {
          "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n    pipeline_degree: " + std::to_string(r) + "\n";
 }
 
+// The FarSkip job (overlapped) on `cluster`, with step 4 traced into <dir>/trace.
+std::string traced_yaml(const std::string& dir, const std::string& cluster) {
+  std::string yaml = farskip_yaml(true, dir + "/ckpt") + cluster;
+  yaml.replace(yaml.find("  eval_every: 0\n"), 16, "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + dir + "/trace\n");
+  return yaml;
+}
+
+// One worker's Chrome trace of step 4; a failure, and no events, when it wrote none.
+nlohmann::json step4_trace(const std::string& dir, int rank) {
+  std::ifstream in(dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
+  if (!in) {
+    ADD_FAILURE() << "rank " << rank << " wrote no trace";
+    return nlohmann::json{{"traceEvents", nlohmann::json::array()}};
+  }
+  return nlohmann::json::parse(in);
+}
+
 std::string temp_dir(const std::string& name) {
   return (fs::temp_directory_path() / ("xdmoe_overlap_" + name + "_" + std::to_string(::getpid()))).string();
 }
@@ -200,10 +217,7 @@ TEST(FarSkipOverlap, ExpertsGatheredOverADelayedLinkMoveWorkIntoTheWaitAndChange
   const JobRun fast = run_farskip("gathered_fast", true, 1, args);
   JobRun slow;
   slow.dir = temp_dir("gathered_slow");
-  std::string yaml = farskip_yaml(true, slow.dir + "/ckpt") + cluster_yaml(1, "40ms");
-  yaml.replace(yaml.find("  eval_every: 0\n"), 16,
-               "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + slow.dir + "/trace\n");
-  auto job = testing::run_job(slow.dir, yaml, 4, args);
+  auto job = testing::run_job(slow.dir, traced_yaml(slow.dir, cluster_yaml(1, "40ms")), 4, args);
   ASSERT_TRUE(job.ok()) << job.logs();
   for (const auto& l : job.summary["losses"]) slow.losses.push_back(l.get<double>());
   const double loss = worst_loss_difference(slow, fast);
@@ -213,9 +227,7 @@ TEST(FarSkipOverlap, ExpertsGatheredOverADelayedLinkMoveWorkIntoTheWaitAndChange
   EXPECT_EQ(weights, 0.0);
   int ahead = 0, deferred = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    std::ifstream in(slow.dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
-    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
-    const nlohmann::json trace = nlohmann::json::parse(in);
+    const nlohmann::json trace = step4_trace(slow.dir, rank);
     double attention1 = 1e300, experts0 = 1e300;
     for (const auto& e : trace["traceEvents"]) {
       if (e["ph"] != "X" || e["cat"] != "compute") continue;
@@ -238,14 +250,10 @@ TEST(FarSkipOverlap, ExpertsGatheredOverADelayedLinkMoveWorkIntoTheWaitAndChange
 // README demo's job, no backward overlap).
 TEST(FarSkipOverlap, WithTwoLevelsOfReplicasTheOwnedWeightGradientsStayInTheirLayer) {
   const std::string dir = temp_dir("two_levels");
-  std::string yaml = farskip_yaml(true, dir + "/ckpt") + cluster_yaml(1);
-  yaml.replace(yaml.find("  eval_every: 0\n"), 16, "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + dir + "/trace\n");
-  auto job = testing::run_job(dir, yaml, 4, {"--mode", "hybrid", "--domains", "2,2"});
+  auto job = testing::run_job(dir, traced_yaml(dir, cluster_yaml(1)), 4, {"--mode", "hybrid", "--domains", "2,2"});
   ASSERT_TRUE(job.ok()) << job.logs();
   for (int rank = 0; rank < 4; ++rank) {
-    std::ifstream in(dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
-    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
-    const nlohmann::json trace = nlohmann::json::parse(in);
+    const nlohmann::json trace = step4_trace(dir, rank);
     int deferred = 0, expert_backward = 0;
     for (const auto& e : trace["traceEvents"]) {
       if (e["ph"] != "X") continue;
@@ -262,14 +270,10 @@ TEST(FarSkipOverlap, WithTwoLevelsOfReplicasTheOwnedWeightGradientsStayInTheirLa
 // transmissions, and scripts/trace_png.py draws them with gnuplot.
 TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
   const std::string dir = temp_dir("trace");
-  std::string yaml = farskip_yaml(true, dir + "/ckpt") + cluster_yaml(2);
-  yaml.replace(yaml.find("  eval_every: 0\n"), 16, "  eval_every: 0\n  trace_steps: [4]\n  trace_dir: " + dir + "/trace\n");
-  auto job = testing::run_job(dir, yaml, 4, {"--mode", "hybrid", "--domains", "1,2"});
+  auto job = testing::run_job(dir, traced_yaml(dir, cluster_yaml(2)), 4, {"--mode", "hybrid", "--domains", "1,2"});
   ASSERT_TRUE(job.ok()) << job.logs();
   for (int rank = 0; rank < 4; ++rank) {
-    std::ifstream in(dir + "/trace/trace-step4-rank" + std::to_string(rank) + ".json");
-    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
-    const nlohmann::json trace = nlohmann::json::parse(in);
+    const nlohmann::json trace = step4_trace(dir, rank);
     std::set<std::string> names, categories, rows;
     std::set<int> lanes;
     for (const auto& e : trace["traceEvents"]) {
