@@ -1,5 +1,6 @@
 #include "actors/distributed_trainer.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <cmath>
@@ -29,6 +30,15 @@ double peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return double(u.ru_maxrss) * 1024.0;
+}
+
+// The CPUs this process may run on (its affinity mask, as taskset or a
+// Slurm allocation sets it), at least 1.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 }  // namespace
 
@@ -323,6 +333,7 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
 Expected<StepMetrics> DistributedTrainer::step() {
   const TrainConfig& tc = job_.train;
   const auto start = std::chrono::steady_clock::now();
+  if (last_cpu_s_ < 0) last_cpu_s_ = process_cpu_seconds();
   const bool traced = traces(step_ + 1);
   timeline_.set_enabled(traced);
   exchange_->set_step(static_cast<uint32_t>(step_));
@@ -429,6 +440,12 @@ Expected<StepMetrics> DistributedTrainer::step() {
   last_optimizer_s_ = optimizer_s;
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
+  // Since the previous step returned, so that consecutive reports tile the
+  // process's CPU time (its comm threads work between steps too).
+  const double cpu_now = process_cpu_seconds();
+  m.cpu_s = std::max(0.0, cpu_now - last_cpu_s_);
+  last_cpu_s_ = cpu_now;
+  m.cpus = usable_cpus();
   // A new plan takes effect at this boundary: the next step's replicas have
   // not started moving yet. Every worker switches at the same step.
   if (next_plan_ && next_plan_->step <= step_)

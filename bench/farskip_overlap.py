@@ -157,6 +157,8 @@ def main():
                 "step_over_bound": round(j["step_over_bound"], 3),
                 "phase_floor_ms": round(j.get("phase_floor_s", 0) * 1e3, 1),
                 "step_over_phase_floor": round(j.get("step_over_phase_floor", 0), 3),
+                "cpu_floor_ms": round(j.get("cpu_floor_s", 0) * 1e3, 1),
+                "step_over_cpu_floor": round(j.get("step_over_cpu_floor", 0), 3),
                 "predicted_ms": round(j.get("startup_predicted_step_s", j["predicted_step_s"]) * 1e3, 1),
                 "predicted_live_ms": round(j.get("mean_predicted_step_s", 0) * 1e3, 1),
                 "predicted_measured_compute_ms": round(j.get("predicted_with_measured_compute_s", 0) * 1e3, 1),
@@ -174,7 +176,7 @@ def main():
         w.writerows(rows)
     lines = []
     header = (f"{'setting':9} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
-              f"{'bwd ovl%':>8} {'slowest':>11} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'step/flr':>8} {'pred ms':>8} {'live ms':>8} "
+              f"{'bwd ovl%':>8} {'slowest':>11} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'step/flr':>8} {'step/cpu':>8} {'pred ms':>8} {'live ms':>8} "
               f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
@@ -182,7 +184,7 @@ def main():
                      f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
                      f"{'%.0f/%.0f' % (r['critical_fwd_overlap_pct'], r['critical_bwd_overlap_pct']):>11} "
                      f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
-                     f"{r['step_over_bound']:>8.2f} {r['step_over_phase_floor']:>8.2f} {r['predicted_ms']:>8} {r['predicted_live_ms']:>8} "
+                     f"{r['step_over_bound']:>8.2f} {r['step_over_phase_floor']:>8.2f} {r['step_over_cpu_floor']:>8.2f} {r['predicted_ms']:>8} {r['predicted_live_ms']:>8} "
                      f"{r['predicted_measured_compute_ms']:>7} "
                      f"{r['final_loss']:>7}")
     for name in a.settings.split(","):
@@ -192,6 +194,8 @@ def main():
                  "fwd/bwd overlap of the slowest worker (the critical path; no spread in its waits); spread: the "
                  "slowest worker's compute minus the fastest's, which the others wait out as exposed time")
     lines.append("step/flr: step / phase floor, each phase's own max(compute, link) summed (docs/overlap.md)")
+    lines.append("step/cpu: step / CPU floor, the workers' CPU time (every thread) over this machine's cores: "
+                 "1.00 kept every core busy with the job (docs/overlap.md)")
     lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "
                  "re-fitted during the run (docs/planner.md, \"During a run\"); pred*: the prediction again with "
                  "the compute the whole run measured")

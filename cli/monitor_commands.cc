@@ -146,10 +146,12 @@ void print_status(const nlohmann::json& s) {
     std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  bound %s ms (step / bound %s; phase floor %s ms, step / phase floor %s), overlap forward %s%%, "
-                "backward %s%% (the slowest worker's %s%%, %s%%), compute spread %s ms\n",
+    std::printf("  bound %s ms (step / bound %s; phase floor %s ms, step / phase floor %s; CPU floor %s ms, step / "
+                "CPU floor %s), overlap forward %s%%, backward %s%% (the slowest worker's %s%%, %s%%), compute spread "
+                "%s ms\n",
                 num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
                 num(l, "phase_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_phase_floor", "%.2f").c_str(),
+                num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str(),
                 num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_bwd_overlap_percent", "%.0f").c_str(), num(l, "compute_spread_s", "%.1f", 1e3).c_str());
@@ -248,9 +250,11 @@ int run_metrics(const MonitorFlags& f) {
                   num(l, ("critical_" + p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),
                   num(l, ("critical_" + p + "_overlap_percent").c_str(), "%.0f").c_str());
     }
-    std::printf("  bound %s ms, step / bound %s; phase floor %s ms, step / phase floor %s\n",
+    std::printf("  bound %s ms, step / bound %s; phase floor %s ms, step / phase floor %s; CPU floor %s ms, step / "
+                "CPU floor %s\n",
                 num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
-                num(l, "phase_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_phase_floor", "%.2f").c_str());
+                num(l, "phase_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_phase_floor", "%.2f").c_str(),
+                num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str());
     std::printf("  compute spread %s ms (slowest worker's compute minus the fastest's: exposed time no overlap hides)\n",
                 num(l, "compute_spread_s", "%.1f", 1e3).c_str());
     std::printf("%-32s %14s\n", "link class / operation", "bytes");

@@ -151,6 +151,7 @@ json to_json(const StepMetrics& m) {
           {"fwd_comm_s", m.fwd_comm_s},   {"fwd_exposed_s", m.fwd_exposed_s},
           {"bwd_comm_s", m.bwd_comm_s},   {"bwd_exposed_s", m.bwd_exposed_s},
           {"codec_s", m.codec_s},
+          {"cpu_s", m.cpu_s},         {"cpus", m.cpus},
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
@@ -179,6 +180,8 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("bwd_comm_s", &m.bwd_comm_s);
     f.get("bwd_exposed_s", &m.bwd_exposed_s);
     f.get("codec_s", &m.codec_s);
+    f.get("cpu_s", &m.cpu_s);
+    f.get("cpus", &m.cpus);
     f.get("predicted_step_s", &m.predicted_step_s);
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);
@@ -187,6 +190,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("link_bursts", &m.link_bursts);
     f.get("skipped", &m.skipped);
   }));
+  if (!(m.cpu_s >= 0) || m.cpus < 0) return Status::invalid_argument("metrics.cpu_s and metrics.cpus must be >= 0");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

@@ -38,8 +38,9 @@ namespace xd {
 // link bursts; the coordinator may send a plan update mid-job. 4: workers
 // report checkpoint shards; assignments may resume from a checkpoint; metrics
 // say when the non-finite guard skipped a step. 5: the assigned JobConfig's
-// expert_parallel carries fused_encode. 6: ... and base_codec.
-inline constexpr int kProtocolVersion = 6;
+// expert_parallel carries fused_encode. 6: ... and base_codec. 7: metrics
+// carry the worker process's CPU time and the CPUs it may run on.
+inline constexpr int kProtocolVersion = 7;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -116,6 +117,12 @@ struct StepMetrics {
   // Encoding and decoding: token rows (on the compute thread, part of
   // compute_s) and expert tensors (on the expert communicator's thread).
   double codec_s = 0;
+  // CPU time of every thread of the worker's process since its previous
+  // report (the comm threads and the socket library's included), and the CPUs
+  // it may run on: the coordinator sums the first over the workers of a host
+  // and divides by the second (StepSummary::cpu_floor_s).
+  double cpu_s = 0;
+  int cpus = 0;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"

@@ -8,7 +8,7 @@
 
 namespace xd {
 
-void JobMetrics::record(int rank, const StepMetrics& m) {
+void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host) {
   last_by_rank_[rank] = m;
   StepSummary& s = pending_[m.step];
   s.step = m.step;
@@ -36,6 +36,11 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
   s.bwd_comm_s = std::max(s.bwd_comm_s, m.bwd_comm_s);
   s.bwd_exposed_s = std::max(s.bwd_exposed_s, m.bwd_exposed_s);
   s.codec_s = std::max(s.codec_s, m.codec_s);
+  if (m.cpus > 0) {
+    auto& [cpu, cpus] = pending_host_cpu_[m.step][host];
+    cpu += m.cpu_s;
+    cpus = cpus > 0 ? std::min(cpus, m.cpus) : m.cpus;
+  }
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
@@ -52,9 +57,12 @@ void JobMetrics::record(int rank, const StepMetrics& m) {
       s.ce_loss += ce / world_;
       s.aux_loss += aux / world_;
     }
+    for (const auto& [h, cpu] : pending_host_cpu_[m.step])
+      s.cpu_floor_s = std::max(s.cpu_floor_s, cpu.first / cpu.second);
     complete_.push_back(s);
     pending_.erase(m.step);
     pending_losses_.erase(m.step);
+    pending_host_cpu_.erase(m.step);
   }
 }
 
@@ -91,6 +99,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.exposed_comm_s += s.exposed_comm_s;
     out.link_busy_s += s.link_busy_s;
     out.phase_floor_s += s.phase_floor_s;
+    out.cpu_floor_s += s.cpu_floor_s;
     out.fwd_comm_s += s.fwd_comm_s;
     out.fwd_exposed_s += s.fwd_exposed_s;
     out.bwd_comm_s += s.bwd_comm_s;
@@ -120,6 +129,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
   out.phase_floor_s /= n;
+  out.cpu_floor_s /= n;
   out.fwd_comm_s /= n;
   out.fwd_exposed_s /= n;
   out.bwd_comm_s /= n;
@@ -165,6 +175,8 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"step_over_bound", s.step_over_bound()},
           {"phase_floor_s", s.phase_floor_s},
           {"step_over_phase_floor", s.step_over_phase_floor()},
+          {"cpu_floor_s", s.cpu_floor_s},
+          {"step_over_cpu_floor", s.step_over_cpu_floor()},
           {"predicted_step_s", s.predicted_step_s},
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
@@ -220,6 +232,11 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
          "other's idle link.", s->phase_floor_s},
         {"step_over_phase_floor", "Step time / phase floor; 1 leaves nothing for a schedule to overlap better.",
          s->step_over_phase_floor()},
+        {"cpu_floor_seconds",
+         "The workers' CPU time on their busiest host over its CPUs: the step cannot be shorter on those cores.",
+         s->cpu_floor_s},
+        {"step_over_cpu_floor", "Step time / CPU floor; 1 kept every core of the busiest host busy with the job.",
+         s->step_over_cpu_floor()},
         {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},

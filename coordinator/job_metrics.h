@@ -44,6 +44,12 @@ struct StepSummary {
   // max over workers: at least the bound, above it when a phase's traffic
   // outlasts its compute while the other phase's link idles.
   double phase_floor_s = 0;
+  // The workers' CPU time on their busiest host over its CPUs (each worker's
+  // StepMetrics::cpu_s, summed by host): the step cannot be shorter on those
+  // cores, however it overlaps. Above the bound when more threads share a
+  // host's cores than it has: then the workers' compute waits for a core, and
+  // the cores, not the schedule, set the step. 0 when no worker reported it.
+  double cpu_floor_s = 0;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;                   // max
   std::map<std::string, double> bytes;         // sum
@@ -61,6 +67,9 @@ struct StepSummary {
   // How far the schedule is from what each phase's own traffic and compute
   // allow: 1.0 leaves nothing to overlap better.
   double step_over_phase_floor() const { return phase_floor_s > 0 ? step_s / phase_floor_s : 0.0; }
+  // How much of its hosts' cores the step left idle: 1.0 kept the busiest
+  // host's every core busy with the job's work.
+  double step_over_cpu_floor() const { return cpu_floor_s > 0 ? step_s / cpu_floor_s : 0.0; }
   // The routing's A2A imbalance on a link class: its token hops' larger
   // sides over their mean, `link`/moe_peak_raw over the raw rows sent (>= 1);
   // 0 when no token row crossed it this step.
@@ -73,7 +82,9 @@ struct StepSummary {
 class JobMetrics {
  public:
   explicit JobMetrics(int world_size) : world_(world_size) {}
-  void record(int rank, const StepMetrics& m);
+  // `host`: the host the worker registered from; workers of one host share
+  // its cores (StepSummary::cpu_floor_s).
+  void record(int rank, const StepMetrics& m, const std::string& host = "");
   // Steps every worker has reported, in order.
   const std::vector<StepSummary>& complete_steps() const { return complete_; }
   const StepSummary* last_complete() const { return complete_.empty() ? nullptr : &complete_.back(); }
@@ -91,6 +102,8 @@ class JobMetrics {
   int world_;
   std::map<int64_t, StepSummary> pending_;
   std::map<int64_t, std::vector<std::array<double, 3>>> pending_losses_;  // by rank: loss, ce, aux
+  // By step, per host: the workers' CPU seconds and the fewest CPUs one reported.
+  std::map<int64_t, std::map<std::string, std::pair<double, int>>> pending_host_cpu_;
   std::vector<StepSummary> complete_;
   std::map<int, StepMetrics> last_by_rank_;
   std::map<int64_t, double> predicted_from_;  // step -> the prediction from it on

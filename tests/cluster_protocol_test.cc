@@ -143,9 +143,16 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
   m.bytes = {{"dc/moe_dispatch", 1e6}};
   m.gather_wait_s = {0.1, 0.2};
   m.phase_floor_s = 0.41;
+  m.cpu_s = 0.73;
+  m.cpus = 2;
   ASSERT_TRUE(from_json(to_json(m), &m2).is_ok());
   EXPECT_EQ(to_json(m2), to_json(m));
   EXPECT_EQ(m2.phase_floor_s, 0.41);
+  EXPECT_EQ(m2.cpu_s, 0.73);
+  EXPECT_EQ(m2.cpus, 2);
+  json negative = to_json(m);
+  negative["cpu_s"] = -1.0;
+  EXPECT_EQ(from_json(negative, &m2).code(), Status::Code::kInvalidArgument);
 
   ErrorReport e{"boom"}, e2;
   ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());

@@ -94,6 +94,31 @@ TEST(JobMetrics, ThePhaseFloorIsTheHighestWorkersAndTheStepIsMeasuredAgainstIt) 
   EXPECT_NE(text.find("xdmoe_step_over_phase_floor{job=\"j\"} 2\n"), std::string::npos) << text;
 }
 
+TEST(JobMetrics, TheCpuFloorIsTheBusiestHostsWorkersCpuTimeOverItsCores) {
+  JobMetrics metrics(3);
+  StepMetrics a = report(1, 0.30, 0.1), b = report(1, 0.30, 0.1), c = report(1, 0.30, 0.1);
+  a.step_s = b.step_s = c.step_s = 0.5;
+  a.cpu_s = 0.40, b.cpu_s = 0.50, c.cpu_s = 0.30;  // a and b share host-a's 2 cores
+  a.cpus = b.cpus = 2, c.cpus = 4;
+  metrics.record(0, a, "host-a");
+  metrics.record(2, c, "host-b");
+  metrics.record(1, b, "host-a");
+  ASSERT_NE(metrics.last_complete(), nullptr);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_NEAR(s.cpu_floor_s, 0.45, 1e-12);  // host-a: 0.9 s of CPU on 2 cores; host-b: 0.075
+  EXPECT_NEAR(s.step_over_cpu_floor(), 0.5 / 0.45, 1e-12);
+  a.step = b.step = c.step = 2;
+  a.cpus = b.cpus = c.cpus = 0;  // a worker that does not know its cores reports none
+  metrics.record(0, a, "host-a");
+  metrics.record(1, b, "host-a");
+  metrics.record(2, c, "host-b");
+  EXPECT_EQ(metrics.last_complete()->cpu_floor_s, 0.0);
+  EXPECT_EQ(metrics.last_complete()->step_over_cpu_floor(), 0.0);
+  const std::string text = metrics.prometheus("j", {"running", "running", "running"});
+  EXPECT_NE(text.find("xdmoe_cpu_floor_seconds{job=\"j\"} 0\n"), std::string::npos) << text;
+  EXPECT_NEAR(metrics.mean(0).cpu_floor_s, 0.225, 1e-12);
+}
+
 TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) {
   JobMetrics metrics(1);
   metrics.record(0, report(1, 0.3, 0.5));
