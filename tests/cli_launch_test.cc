@@ -100,6 +100,10 @@ TEST_F(Launch, AHostfileJobOverSshTrainsExactlyAsTheSameJobLaunchedHere) {
   const nlohmann::json local = summary("local"), remote = summary("ssh");
   ASSERT_EQ(local["losses"].size(), 6u);
   EXPECT_EQ(remote["losses"], local["losses"]);
+  // The workers reported their CPU time: the cores of this machine (the one
+  // host) cannot have run more than they have each step.
+  EXPECT_GT(local["cpu_floor_s"].get<double>(), 0.0) << local.dump();
+  EXPECT_GT(local["step_over_cpu_floor"].get<double>(), 0.8) << local.dump();
 }
 
 TEST_F(Launch, AWorkerThatCannotStartStopsTheWholeJob) {
