@@ -38,12 +38,27 @@ void linear_backward(T* din, T* dweight, const T* dout, const T* in, const T* we
   if (dweight) gemm<T>(true, false, out_f, in_f, n, T(1), dout, out_f, in, in_f, T(1), dweight, in_f);
 }
 
+namespace {
+// Sums of products in double, in four interleaved partial sums added
+// pairwise at the end: a fixed order, so every rank and run gets the same
+// bits, without each add waiting on the one before (a single running sum is
+// bound by the add's latency, not by the loads).
+template <typename Term>
+double interleaved_sum(int d, Term term) {
+  double s[4] = {0, 0, 0, 0};
+  int j = 0;
+  for (; j + 4 <= d; j += 4)
+    for (int k = 0; k < 4; ++k) s[k] += term(j + k);
+  for (; j < d; ++j) s[j % 4] += term(j);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+}  // namespace
+
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* in, const T* weight, int n, int d, double eps) {
   for (int i = 0; i < n; ++i) {
     const T* x = in + (size_t)i * d;
-    double ss = 0;
-    for (int j = 0; j < d; ++j) ss += (double)x[j] * x[j];
+    const double ss = interleaved_sum(d, [x](int j) { return (double)x[j] * x[j]; });
     double r = 1.0 / std::sqrt(ss / d + eps);
     rstd[i] = static_cast<T>(r);
     T* y = out + (size_t)i * d;
@@ -59,11 +74,8 @@ void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* w
     const T* g = dout + (size_t)i * d;
     double r = rstd[i];
     // y = w * x * r; dx = r * (w*g) - r^3/d * x * sum(w*g*x)
-    double dot = 0;
-    for (int j = 0; j < d; ++j) {
-      dot += (double)g[j] * weight[j] * x[j];
-      dweight[j] += static_cast<T>(g[j] * x[j] * r);
-    }
+    const double dot = interleaved_sum(d, [&](int j) { return (double)g[j] * weight[j] * x[j]; });
+    for (int j = 0; j < d; ++j) dweight[j] += static_cast<T>(g[j] * x[j] * r);
     double c = r * r * r * dot / d;
     T* dx = din + (size_t)i * d;
     for (int j = 0; j < d; ++j) dx[j] += static_cast<T>(r * g[j] * weight[j] - c * x[j]);
