@@ -173,9 +173,13 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
   in_counts[me] = out_counts[me];
   std::vector<int> in_off(members + 1, 0);
   for (int i = 0; i < members; ++i) in_off[i + 1] = in_off[i] + in_counts[i];
-  // Members in order, each at in_off[i]: appended, not copied over zeros.
+  // Members in order, each at in_off[i]: forward, appended (not copied over
+  // zeros); back toward the sources, each row written once, straight to its
+  // place in the send order.
   std::vector<float> result;
-  result.reserve((size_t)in_off[members] * width);
+  std::vector<const float*> result_rows;
+  if (forward) result.reserve((size_t)in_off[members] * width);
+  else result_rows.reserve(in_off[members]);
   std::vector<int> result_ids;
   result_ids.reserve(ids ? in_off[members] : 0);
   for (int i = 0; i < members; ++i) {
@@ -191,7 +195,9 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
       rows = decoded[i].empty() ? static_cast<const float*>(received[i].tensor_data(frame)) : decoded[i].data();
       row_ids = ids ? static_cast<const int32_t*>(received[i].tensor_data(0)) : nullptr;
     }
-    result.insert(result.end(), rows, rows + n);
+    if (forward) result.insert(result.end(), rows, rows + n);
+    else
+      for (int t = 0; t < in_counts[i]; ++t) result_rows.push_back(rows + (size_t)t * width);
     if (ids) result_ids.insert(result_ids.end(), row_ids, row_ids + in_counts[i]);
   }
   if (wait_sends)
@@ -202,8 +208,8 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     *data = std::move(result);
     if (ids) *ids = std::move(result_ids);
   } else {
-    XD_CHECK(result.size() == hop->send_order.size() * (size_t)width);
-    *data = detail::rows_scattered(result.data(), hop->send_order, width);
+    XD_CHECK(result_rows.size() == hop->send_order.size());
+    *data = detail::rows_scattered(result_rows, hop->send_order, width);
   }
   return Status::ok();
 }

@@ -18,14 +18,30 @@ inline std::vector<float> rows_gathered(const float* src, const std::vector<int>
   return out;
 }
 
-// Row order[k] of the result is row k of `src`; `order` is a permutation.
-inline std::vector<float> rows_scattered(const float* src, const std::vector<int>& order, int width) {
+// The inverse permutation of `order`: inverse[order[k]] = k.
+inline std::vector<int> inverse_order(const std::vector<int>& order) {
   std::vector<int> inverse(order.size(), -1);
   for (size_t k = 0; k < order.size(); ++k) {
     XD_CHECK(order[k] >= 0 && (size_t)order[k] < order.size() && inverse[order[k]] < 0);
     inverse[order[k]] = static_cast<int>(k);
   }
-  return rows_gathered(src, inverse, width);
+  return inverse;
+}
+
+// Row order[k] of the result is row k of `src`; `order` is a permutation.
+inline std::vector<float> rows_scattered(const float* src, const std::vector<int>& order, int width) {
+  return rows_gathered(src, inverse_order(order), width);
+}
+
+// Row order[k] of the result is the `width` floats at rows[k]: the rows of
+// several buffers scattered in one copy, without first joining them.
+inline std::vector<float> rows_scattered(const std::vector<const float*>& rows, const std::vector<int>& order,
+                                         int width) {
+  XD_CHECK(rows.size() == order.size());
+  std::vector<float> out;
+  out.reserve(order.size() * (size_t)width);
+  for (int k : inverse_order(order)) out.insert(out.end(), rows[k], rows[k] + width);
+  return out;
 }
 
 }  // namespace xd::detail
