@@ -175,11 +175,11 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
   MoeTransformer<float>::BackwardHooks hooks;
   // Overlapped, the owned experts' weight gradients run while the replicas'
-  // and the last dense buckets cross the links, instead of before them. Not
-  // with two levels of replicas (domains such as 2 x 2): there each layer's
-  // outer-level gradients leave only once the owned ones are final, so
-  // deferring them would hold all of that traffic until the end of backward.
-  hooks.defer_owned_expert_weights = job_.train.farskip.overlapped && c->reduce_levels() == 1;
+  // and the last dense buckets cross the links, instead of before them. With
+  // two levels of replicas (domains such as 2 x 2) an outer level's
+  // gradients leave without them too: an inner level's share of the owned
+  // experts' is held back until they are final (detail::HeldBackGradients).
+  hooks.defer_owned_expert_weights = job_.train.farskip.overlapped;
   const int layers = mc.num_layers;
   const bool norm_in_backward = !c->holds_replicas() && job_.train.farskip.overlapped;
   hooks.experts_done = [this, c, norm_in_backward](int layer) {

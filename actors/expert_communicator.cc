@@ -6,6 +6,7 @@
 
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/expert_wire_codec.h"
+#include "actors/detail/held_back_gradients.h"
 #include "actors/detail/work_thread.h"
 
 namespace xd {
@@ -210,12 +211,6 @@ void ExpertCommunicator::finish(int layer, bool gather, const Status& st) {
   if (!st.is_ok() && status_.is_ok()) status_ = st;
   (gather ? state_[layer].gathered : state_[layer].reduced) = true;
   cv_.notify_all();
-}
-
-int ExpertCommunicator::reduce_levels() const {
-  int n = 0;
-  for (int l = 0; l < topology_.num_levels(); ++l) n += topology_.ag_peers(rank_, l).empty() ? 0 : 1;
-  return n;
 }
 
 int ExpertCommunicator::first_gather_level() const {
@@ -588,30 +583,62 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
   return Status::ok();
 }
 
-Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x) {
-  // The owned experts' gradients are still being written on the compute
-  // thread; the messages keep arriving meanwhile, and are added after, in
-  // peer order: the same sums as when nothing overlapped.
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout_, [&] { return state_[layer].owned_final; }))
-      return Status::timeout("layer " + std::to_string(layer) + ": the owned experts' gradients were not final after " +
-                             std::to_string(timeout_.count()) + " ms");
-  }
+Status ExpertCommunicator::wait_owned_final(int layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout_, [&] { return state_[layer].owned_final; }))
+    return Status::timeout("layer " + std::to_string(layer) + ": the owned experts' gradients were not final after " +
+                           std::to_string(timeout_.count()) + " ms");
+  return Status::ok();
+}
+
+Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange* x,
+                                                std::unique_ptr<detail::HeldBackGradients>* held_back) {
   // Every peer sends the gradients of this worker's held experts.
   const std::vector<ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
-  return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
+  if (!held_back) {
+    // The owned experts' gradients are still being written on the compute
+    // thread; the messages keep arriving meanwhile, and are added after, in
+    // peer order: the same sums as when nothing overlapped.
+    XD_RETURN_IF_ERROR(wait_owned_final(layer));
+    return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
+  }
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  *held_back = std::make_unique<detail::HeldBackGradients>(mine, grad_refs(layer, {rank_}), peers.size(),
+                                                           expert_floats_);
+  detail::HeldBackGradients& held = **held_back;
+  return receive_level(l, x, /*gather=*/false, [&](int peer) {
+    return held.refs_for(static_cast<size_t>(std::find(peers.begin(), peers.end(), peer) - peers.begin()));
+  });
 }
 
 Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange* first_sent) {
   bool first = true;
+  // Inner levels' gradients of the owned experts, innermost first: added once
+  // those are final, before the outermost level's (the simple schedule's order).
+  std::vector<std::unique_ptr<detail::HeldBackGradients>> held_back;
   for (int l = topology_.num_levels() - 1; l >= 0; --l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
     LevelExchange own;
     LevelExchange* x = first && first_sent ? first_sent : &own;
-    if (x == &own) XD_RETURN_IF_ERROR(send_reduce_level(step, layer, l, x));
+    if (x == &own) {
+      // A trace shows when each outer level's gradients left (levels past the fourth are not named).
+      static const char* const kSendNames[] = {"replica gradients out, level 0", "replica gradients out, level 1",
+                                               "replica gradients out, level 2", "replica gradients out, level 3"};
+      ScopedSpan span(l < 4 ? timeline_ : nullptr, l < 4 ? kSendNames[l] : "", layer, Lane::kExperts);
+      XD_RETURN_IF_ERROR(send_reduce_level(step, layer, l, x));
+    }
     XD_RETURN_IF_ERROR(x->status);
-    XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x));
+    bool outer_after = false;
+    for (int o = 0; o < l; ++o) outer_after = outer_after || !topology_.ag_peers(rank_, o).empty();
+    if (outer_after) {
+      XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x, &held_back.emplace_back()));
+    } else {
+      if (!held_back.empty()) {
+        XD_RETURN_IF_ERROR(wait_owned_final(layer));
+        for (const auto& h : held_back) h->add_to_owned();
+      }
+      XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x, nullptr));
+    }
     first = false;
   }
   return Status::ok();

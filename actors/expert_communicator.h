@@ -45,6 +45,7 @@ struct ExpertTensorRef;
 struct PackSums;
 namespace detail {
 struct SignDeltaState;
+class HeldBackGradients;
 }
 
 struct ExpertCodecOptions {
@@ -93,10 +94,6 @@ class ExpertCommunicator {
   // Weights and gradient buffers of a gathered replica (layer, global expert).
   ExpertParams<float> replica(int layer, int expert);
   bool holds_replicas() const { return replicas_per_layer_ > 0; }
-  // Levels whose replica gradients this worker reduces (those with AG peers).
-  // Past the first, a level's gradients go on only once the owned experts'
-  // are final: each level adds into them (receive_reduce_level).
-  int reduce_levels() const;
   size_t replica_bytes() const;  // weights of all replicas, all layers
 
   // Transfers and waits go here (may be null); set before the first start_gather.
@@ -174,7 +171,12 @@ class ExpertCommunicator {
   std::vector<float> base_share();  // this worker's experts summed per (layer, which)
   Status receive_gather_level(int layer, int level, LevelExchange* x);
   Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
-  Status receive_reduce_level(int layer, int level, LevelExchange* x);
+  // With `held_back` (an outer level still sends after this one), what the
+  // peers send for this worker's own experts goes there instead, and nothing
+  // waits for the owned gradients; without, they are final first.
+  Status receive_reduce_level(int layer, int level, LevelExchange* x,
+                              std::unique_ptr<detail::HeldBackGradients>* held_back);
+  Status wait_owned_final(int layer);
   Status receive_level(int level, LevelExchange* x, bool gather,
                        const std::function<std::vector<ExpertTensorRef>(int peer)>& refs_of);
   std::vector<ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);

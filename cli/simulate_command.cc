@@ -176,7 +176,7 @@ int run_simulate(const SimulateOptions& o) {
     int levels = 0;  // of gathered replicas
     for (int s : c.domain_sizes) levels += s > 1 ? 1 : 0;
     shape.gathers_experts = levels > 0;
-    shape.defers_owned_expert_weights = shape.overlapped && levels == 1;
+    shape.defers_owned_expert_weights = shape.overlapped && levels > 0;
     return shape;
   };
   Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);

@@ -11,7 +11,7 @@
 // runtime makes them. The trainer's own part of a step is added around it as
 // DistributedTrainer does it: the expert all-gathers of every layer start
 // before the forward, a layer's replica gradients leave when its expert
-// backward is done (overlapped with one level of replicas, the owned experts'
+// backward is done (overlapped with replicas, the owned experts'
 // weight gradients wait until the end of backward), dense-gradient buckets leave as backward finishes them
 // (at the end when not overlapped), and the expert gradients' norm is summed
 // once the replica gradients are home, beside the buckets. Durations and bytes are not part of the schedule: the
@@ -101,7 +101,7 @@ struct ScheduleShape {
   int pipeline_degree = 1;      // r
   bool overlapped = false;      // farskip.overlapped
   bool gathers_experts = false; // some domain size > 1 (HybridEP): AG and replica gradients
-  // Overlapped with exactly one domain size > 1, the runtime computes the
+  // Overlapped with replicas (a domain size > 1), the runtime computes the
   // owned experts' weight gradients after the embedding's (DistributedTrainer).
   bool defers_owned_expert_weights = false;
 };
