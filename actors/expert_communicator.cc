@@ -63,10 +63,12 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
                .is_ok());
   actor_ = std::make_unique<detail::WorkThread>("expert-comm");
   sender_ = std::make_unique<detail::WorkThread>("expert-send");
+  owned_ = std::make_unique<detail::WorkThread>("expert-owned");
 }
 
 ExpertCommunicator::~ExpertCommunicator() {
   // The receiving actor may wait for the sender: stop it first.
+  owned_.reset();  // waits for the receiving actor
   actor_.reset();
   sender_.reset();
 }
@@ -115,16 +117,19 @@ double ExpertCommunicator::take_codec_seconds() {
 }
 
 void ExpertCommunicator::drain() {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  actor_->post([&] {
-    std::lock_guard<std::mutex> lock(m);
-    done = true;
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(m);
-  cv.wait(lock, [&] { return done; });
+  // The owned-gradient thread's closures follow the receiving actor's.
+  for (Actor* a : {actor_.get(), owned_.get()}) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    a->post([&] {
+      std::lock_guard<std::mutex> lock(m);
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return done; });
+  }
 }
 
 uint64_t ExpertCommunicator::tensor_key(int layer, int expert, int which) const {
@@ -438,10 +443,18 @@ void ExpertCommunicator::start_reduce(uint32_t step, int layer) {
       }
     done->set_value();
   });
-  actor_->post([this, step, layer, x, sent] {
+  auto pending = std::make_shared<PendingReduce>();
+  auto received = std::make_shared<std::promise<void>>();
+  std::shared_future<void> replicas_done = received->get_future().share();
+  actor_->post([this, step, layer, x, sent, pending, received] {
     ScopedSpan span(timeline_, "replica gradients", layer, Lane::kExperts);
     sent.wait();
-    finish(layer, false, reduce_layer(step, layer, x.get()));
+    pending->status = reduce_replicas(step, layer, x, pending.get());
+    received->set_value();
+  });
+  owned_->post([this, layer, pending, replicas_done] {
+    replicas_done.wait();
+    finish(layer, false, pending->status.is_ok() ? reduce_owned(layer, pending.get()) : pending->status);
   });
 }
 
@@ -611,37 +624,39 @@ Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange*
   });
 }
 
-Status ExpertCommunicator::reduce_layer(uint32_t step, int layer, LevelExchange* first_sent) {
+Status ExpertCommunicator::reduce_replicas(uint32_t step, int layer, const std::shared_ptr<LevelExchange>& first_sent,
+                                           PendingReduce* pending) {
   bool first = true;
-  // Inner levels' gradients of the owned experts, innermost first: added once
-  // those are final, before the outermost level's (the simple schedule's order).
-  std::vector<std::unique_ptr<detail::HeldBackGradients>> held_back;
   for (int l = topology_.num_levels() - 1; l >= 0; --l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
-    LevelExchange own;
-    LevelExchange* x = first && first_sent ? first_sent : &own;
-    if (x == &own) {
+    std::shared_ptr<LevelExchange> x = first ? first_sent : std::make_shared<LevelExchange>();
+    if (!first) {
       // A trace shows when each outer level's gradients left (levels past the fourth are not named).
       static const char* const kSendNames[] = {"replica gradients out, level 0", "replica gradients out, level 1",
                                                "replica gradients out, level 2", "replica gradients out, level 3"};
       ScopedSpan span(l < 4 ? timeline_ : nullptr, l < 4 ? kSendNames[l] : "", layer, Lane::kExperts);
-      XD_RETURN_IF_ERROR(send_reduce_level(step, layer, l, x));
+      XD_RETURN_IF_ERROR(send_reduce_level(step, layer, l, x.get()));
     }
     XD_RETURN_IF_ERROR(x->status);
+    first = false;
     bool outer_after = false;
     for (int o = 0; o < l; ++o) outer_after = outer_after || !topology_.ag_peers(rank_, o).empty();
-    if (outer_after) {
-      XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x, &held_back.emplace_back()));
-    } else {
-      if (!held_back.empty()) {
-        XD_RETURN_IF_ERROR(wait_owned_final(layer));
-        for (const auto& h : held_back) h->add_to_owned();
-      }
-      XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x, nullptr));
+    if (!outer_after) {
+      pending->last_level = l;
+      pending->last = std::move(x);
+      return Status::ok();
     }
-    first = false;
+    XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x.get(), &pending->held_back.emplace_back()));
   }
   return Status::ok();
+}
+
+Status ExpertCommunicator::reduce_owned(int layer, PendingReduce* pending) {
+  XD_RETURN_IF_ERROR(wait_owned_final(layer));
+  // Innermost first, then the outermost level: the simple schedule's order.
+  for (const auto& held : pending->held_back) held->add_to_owned();
+  if (!pending->last) return Status::ok();
+  return receive_reduce_level(layer, pending->last_level, pending->last.get(), nullptr);
 }
 
 std::vector<ExpertTensorRef> ExpertCommunicator::gather_refs(int layer, const std::vector<int>& workers) {

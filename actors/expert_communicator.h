@@ -142,6 +142,16 @@ class ExpertCommunicator {
     double codec_s = 0, raw_bytes = 0;
     Status status;  // of the send
   };
+  // One layer's replica-gradient return between its two halves: what the
+  // receiving thread did without the owned experts' gradients, and what is
+  // left for when they are final.
+  struct PendingReduce {
+    Status status;
+    // Inner levels' messages for the owned experts, innermost first.
+    std::vector<std::unique_ptr<detail::HeldBackGradients>> held_back;
+    int last_level = -1;                  // the outermost level with peers
+    std::shared_ptr<LevelExchange> last;  // its messages, received into the owned experts
+  };
   // One layer's first-level AG rows, packed by fused_encoder().
   struct PackedRows;
   // What fused_encoder() packed for start_gather(step); compute thread only.
@@ -164,7 +174,13 @@ class ExpertCommunicator {
   // Every level in order; the first level with peers may have been sent
   // already (`first_sent`, or null), or its rows packed (`rows`, or null).
   Status gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows);
-  Status reduce_layer(uint32_t step, int layer, LevelExchange* first_sent);
+  // Every level's sends, and the receives of all but the outermost, with the
+  // owned experts' shares held back: nothing here waits for the owned
+  // gradients, so the next layer's return follows at once.
+  Status reduce_replicas(uint32_t step, int layer, const std::shared_ptr<LevelExchange>& first_sent,
+                         PendingReduce* pending);
+  // Once the owned gradients are final: the held-back shares, then the outermost level's.
+  Status reduce_owned(int layer, PendingReduce* pending);
   Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x, PackedRows* rows = nullptr);
   int first_gather_level() const;  // the outermost level with AG peers, or -1
   bool base_due(uint32_t step) const;
@@ -228,6 +244,9 @@ class ExpertCommunicator {
   Timeline* timeline_ = nullptr;
   std::unique_ptr<Actor> actor_;   // the comm thread: receives, deeper levels, the base
   std::unique_ptr<Actor> sender_;  // first-level sends, so they never queue behind receives
+  // What of each layer's gradient return waits for the owned experts'
+  // gradients, so that it never holds up the next layer's on actor_.
+  std::unique_ptr<Actor> owned_;
 };
 
 }  // namespace xd

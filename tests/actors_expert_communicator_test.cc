@@ -1,7 +1,8 @@
 // The HybridEP replica-gradient return over two levels of replicas (domains
-// 2 x 2), on four in-process workers over loopback: the outer level's
-// messages leave before the owned experts' gradients are final, and once
-// they are, every owned gradient holds every holder's share.
+// 2 x 2), on four in-process workers over loopback: every layer's outer-level
+// messages leave before the owned experts' gradients are final (one layer's
+// wait for them holds up no other's), and once they are, every owned
+// gradient holds every holder's share.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,7 +22,7 @@ constexpr int kWorld = 4;
 ModelConfig tiny_model() {
   ModelConfig c;
   c.hidden_size = 8;
-  c.num_layers = 1;
+  c.num_layers = 2;
   c.num_heads = 2;
   c.num_kv_heads = 1;
   c.max_seq_len = 8;
@@ -32,8 +33,10 @@ ModelConfig tiny_model() {
   return c;
 }
 
-// Exact in float in any order: rank r's gradient of expert e, element k.
-float share(int rank, int expert, size_t k) { return float((rank + 1) * 100 + expert * 10 + int(k % 7)); }
+// Exact in float in any order: rank r's gradient of layer l's expert e, element k.
+float share(int rank, int layer, int expert, size_t k) {
+  return float((rank + 1) * 1000 + layer * 100 + expert * 10 + int(k % 7));
+}
 
 struct Worker {
   std::unique_ptr<ParamLayout> layout;
@@ -57,36 +60,44 @@ TEST(ExpertCommunicator, WithTwoLevelsTheOuterGradientsLeaveBeforeTheOwnedOnesAr
     w.comm->zero_replica_grads();  // the owned experts' gradients are being written from now on
     // Each worker's share of every expert's gradient: its own expert in the
     // model, the three others in its replicas.
-    const LayerWeights<float>& g = w.model->grad_weights().layers[0];
-    for (size_t k = 0; k < floats; ++k) g.w1[k] = g.w3[k] = g.w2[k] = share(r, r, k);
-    for (int e = 0; e < kWorld; ++e) {
-      if (e == r) continue;
-      ExpertParams<float> p = w.comm->replica(0, e);
-      for (size_t k = 0; k < floats; ++k) p.dw1[k] = p.dw3[k] = p.dw2[k] = share(r, e, k);
+    for (int layer = 0; layer < mc.num_layers; ++layer) {
+      const LayerWeights<float>& g = w.model->grad_weights().layers[layer];
+      for (size_t k = 0; k < floats; ++k) g.w1[k] = g.w3[k] = g.w2[k] = share(r, layer, r, k);
+      for (int e = 0; e < kWorld; ++e) {
+        if (e == r) continue;
+        ExpertParams<float> p = w.comm->replica(layer, e);
+        for (size_t k = 0; k < floats; ++k) p.dw1[k] = p.dw3[k] = p.dw2[k] = share(r, layer, e, k);
+      }
     }
   }
+  // As backward finishes them: the last layer first.
+  for (Worker& w : workers) w.comm->start_reduce(0, 1);
   for (Worker& w : workers) w.comm->start_reduce(0, 0);
-  // Every worker gets its inner peer's message and its outer peer's, though
-  // no worker has said its owned gradients are final: the outer peer's
-  // leaves with the inner level's share of its owned experts held back.
+  // Every worker gets its inner peer's message and its outer peer's of both
+  // layers, though no worker has said its owned gradients are final: the
+  // outer peer's leave with the inner level's share of its owned experts
+  // held back.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (int r = 0; r < kWorld; ++r) {
-    while (transports[r]->stats().messages_received_by_kind[(int)MessageKind::kExpertGrad] < 2 &&
+    while (transports[r]->stats().messages_received_by_kind[(int)MessageKind::kExpertGrad] < 4 &&
            std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_EQ(transports[r]->stats().messages_received_by_kind[(int)MessageKind::kExpertGrad], 2u)
+    EXPECT_EQ(transports[r]->stats().messages_received_by_kind[(int)MessageKind::kExpertGrad], 4u)
         << "rank " << r << ": the outer level's gradients waited for the owned experts'";
   }
-  for (Worker& w : workers) w.comm->owned_grads_final(0);
+  for (Worker& w : workers)
+    for (int layer = 0; layer < mc.num_layers; ++layer) w.comm->owned_grads_final(layer);
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(workers[r].comm->wait_reduced().is_ok()) << workers[r].comm->status().to_string();
-    const LayerWeights<float>& g = workers[r].model->grad_weights().layers[0];
-    for (size_t k = 0; k < floats; ++k) {
-      float all = 0;
-      for (int from = 0; from < kWorld; ++from) all += share(from, r, k);
-      ASSERT_EQ(g.w1[k], all) << "rank " << r << " element " << k;
-      ASSERT_EQ(g.w3[k], all) << "rank " << r << " element " << k;
-      ASSERT_EQ(g.w2[k], all) << "rank " << r << " element " << k;
+    for (int layer = 0; layer < mc.num_layers; ++layer) {
+      const LayerWeights<float>& g = workers[r].model->grad_weights().layers[layer];
+      for (size_t k = 0; k < floats; ++k) {
+        float all = 0;
+        for (int from = 0; from < kWorld; ++from) all += share(from, layer, r, k);
+        ASSERT_EQ(g.w1[k], all) << "rank " << r << " layer " << layer << " element " << k;
+        ASSERT_EQ(g.w3[k], all) << "rank " << r << " layer " << layer << " element " << k;
+        ASSERT_EQ(g.w2[k], all) << "rank " << r << " layer " << layer << " element " << k;
+      }
     }
   }
 }
