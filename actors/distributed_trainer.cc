@@ -1,6 +1,7 @@
 #include "actors/distributed_trainer.h"
 
 #include <sched.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "actors/detail/dense_all_reduce.h"
@@ -33,12 +35,26 @@ double peak_rss_bytes() {
 }
 
 // The CPUs this process may run on (its affinity mask, as taskset or a
-// Slurm allocation sets it), at least 1.
-int usable_cpus() {
+// Slurm allocation sets it); empty when the mask cannot be read.
+std::vector<int> usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+// This machine: the kernel's boot id, which every network namespace of it
+// shares (emulated hosts are one machine), else its host name.
+std::string machine_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in && std::getline(in, id) && !id.empty()) return id;
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  return host;
 }
 }  // namespace
 
@@ -333,7 +349,7 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
 Expected<StepMetrics> DistributedTrainer::step() {
   const TrainConfig& tc = job_.train;
   const auto start = std::chrono::steady_clock::now();
-  if (last_cpu_s_ < 0) last_cpu_s_ = process_cpu_seconds();
+  const double cpu_start = process_cpu_seconds();
   const bool traced = traces(step_ + 1);
   timeline_.set_enabled(traced);
   exchange_->set_step(static_cast<uint32_t>(step_));
@@ -440,12 +456,12 @@ Expected<StepMetrics> DistributedTrainer::step() {
   last_optimizer_s_ = optimizer_s;
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();
-  // Since the previous step returned, so that consecutive reports tile the
-  // process's CPU time (its comm threads work between steps too).
-  const double cpu_now = process_cpu_seconds();
-  m.cpu_s = std::max(0.0, cpu_now - last_cpu_s_);
-  last_cpu_s_ = cpu_now;
-  m.cpus = usable_cpus();
+  // Over the step's own window, as step_s (a checkpoint written between steps is not in it).
+  m.cpu_s = std::max(0.0, process_cpu_seconds() - cpu_start);
+  static const std::vector<int> cpus = usable_cpus();
+  static const std::string machine = machine_id();
+  m.cpus = cpus;
+  m.machine = machine;
   // A new plan takes effect at this boundary: the next step's replicas have
   // not started moving yet. Every worker switches at the same step.
   if (next_plan_ && next_plan_->step <= step_)

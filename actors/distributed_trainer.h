@@ -158,7 +158,6 @@ class DistributedTrainer {
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
   double last_optimizer_s_ = 0;  // the previous step's optimizer step (StepPhases)
-  double last_cpu_s_ = -1;       // process CPU time when the previous step() returned; < 0: none yet
   bool loss_finite_ = true;     // this step's local loss
   bool norm_sum_started_ = false;  // this step's; step() clears it before backward
   double norm_sum_ = 0;         // the local squared norm, then the sum (norm_sum_handle_)

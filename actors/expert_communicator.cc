@@ -67,6 +67,12 @@ ExpertCommunicator::ExpertCommunicator(Transport* transport, Topology topology,
 }
 
 ExpertCommunicator::~ExpertCommunicator() {
+  // A wait for owned gradients that will not come (a step abandoned mid-backward) ends now.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
   // The receiving actor may wait for the sender: stop it first.
   owned_.reset();  // waits for the receiving actor
   actor_.reset();
@@ -598,9 +604,10 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
 
 Status ExpertCommunicator::wait_owned_final(int layer) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout_, [&] { return state_[layer].owned_final; }))
+  if (!cv_.wait_for(lock, timeout_, [&] { return state_[layer].owned_final || stopping_; }))
     return Status::timeout("layer " + std::to_string(layer) + ": the owned experts' gradients were not final after " +
                            std::to_string(timeout_.count()) + " ms");
+  if (!state_[layer].owned_final) return Status::unavailable("the expert communicator is stopping");
   return Status::ok();
 }
 
@@ -646,7 +653,15 @@ Status ExpertCommunicator::reduce_replicas(uint32_t step, int layer, const std::
       pending->last = std::move(x);
       return Status::ok();
     }
-    XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x.get(), &pending->held_back.emplace_back()));
+    bool in_place;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_place = state_[layer].owned_final && pending->held_back.empty();
+    }
+    // The simple schedule's owned gradients are final by now: added in place,
+    // in the same order, nothing held back.
+    XD_RETURN_IF_ERROR(
+        receive_reduce_level(layer, l, x.get(), in_place ? nullptr : &pending->held_back.emplace_back()));
   }
   return Status::ok();
 }

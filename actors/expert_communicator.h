@@ -146,7 +146,7 @@ class ExpertCommunicator {
   // receiving thread did without the owned experts' gradients, and what is
   // left for when they are final.
   struct PendingReduce {
-    Status status;
+    Status status = Status::internal("the replica-gradient return did not run");  // until reduce_replicas has
     // Inner levels' messages for the owned experts, innermost first.
     std::vector<std::unique_ptr<detail::HeldBackGradients>> held_back;
     int last_level = -1;                  // the outermost level with peers
@@ -237,6 +237,7 @@ class ExpertCommunicator {
   std::vector<ExpertCodecFigures> figures_;
   double codec_s_ = 0;
   std::condition_variable cv_;
+  bool stopping_ = false;  // the destructor runs: waits for owned gradients end (under mu_)
   std::vector<LayerState> state_;
   std::vector<double> gather_wait_;
   double reduce_wait_ = 0;

@@ -93,7 +93,7 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   // Each phase's own bound, summed: what no schedule of this job can beat (docs/overlap.md).
   row("phase floor (ms)", [](const RunResult& r) { return cell(r.summary, "phase_floor_s", "%.1f", 1e3); });
   row("step / phase floor", [](const RunResult& r) { return cell(r.summary, "step_over_phase_floor", "%.2f"); });
-  // The workers' CPU time on their busiest host over its cores: where workers share a machine's cores, the step
+  // The workers' CPU time on their busiest machine over the cores they share there: where workers share cores, the step
   // cannot be shorter than this, however it overlaps (docs/overlap.md).
   row("CPU floor (ms)", [](const RunResult& r) { return cell(r.summary, "cpu_floor_s", "%.1f", 1e3); });
   row("step / CPU floor", [](const RunResult& r) { return cell(r.summary, "step_over_cpu_floor", "%.2f"); });

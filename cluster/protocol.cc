@@ -1,5 +1,7 @@
 #include "cluster/protocol.h"
 
+#include <cmath>
+
 #include "cluster/detail/json_fields.h"
 
 namespace xd {
@@ -151,7 +153,7 @@ json to_json(const StepMetrics& m) {
           {"fwd_comm_s", m.fwd_comm_s},   {"fwd_exposed_s", m.fwd_exposed_s},
           {"bwd_comm_s", m.bwd_comm_s},   {"bwd_exposed_s", m.bwd_exposed_s},
           {"codec_s", m.codec_s},
-          {"cpu_s", m.cpu_s},         {"cpus", m.cpus},
+          {"cpu_s", m.cpu_s},         {"cpus", m.cpus},   {"machine", m.machine},
           {"predicted_step_s", m.predicted_step_s},
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
@@ -182,6 +184,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("codec_s", &m.codec_s);
     f.get("cpu_s", &m.cpu_s);
     f.get("cpus", &m.cpus);
+    f.get("machine", &m.machine);
     f.get("predicted_step_s", &m.predicted_step_s);
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);
@@ -190,7 +193,9 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("link_bursts", &m.link_bursts);
     f.get("skipped", &m.skipped);
   }));
-  if (!(m.cpu_s >= 0) || m.cpus < 0) return Status::invalid_argument("metrics.cpu_s and metrics.cpus must be >= 0");
+  if (!(m.cpu_s >= 0) || !std::isfinite(m.cpu_s)) return Status::invalid_argument("metrics.cpu_s must be finite and >= 0");
+  for (int c : m.cpus)
+    if (c < 0 || c >= 1 << 20) return Status::invalid_argument("metrics.cpus holds a CPU id out of range");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

@@ -39,7 +39,7 @@ namespace xd {
 // report checkpoint shards; assignments may resume from a checkpoint; metrics
 // say when the non-finite guard skipped a step. 5: the assigned JobConfig's
 // expert_parallel carries fused_encode. 6: ... and base_codec. 7: metrics
-// carry the worker process's CPU time and the CPUs it may run on.
+// carry the worker process's CPU time, the CPUs it may run on and its machine.
 inline constexpr int kProtocolVersion = 7;
 
 namespace op {
@@ -117,12 +117,15 @@ struct StepMetrics {
   // Encoding and decoding: token rows (on the compute thread, part of
   // compute_s) and expert tensors (on the expert communicator's thread).
   double codec_s = 0;
-  // CPU time of every thread of the worker's process since its previous
-  // report (the comm threads and the socket library's included), and the CPUs
-  // it may run on: the coordinator sums the first over the workers of a host
-  // and divides by the second (StepSummary::cpu_floor_s).
+  // CPU time of every thread of the worker's process during the step (the
+  // comm threads and the socket library's included), the CPUs it may run on
+  // (ids, its affinity mask) and its machine (the kernel's boot id, the same
+  // for every network namespace of one machine): the coordinator sums the
+  // first over the workers of a machine and divides by the number of CPUs
+  // they may run on together (StepSummary::cpu_floor_s).
   double cpu_s = 0;
-  int cpus = 0;
+  std::vector<int> cpus;
+  std::string machine;
   double predicted_step_s = 0;
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"

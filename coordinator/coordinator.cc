@@ -745,7 +745,7 @@ void Coordinator::Impl::write_summary() {
     // Each phase's own bound, summed (docs/overlap.md, "Measuring it").
     j["phase_floor_s"] = mean.phase_floor_s;
     j["step_over_phase_floor"] = mean.step_over_phase_floor();
-    // The workers' CPU time on their busiest host over its cores.
+    // The workers' CPU time on their busiest machine over the cores they share.
     j["cpu_floor_s"] = mean.cpu_floor_s;
     j["step_over_cpu_floor"] = mean.step_over_cpu_floor();
     j["bytes_per_step"] = mean.bytes;
@@ -782,8 +782,8 @@ void Coordinator::Impl::write_summary() {
                 "a phase's traffic cannot use the other's idle link\n",
                 mean.phase_floor_s * 1e3, mean.step_over_phase_floor());
     if (mean.cpu_floor_s > 0)
-      std::printf("  CPU floor %.1f ms (step / CPU floor %.2f): the workers' CPU time on their busiest host over "
-                  "its cores; above the bound when more threads share the cores than they have\n",
+      std::printf("  CPU floor %.1f ms (step / CPU floor %.2f): the workers' CPU time on their busiest machine over "
+                  "the cores they share; above the bound when more threads share the cores than they have\n",
                   mean.cpu_floor_s * 1e3, mean.step_over_cpu_floor());
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);

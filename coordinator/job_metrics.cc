@@ -36,10 +36,10 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   s.bwd_comm_s = std::max(s.bwd_comm_s, m.bwd_comm_s);
   s.bwd_exposed_s = std::max(s.bwd_exposed_s, m.bwd_exposed_s);
   s.codec_s = std::max(s.codec_s, m.codec_s);
-  if (m.cpus > 0) {
-    auto& [cpu, cpus] = pending_host_cpu_[m.step][host];
+  if (!m.cpus.empty()) {
+    auto& [cpu, cpus] = pending_host_cpu_[m.step][m.machine.empty() ? host : m.machine];
     cpu += m.cpu_s;
-    cpus = cpus > 0 ? std::min(cpus, m.cpus) : m.cpus;
+    cpus.insert(m.cpus.begin(), m.cpus.end());
   }
   s.predicted_step_s = std::max(s.predicted_step_s, m.predicted_step_s);
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
@@ -57,8 +57,8 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
       s.ce_loss += ce / world_;
       s.aux_loss += aux / world_;
     }
-    for (const auto& [h, cpu] : pending_host_cpu_[m.step])
-      s.cpu_floor_s = std::max(s.cpu_floor_s, cpu.first / cpu.second);
+    for (const auto& [machine, cpu] : pending_host_cpu_[m.step])
+      s.cpu_floor_s = std::max(s.cpu_floor_s, cpu.first / double(cpu.second.size()));
     complete_.push_back(s);
     pending_.erase(m.step);
     pending_losses_.erase(m.step);
@@ -83,6 +83,7 @@ int64_t JobMetrics::latest_step() const {
 
 StepSummary JobMetrics::mean(int skip) const {
   std::map<std::string, int> nmse_steps;
+  int cpu_steps = 0;
   StepSummary out;
   int n = 0;
   for (size_t i = std::min<size_t>(skip, complete_.size() ? complete_.size() - 1 : 0); i < complete_.size(); ++i) {
@@ -100,6 +101,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.link_busy_s += s.link_busy_s;
     out.phase_floor_s += s.phase_floor_s;
     out.cpu_floor_s += s.cpu_floor_s;
+    cpu_steps += s.cpu_floor_s > 0;
     out.fwd_comm_s += s.fwd_comm_s;
     out.fwd_exposed_s += s.fwd_exposed_s;
     out.bwd_comm_s += s.bwd_comm_s;
@@ -129,7 +131,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.exposed_comm_s /= n;
   out.link_busy_s /= n;
   out.phase_floor_s /= n;
-  out.cpu_floor_s /= n;
+  if (cpu_steps > 0) out.cpu_floor_s /= cpu_steps;  // over the steps that reported it
   out.fwd_comm_s /= n;
   out.fwd_exposed_s /= n;
   out.bwd_comm_s /= n;
@@ -233,9 +235,9 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"step_over_phase_floor", "Step time / phase floor; 1 leaves nothing for a schedule to overlap better.",
          s->step_over_phase_floor()},
         {"cpu_floor_seconds",
-         "The workers' CPU time on their busiest host over its CPUs: the step cannot be shorter on those cores.",
+         "The workers' CPU time on their busiest machine over the cores they share: the step cannot be shorter on them.",
          s->cpu_floor_s},
-        {"step_over_cpu_floor", "Step time / CPU floor; 1 kept every core of the busiest host busy with the job.",
+        {"step_over_cpu_floor", "Step time / CPU floor; 1 kept every core of the busiest machine busy with the job.",
          s->step_over_cpu_floor()},
         {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},

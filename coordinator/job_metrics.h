@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,9 +45,10 @@ struct StepSummary {
   // max over workers: at least the bound, above it when a phase's traffic
   // outlasts its compute while the other phase's link idles.
   double phase_floor_s = 0;
-  // The workers' CPU time on their busiest host over its CPUs (each worker's
-  // StepMetrics::cpu_s, summed by host): the step cannot be shorter on those
-  // cores, however it overlaps. Above the bound when more threads share a
+  // The workers' CPU time on their busiest machine over the CPUs they may run
+  // on there together (each worker's StepMetrics::cpu_s, summed by machine;
+  // the union of their CPUs): the step cannot be shorter on those cores,
+  // however it overlaps. Above the bound when more threads share a
   // host's cores than it has: then the workers' compute waits for a core, and
   // the cores, not the schedule, set the step. 0 when no worker reported it.
   double cpu_floor_s = 0;
@@ -82,8 +84,8 @@ struct StepSummary {
 class JobMetrics {
  public:
   explicit JobMetrics(int world_size) : world_(world_size) {}
-  // `host`: the host the worker registered from; workers of one host share
-  // its cores (StepSummary::cpu_floor_s).
+  // `host`: the host the worker registered from, its machine for the CPU
+  // floor when the report names none (StepSummary::cpu_floor_s).
   void record(int rank, const StepMetrics& m, const std::string& host = "");
   // Steps every worker has reported, in order.
   const std::vector<StepSummary>& complete_steps() const { return complete_; }
@@ -102,8 +104,8 @@ class JobMetrics {
   int world_;
   std::map<int64_t, StepSummary> pending_;
   std::map<int64_t, std::vector<std::array<double, 3>>> pending_losses_;  // by rank: loss, ce, aux
-  // By step, per host: the workers' CPU seconds and the fewest CPUs one reported.
-  std::map<int64_t, std::map<std::string, std::pair<double, int>>> pending_host_cpu_;
+  // By step, per machine: the workers' CPU seconds and the CPUs they may run on.
+  std::map<int64_t, std::map<std::string, std::pair<double, std::set<int>>>> pending_host_cpu_;
   std::vector<StepSummary> complete_;
   std::map<int, StepMetrics> last_by_rank_;
   std::map<int64_t, double> predicted_from_;  // step -> the prediction from it on

@@ -2,10 +2,11 @@
 // 2 x 2), on four in-process workers over loopback: every layer's outer-level
 // messages leave before the owned experts' gradients are final (one layer's
 // wait for them holds up no other's), and once they are, every owned
-// gradient holds every holder's share.
+// gradient holds every holder's share, summed in the simple schedule's order.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -33,9 +34,21 @@ ModelConfig tiny_model() {
   return c;
 }
 
-// Exact in float in any order: rank r's gradient of layer l's expert e, element k.
+// Rank r's share of layer l's expert e's gradient, element k: magnitudes
+// 256 times apart from rank to rank, so that float sums in another order
+// round differently.
 float share(int rank, int layer, int expert, size_t k) {
-  return float((rank + 1) * 1000 + layer * 100 + expert * 10 + int(k % 7));
+  return std::ldexp(float(1.0 + 0.1234567 * double(k + 1) + 0.01 * layer + 0.001 * expert), 8 * rank);
+}
+
+// Ranks are (dc, worker) with the worker coordinate inner: r's inner peer is
+// r ^ 1, its outer peer r ^ 2. The simple schedule's sum for r's own expert:
+// its own share, plus its inner peer's, plus what its outer peer sends, the
+// outer peer's share plus that one's inner peer's.
+float simple_sum(float own, int r, int layer, size_t k) {
+  const int inner = r ^ 1, outer = r ^ 2, outer_inner = r ^ 3;
+  const float from_outer = share(outer, layer, r, k) + share(outer_inner, layer, r, k);
+  return (own + share(inner, layer, r, k)) + from_outer;
 }
 
 struct Worker {
@@ -62,7 +75,7 @@ TEST(ExpertCommunicator, WithTwoLevelsTheOuterGradientsLeaveBeforeTheOwnedOnesAr
     // model, the three others in its replicas.
     for (int layer = 0; layer < mc.num_layers; ++layer) {
       const LayerWeights<float>& g = w.model->grad_weights().layers[layer];
-      for (size_t k = 0; k < floats; ++k) g.w1[k] = g.w3[k] = g.w2[k] = share(r, layer, r, k);
+      for (size_t k = 0; k < floats; ++k) g.w1[k] = g.w3[k] = g.w2[k] = 0.0f;  // still being computed
       for (int e = 0; e < kWorld; ++e) {
         if (e == r) continue;
         ExpertParams<float> p = w.comm->replica(layer, e);
@@ -85,6 +98,14 @@ TEST(ExpertCommunicator, WithTwoLevelsTheOuterGradientsLeaveBeforeTheOwnedOnesAr
     EXPECT_EQ(transports[r]->stats().messages_received_by_kind[(int)MessageKind::kExpertGrad], 4u)
         << "rank " << r << ": the outer level's gradients waited for the owned experts'";
   }
+  // Only now does the compute thread write the owned experts' own gradients
+  // (the overlapped schedule's deferred ones): nothing received may have been
+  // added into them before.
+  for (int r = 0; r < kWorld; ++r)
+    for (int layer = 0; layer < mc.num_layers; ++layer) {
+      const LayerWeights<float>& g = workers[r].model->grad_weights().layers[layer];
+      for (size_t k = 0; k < floats; ++k) g.w1[k] = g.w3[k] = g.w2[k] = share(r, layer, r, k);
+    }
   for (Worker& w : workers)
     for (int layer = 0; layer < mc.num_layers; ++layer) w.comm->owned_grads_final(layer);
   for (int r = 0; r < kWorld; ++r) {
@@ -92,8 +113,7 @@ TEST(ExpertCommunicator, WithTwoLevelsTheOuterGradientsLeaveBeforeTheOwnedOnesAr
     for (int layer = 0; layer < mc.num_layers; ++layer) {
       const LayerWeights<float>& g = workers[r].model->grad_weights().layers[layer];
       for (size_t k = 0; k < floats; ++k) {
-        float all = 0;
-        for (int from = 0; from < kWorld; ++from) all += share(from, layer, r, k);
+        const float all = simple_sum(share(r, layer, r, k), r, layer, k);
         ASSERT_EQ(g.w1[k], all) << "rank " << r << " layer " << layer << " element " << k;
         ASSERT_EQ(g.w3[k], all) << "rank " << r << " layer " << layer << " element " << k;
         ASSERT_EQ(g.w2[k], all) << "rank " << r << " layer " << layer << " element " << k;

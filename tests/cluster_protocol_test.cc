@@ -144,15 +144,20 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
   m.gather_wait_s = {0.1, 0.2};
   m.phase_floor_s = 0.41;
   m.cpu_s = 0.73;
-  m.cpus = 2;
+  m.cpus = {0, 1};
+  m.machine = "boot-id";
   ASSERT_TRUE(from_json(to_json(m), &m2).is_ok());
   EXPECT_EQ(to_json(m2), to_json(m));
   EXPECT_EQ(m2.phase_floor_s, 0.41);
   EXPECT_EQ(m2.cpu_s, 0.73);
-  EXPECT_EQ(m2.cpus, 2);
+  EXPECT_EQ(m2.cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m2.machine, "boot-id");
   json negative = to_json(m);
   negative["cpu_s"] = -1.0;
   EXPECT_EQ(from_json(negative, &m2).code(), Status::Code::kInvalidArgument);
+  json bad_cpu = to_json(m);
+  bad_cpu["cpus"] = json::array({0, -3});
+  EXPECT_EQ(from_json(bad_cpu, &m2).code(), Status::Code::kInvalidArgument);
 
   ErrorReport e{"boom"}, e2;
   ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());

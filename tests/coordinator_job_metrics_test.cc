@@ -94,29 +94,47 @@ TEST(JobMetrics, ThePhaseFloorIsTheHighestWorkersAndTheStepIsMeasuredAgainstIt) 
   EXPECT_NE(text.find("xdmoe_step_over_phase_floor{job=\"j\"} 2\n"), std::string::npos) << text;
 }
 
-TEST(JobMetrics, TheCpuFloorIsTheBusiestHostsWorkersCpuTimeOverItsCores) {
-  JobMetrics metrics(3);
-  StepMetrics a = report(1, 0.30, 0.1), b = report(1, 0.30, 0.1), c = report(1, 0.30, 0.1);
-  a.step_s = b.step_s = c.step_s = 0.5;
-  a.cpu_s = 0.40, b.cpu_s = 0.50, c.cpu_s = 0.30;  // a and b share host-a's 2 cores
-  a.cpus = b.cpus = 2, c.cpus = 4;
-  metrics.record(0, a, "host-a");
-  metrics.record(2, c, "host-b");
-  metrics.record(1, b, "host-a");
+TEST(JobMetrics, TheCpuFloorIsTheBusiestMachinesWorkersCpuTimeOverTheCoresTheyShare) {
+  JobMetrics metrics(4);
+  StepMetrics a = report(1, 0.30, 0.1), b = report(1, 0.30, 0.1), c = report(1, 0.30, 0.1), d = report(1, 0.30, 0.1);
+  a.step_s = b.step_s = c.step_s = d.step_s = 0.5;
+  // a and b share machine m1's cores 0 and 1 (registered under two host
+  // names, as network namespaces of one machine are); c and d each have two
+  // of machine m2's 8 cores to themselves.
+  a.cpu_s = 0.40, b.cpu_s = 0.50, c.cpu_s = 0.30, d.cpu_s = 0.35;
+  a.cpus = b.cpus = {0, 1};
+  c.cpus = {0, 1}, d.cpus = {2, 3};
+  a.machine = b.machine = "m1";
+  c.machine = d.machine = "m2";
+  metrics.record(0, a, "dc0-w0");
+  metrics.record(2, c, "node-b");
+  metrics.record(1, b, "dc0-w1");
+  metrics.record(3, d, "node-b");
   ASSERT_NE(metrics.last_complete(), nullptr);
   const StepSummary& s = *metrics.last_complete();
-  EXPECT_NEAR(s.cpu_floor_s, 0.45, 1e-12);  // host-a: 0.9 s of CPU on 2 cores; host-b: 0.075
+  EXPECT_NEAR(s.cpu_floor_s, 0.45, 1e-12);  // m1: 0.9 s of CPU on 2 cores; m2: 0.65 s on 4
   EXPECT_NEAR(s.step_over_cpu_floor(), 0.5 / 0.45, 1e-12);
-  a.step = b.step = c.step = 2;
-  a.cpus = b.cpus = c.cpus = 0;  // a worker that does not know its cores reports none
-  metrics.record(0, a, "host-a");
-  metrics.record(1, b, "host-a");
-  metrics.record(2, c, "host-b");
+  // A report without a machine falls back on the host it registered from.
+  a.step = b.step = c.step = d.step = 2;
+  a.machine = b.machine = c.machine = d.machine = "";
+  metrics.record(0, a, "dc0-w0");
+  metrics.record(1, b, "dc0-w1");
+  metrics.record(2, c, "node-b");
+  metrics.record(3, d, "node-b");
+  EXPECT_NEAR(metrics.last_complete()->cpu_floor_s, 0.25, 1e-12);  // b alone on its 2 cores
+  // A worker that cannot read its CPUs reports none: no floor for that step,
+  // and the mean is over the steps that have one.
+  a.step = b.step = c.step = d.step = 3;
+  a.cpus = b.cpus = c.cpus = d.cpus = {};
+  metrics.record(0, a, "dc0-w0");
+  metrics.record(1, b, "dc0-w1");
+  metrics.record(2, c, "node-b");
+  metrics.record(3, d, "node-b");
   EXPECT_EQ(metrics.last_complete()->cpu_floor_s, 0.0);
   EXPECT_EQ(metrics.last_complete()->step_over_cpu_floor(), 0.0);
-  const std::string text = metrics.prometheus("j", {"running", "running", "running"});
+  const std::string text = metrics.prometheus("j", {"running", "running", "running", "running"});
   EXPECT_NE(text.find("xdmoe_cpu_floor_seconds{job=\"j\"} 0\n"), std::string::npos) << text;
-  EXPECT_NEAR(metrics.mean(0).cpu_floor_s, 0.225, 1e-12);
+  EXPECT_NEAR(metrics.mean(0).cpu_floor_s, (0.45 + 0.25) / 2, 1e-12);
 }
 
 TEST(JobMetrics, PrometheusExportsWireAndRawBytesAsTwoMetricsWithTheSameLabels) {

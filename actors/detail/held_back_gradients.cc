@@ -13,7 +13,9 @@ HeldBackGradients::HeldBackGradients(std::vector<ExpertTensorRef> mine, const st
   for (const ExpertTensorRef& t : owned) owned_data.insert(t.data);
   for (size_t k = 0; k < mine_.size(); ++k)
     if (owned_data.count(mine_[k].data)) owned_at_.push_back(k);
-  per_peer_.assign(peers, std::vector<float>(owned_at_.size() * floats_, 0.0f));
+  // -0, not +0: x + -0 is x for every x, -0 included, so an entry no
+  // message touched adds nothing, to the bit.
+  per_peer_.assign(peers, std::vector<float>(owned_at_.size() * floats_, -0.0f));
 }
 
 std::vector<ExpertTensorRef> HeldBackGradients::refs_for(size_t peer) {

@@ -4,9 +4,10 @@
 // they leave before the owned experts' own gradients are final (the
 // overlapped schedule computes those at the end of backward). Once they are,
 // add_to_owned() adds each peer's share in peer order: every owned gradient
-// is summed in the order, and to the bits, of the simple schedule (up to the
-// sign of a zero). Owns its buffers; not thread-safe (one per layer's reduce
-// at one level, on the expert communicator's thread).
+// is summed in the order, and to the bits, of the simple schedule. Owns its
+// buffers; not thread-safe: one per layer's reduce at one level, filled on
+// the expert communicator's receiving thread and added on the thread that
+// waits for the owned gradients, after a hand-over.
 #pragma once
 
 #include <cstddef>
