@@ -615,13 +615,9 @@ Status ExpertCommunicator::receive_reduce_level(int layer, int l, LevelExchange*
                                                 std::unique_ptr<detail::HeldBackGradients>* held_back) {
   // Every peer sends the gradients of this worker's held experts.
   const std::vector<ExpertTensorRef> mine = grad_refs(layer, held_after(rank_, l));
-  if (!held_back) {
-    // The owned experts' gradients are still being written on the compute
-    // thread; the messages keep arriving meanwhile, and are added after, in
-    // peer order: the same sums as when nothing overlapped.
-    XD_RETURN_IF_ERROR(wait_owned_final(layer));
-    return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
-  }
+  // The messages kept arriving while the compute thread wrote the owned
+  // gradients; added now, in peer order: the same sums as when nothing overlapped.
+  if (!held_back) return receive_level(l, x, /*gather=*/false, [&](int) { return mine; });
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
   *held_back = std::make_unique<detail::HeldBackGradients>(mine, grad_refs(layer, {rank_}), peers.size(),
                                                            expert_floats_);
@@ -653,15 +649,7 @@ Status ExpertCommunicator::reduce_replicas(uint32_t step, int layer, const std::
       pending->last = std::move(x);
       return Status::ok();
     }
-    bool in_place;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_place = state_[layer].owned_final && pending->held_back.empty();
-    }
-    // The simple schedule's owned gradients are final by now: added in place,
-    // in the same order, nothing held back.
-    XD_RETURN_IF_ERROR(
-        receive_reduce_level(layer, l, x.get(), in_place ? nullptr : &pending->held_back.emplace_back()));
+    XD_RETURN_IF_ERROR(receive_reduce_level(layer, l, x.get(), &pending->held_back.emplace_back()));
   }
   return Status::ok();
 }

@@ -188,8 +188,8 @@ class ExpertCommunicator {
   Status receive_gather_level(int layer, int level, LevelExchange* x);
   Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
   // With `held_back` (an outer level still sends after this one), what the
-  // peers send for this worker's own experts goes there instead, and nothing
-  // waits for the owned gradients; without, they are final first.
+  // peers send for this worker's own experts goes there instead; without,
+  // into the owned gradients, which the caller has waited to be final.
   Status receive_reduce_level(int layer, int level, LevelExchange* x,
                               std::unique_ptr<detail::HeldBackGradients>* held_back);
   Status wait_owned_final(int layer);
