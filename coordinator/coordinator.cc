@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -84,7 +85,14 @@ class Coordinator::Impl {
   double running_since = 0;  // when the workers were assigned
   ProgressLine progress;     // stdout: a live bar on a terminal, plain lines elsewhere
 
+  // The Prometheus text is rendered by the loop, which owns the metrics, when
+  // a scrape asks for it (not on every turn: that cost the loop a steady
+  // share of a core). A scrape takes a ticket and waits for the loop's next
+  // turn, at most a poll interval; outside the loop it gets the last text.
   std::mutex prom_mu;
+  std::condition_variable prom_cv;
+  uint64_t prom_wanted = 0, prom_rendered = 0;
+  bool prom_live = false;  // the loop is turning and renders on request
   std::string prom_text;
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
@@ -109,7 +117,9 @@ class Coordinator::Impl {
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
-  void refresh_prometheus();
+  // Renders the Prometheus text when a scrape waits for it, or `always`.
+  void refresh_prometheus(bool always = false);
+  void set_prometheus_live(bool live);
   void start_http();
 };
 
@@ -122,7 +132,11 @@ void Coordinator::Impl::start_http() {
   if (opts.http_port < 0) return;
   http = std::make_unique<httplib::Server>();
   http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    std::lock_guard<std::mutex> lock(prom_mu);
+    std::unique_lock<std::mutex> lock(prom_mu);
+    if (prom_live) {
+      const uint64_t ticket = ++prom_wanted;
+      prom_cv.wait_for(lock, std::chrono::seconds(2), [&] { return prom_rendered >= ticket || !prom_live; });
+    }
     res.set_content(prom_text, "text/plain; version=0.0.4");
   });
   if (opts.http_port == 0) {
@@ -219,6 +233,7 @@ Status Coordinator::Impl::run() {
               workers->endpoint().c_str(), cli->endpoint().c_str(), metrics_url.c_str());
 
   started = steady_seconds();
+  set_prometheus_live(true);
   double next_heartbeat = started + opts.heartbeat_interval_s;
   while (state != JobState::kDone && state != JobState::kFailed) {
     if (g_terminate && state != JobState::kFinishing) fail(Status::unavailable("the coordinator was told to stop (signal)"));
@@ -257,6 +272,7 @@ Status Coordinator::Impl::run() {
       state = outcome.is_ok() ? JobState::kDone : JobState::kFailed;
     refresh_prometheus();
   }
+  set_prometheus_live(false);  // the end state, served from now on without the loop
   // Let CLI clients that asked for status see the end state for a moment.
   const double linger_until = steady_seconds() + 0.3;
   while (steady_seconds() < linger_until)
@@ -652,12 +668,27 @@ void Coordinator::Impl::handle_cli(const ControlMessage& m) {
   }
 }
 
-void Coordinator::Impl::refresh_prometheus() {
+void Coordinator::Impl::refresh_prometheus(bool always) {
+  uint64_t wanted;
+  {
+    std::lock_guard<std::mutex> lock(prom_mu);
+    wanted = prom_wanted;
+    if (!always && wanted == prom_rendered) return;
+  }
   std::vector<std::string> states;
   for (const auto& e : registry.workers()) states.push_back(e ? worker_state_name(e->state) : "missing");
   std::string text = metrics.prometheus(opts.job_name, states);
   std::lock_guard<std::mutex> lock(prom_mu);
   prom_text = std::move(text);
+  prom_rendered = wanted;
+  prom_cv.notify_all();
+}
+
+void Coordinator::Impl::set_prometheus_live(bool live) {
+  refresh_prometheus(/*always=*/true);
+  std::lock_guard<std::mutex> lock(prom_mu);
+  prom_live = live;
+  prom_cv.notify_all();
 }
 
 void Coordinator::Impl::write_summary() {

@@ -83,26 +83,49 @@ void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* w
 }
 
 namespace {
+// The angles' cosines and sines for (seq, head_dim, theta), kept per thread:
+// every layer's q and k, forward and backward, rotate by the same table, and
+// its pow/cos/sin cost more than the rotation itself. Computed as before, so
+// the same bits.
+struct RopeTable {
+  int seq = -1, hd = -1;
+  double theta = 0;
+  std::vector<double> cos, sin;  // (seq, hd / 2)
+};
+
+const RopeTable& rope_table(int seq, int hd, double theta) {
+  thread_local RopeTable t;
+  if (t.seq == seq && t.hd == hd && t.theta == theta) return t;
+  const int half = hd / 2;
+  t.cos.resize((size_t)seq * half);
+  t.sin.resize((size_t)seq * half);
+  for (int p = 0; p < seq; ++p)
+    for (int i = 0; i < half; ++i) {
+      double freq = std::pow(theta, -2.0 * i / hd);
+      t.cos[(size_t)p * half + i] = std::cos(p * freq);
+      t.sin[(size_t)p * half + i] = std::sin(p * freq);
+    }
+  t.seq = seq;
+  t.hd = hd;
+  t.theta = theta;
+  return t;
+}
+
 template <typename T>
 void rope_rotate(T* x, int batch, int seq, int heads, int hd, double theta, double sign) {
   const int half = hd / 2;
-  std::vector<double> cosv((size_t)seq * half), sinv((size_t)seq * half);
-  for (int t = 0; t < seq; ++t)
-    for (int i = 0; i < half; ++i) {
-      double freq = std::pow(theta, -2.0 * i / hd);
-      cosv[(size_t)t * half + i] = std::cos(t * freq);
-      sinv[(size_t)t * half + i] = sign * std::sin(t * freq);
-    }
+  const RopeTable& table = rope_table(seq, hd, theta);
   for (int b = 0; b < batch; ++b)
     for (int t = 0; t < seq; ++t)
       for (int h = 0; h < heads; ++h) {
         T* v = x + (((size_t)b * seq + t) * heads + h) * hd;
-        const double* c = &cosv[(size_t)t * half];
-        const double* s = &sinv[(size_t)t * half];
+        const double* c = &table.cos[(size_t)t * half];
+        const double* s = &table.sin[(size_t)t * half];
         for (int i = 0; i < half; ++i) {
+          const double si = sign * s[i];  // exact: the backward rotates by -angle
           double x1 = v[i], x2 = v[i + half];
-          v[i] = static_cast<T>(x1 * c[i] - x2 * s[i]);
-          v[i + half] = static_cast<T>(x2 * c[i] + x1 * s[i]);
+          v[i] = static_cast<T>(x1 * c[i] - x2 * si);
+          v[i + half] = static_cast<T>(x2 * c[i] + x1 * si);
         }
       }
 }

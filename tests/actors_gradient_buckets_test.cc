@@ -40,8 +40,11 @@ std::vector<float> gradients(int rank, size_t n) {
 void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
   const size_t n = 10000;
   // Ranges as a model lays them out: uneven, one bucket of two pieces, a
-  // hole (routed experts) the buckets must leave alone.
-  const std::vector<detail::GradientBuckets::Ranges> buckets = {{{9000, 10000}}, {{0, 10}, {5000, 9000}}, {{10, 4000}}};
+  // hole (routed experts) the buckets must leave alone; more buckets than
+  // threads (a deep model), so that some share one; and an empty one.
+  std::vector<detail::GradientBuckets::Ranges> buckets = {{{9000, 10000}}, {{0, 10}, {5000, 9000}}, {}};
+  for (size_t begin = 10; begin < 4000; begin += 399) buckets.push_back({{begin, std::min<size_t>(begin + 399, 4000)}});
+  XD_CHECK(buckets.size() > size_t(kDenseBucketThreads));
   Cluster cluster;
   std::vector<std::vector<float>> expected(kWorld), got(kWorld);
   std::vector<std::thread> threads;

@@ -233,6 +233,69 @@ TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
   EXPECT_EQ(plain.grads(), grads);
 }
 
+// Each dense bucket is handed to the all-reduce when backward reports it
+// complete (grads_ready), so nothing may write to it afterwards: a copy taken
+// at the report equals the final gradients, in every connectivity, with
+// replicas (which move the attention backward) and with nothing landed when
+// the compute thread peeks (which moves the shared experts). The buckets
+// cover every dense gradient exactly once and no routed expert's.
+TEST(MoeTransformer, EveryDenseBucketIsFinalWhenBackwardReportsIt) {
+  // Replicas, or nothing landed when the compute thread peeks (the moves of
+  // "work while waiting"), or neither.
+  class Exchange final : public ForwardingExchange<double> {
+   public:
+    Exchange(int experts, bool replicas, bool late)
+        : ForwardingExchange<double>(experts), replicas_(replicas), late_(late) {}
+    bool is_replica(size_t j) const override { return replicas_ && j % 2 == 1; }
+    bool landed(const ExchangeTag&) const override { return !late_; }
+
+   private:
+    bool replicas_, late_;
+  };
+  for (const Connectivity conn : {Connectivity::kRegular, Connectivity::kFarSkip, Connectivity::kFarSkipAttention})
+    for (const int variant : {0, 1, 2, 3}) {
+      const bool replicas = variant & 1, late = variant & 2;
+      const ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, conn);
+      ParamLayout layout(cfg);
+      MoeTransformer<double> model(layout);
+      model.init(7);
+      model.set_pipeline_degree(2);
+      Exchange exchange(cfg.num_experts, replicas, late);
+      const int L = cfg.num_layers;
+      const auto buckets = dense_gradient_buckets(layout);
+      ASSERT_EQ(buckets.size(), size_t(L + 2));
+      std::vector<int> owner(model.grads().size(), -1);
+      for (size_t b = 0; b < buckets.size(); ++b)
+        for (auto [begin, end] : buckets[b])
+          for (size_t i = begin; i < end; ++i) {
+            EXPECT_EQ(owner[i], -1) << "element " << i << " in two buckets";
+            owner[i] = int(b);
+          }
+      for (const TensorSlot& s : layout.slots())
+        for (size_t i = s.offset; i < s.offset + s.numel(); ++i)
+          EXPECT_EQ(owner[i] >= 0, !s.is_routed_expert()) << s.name;
+      std::vector<std::vector<double>> copies(buckets.size());
+      model.set_backward_hooks({nullptr, [&](int group) {
+                                  const int b = group >= 0 ? L - group : L + 1;  // as DistributedTrainer
+                                  ASSERT_TRUE(copies[b].empty()) << "bucket " << b << " reported twice";
+                                  for (auto [begin, end] : buckets[b])
+                                    copies[b].insert(copies[b].end(), model.grads().begin() + begin,
+                                                     model.grads().begin() + end);
+                                }});
+      auto in = random_tokens(12, cfg.vocab_size, 1), tg = random_tokens(12, cfg.vocab_size, 2);
+      model.zero_grad();
+      model.forward(in.data(), tg.data(), 2, 6, &exchange);
+      model.backward(&exchange);
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        std::vector<double> final_values;
+        for (auto [begin, end] : buckets[b])
+          final_values.insert(final_values.end(), model.grads().begin() + begin, model.grads().begin() + end);
+        EXPECT_EQ(copies[b], final_values) << "bucket " << b << ", " << connectivity_name(conn)
+                                           << (replicas ? ", replicas" : "") << (late ? ", late" : "");
+      }
+    }
+}
+
 // Every exchange still in flight whenever the compute thread peeks: the
 // moves of "work while waiting" all happen (docs/overlap.md).
 class LateExchange final : public ForwardingExchange<float> {

@@ -80,6 +80,30 @@ TEST(Rope, RotationPreservesNormAndBackwardIsTheTransposedRotation) {
   EXPECT_LT(gradient_relative_error(loss, x.data(), dx.data(), all_entries(x.size())), 1e-7);
 }
 
+// The angle table is kept between calls; a call with another length, head
+// size or theta must rotate by its own angles, to the bit.
+TEST(Rope, EachShapeRotatesByItsOwnAnglesWhateverRanBefore) {
+  auto naive = [](std::vector<double> v, int B, int T, int H, int hd, double theta) {
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < hd / 2; ++i) {
+            double* p = &v[(((size_t)b * T + t) * H + h) * hd];
+            const double a = t * std::pow(theta, -2.0 * i / hd), x1 = p[i], x2 = p[i + hd / 2];
+            p[i] = x1 * std::cos(a) - x2 * std::sin(a);
+            p[i + hd / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+          }
+    return v;
+  };
+  struct Shape { int T, hd; double theta; };
+  for (const Shape s : {Shape{5, 8, 1e4}, Shape{7, 8, 1e4}, Shape{7, 4, 1e4}, Shape{7, 4, 1e6}, Shape{5, 8, 1e4}}) {
+    const auto x = random_vector(2 * s.T * 3 * s.hd, s.T + s.hd);
+    std::vector<double> y = x;
+    rope_forward(y.data(), 2, s.T, 3, s.hd, s.theta);
+    EXPECT_EQ(y, naive(x, 2, s.T, 3, s.hd, s.theta)) << "T " << s.T << " hd " << s.hd << " theta " << s.theta;
+  }
+}
+
 TEST(Attention, BlasPathMatchesTheNaiveReferenceWithGroupedKvHeads) {
   AttentionDims dm{2, 6, 4, 2, 8};
   const size_t qn = (size_t)dm.batch * dm.seq * dm.heads * dm.head_dim;
