@@ -8,9 +8,17 @@ transmitting (the gaps are when it idled). The same files open in Perfetto
 
   scripts/trace_png.py runs/trace --step 20 --out runs/trace/step20.png
 
+With --idle it draws nothing and prints where the cores idled instead: the
+workers' traces of the step aligned on the machine's monotonic clock, the
+core time during which fewer compute threads computed than there are cores,
+grouped by what the others were waiting for (workers on one machine).
+
+  scripts/trace_png.py runs/trace --step 20 --idle --cores 2
+
 Traces come from `train.trace_steps` / `train.trace_dir` in the job config,
 or `xdmoe launch --trace-steps 20` (docs/overlap.md)."""
 import argparse
+import collections
 import glob
 import json
 import os
@@ -23,7 +31,7 @@ LANES = ["compute", "to experts", "to sources", "expert gather / grads", "dense 
 
 
 def load(paths):
-    events, meta = [], {}
+    events, meta, t0 = [], {}, {}
     for path in paths:
         with open(path) as f:
             trace = json.load(f)
@@ -32,7 +40,45 @@ def load(paths):
                 events.append(e)
             elif e.get("name") == "thread_name":
                 meta[(e["pid"], e["tid"])] = e["args"]["name"]
-    return events, meta
+        other = trace.get("otherData", {})
+        if "rank" in other and "steady_t0_s" in other:
+            t0[other["rank"]] = other["steady_t0_s"]
+    return events, meta, t0
+
+
+def idle_table(events, t0, cores):
+    """Core time with fewer than `cores` compute threads computing, by the
+    waits in progress then. A worker computes while one of its compute spans
+    is open and none of its waits (which sit inside compute spans) is."""
+    base = min(t0.values()) if t0 else 0.0
+    spans = []
+    for e in events:
+        if e.get("cat") not in ("compute", "wait"):
+            continue
+        shift = (t0.get(e["pid"], base) - base) * 1e6  # to the earliest worker's clock, us
+        spans.append((e["pid"], e["ts"] + shift, e["ts"] + e["dur"] + shift, e["name"], e["cat"] == "wait"))
+    if not spans:
+        sys.exit("trace_png: the traces hold no compute spans")
+    cuts = sorted({s[1] for s in spans} | {s[2] for s in spans})
+    workers = len({s[0] for s in spans})
+    idle, by_waits = 0.0, collections.Counter()
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        open_spans = [s for s in spans if s[1] <= mid < s[2]]
+        waiting = {s[0]: s[3] for s in open_spans if s[4]}
+        computing = {s[0] for s in open_spans if not s[4]} - set(waiting)
+        free = max(0, cores - len(computing))
+        if free:
+            idle += free * (b - a)
+            what = " | ".join(f"w{r}: {w}" for r, w in sorted(waiting.items())) or "(no wait: between spans)"
+            by_waits[(len(computing), what)] += free * (b - a)
+    length = cuts[-1] - cuts[0]
+    lines = [f"{workers} workers on {cores} cores, {length / 1e3:.1f} ms: cores idle {idle / 1e3:.1f} core-ms "
+             f"({100 * idle / (cores * length):.1f}% of the cores' time)",
+             "idle core-ms  computing  waiting"]
+    for (n, what), us in by_waits.most_common(12):
+        lines.append(f"{us / 1e3:12.1f}  {n:9d}  {what}")
+    return "\n".join(lines)
 
 
 def main():
@@ -41,7 +87,14 @@ def main():
     p.add_argument("--step", type=int, help="the traced step to draw (default: the lowest found)")
     p.add_argument("--out", help="PNG to write (default: <dir>/trace-step<N>.png)")
     p.add_argument("--title", default="", help="a line under the default title")
+    p.add_argument("--idle", action="store_true",
+                   help="print where the cores idled in the step (no PNG): core time with fewer compute threads "
+                        "computing than --cores, by what the others waited for")
+    p.add_argument("--cores", type=int, default=os.cpu_count(),
+                   help="with --idle: the cores the traced workers shared (default: this machine's)")
     a = p.parse_args()
+    if a.cores is None or a.cores < 1:
+        sys.exit("trace_png: --cores must be at least 1")
     if os.path.isdir(a.trace):
         files = sorted(glob.glob(os.path.join(a.trace, "trace-step*-rank*.json")))
         steps = sorted({int(os.path.basename(f).split("-")[1][4:]) for f in files})
@@ -55,9 +108,12 @@ def main():
     else:
         files, step = [a.trace], None
         out = a.out or os.path.splitext(a.trace)[0] + ".png"
-    events, meta = load(files)
+    events, meta, t0 = load(files)
     if not events:
         sys.exit("trace_png: the traces hold no spans")
+    if a.idle:
+        print((f"step {step}: " if step is not None else "") + idle_table(events, t0, a.cores))
+        return
     # Every worker's clock starts at its own first span; rows: worker, lane.
     ranks = sorted({e["pid"] for e in events})
     rows = {}

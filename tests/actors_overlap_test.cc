@@ -308,6 +308,14 @@ TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
     EXPECT_FALSE(rows.count("worker link egress")) << "rank " << rank;
   }
   EXPECT_FALSE(fs::exists(dir + "/trace/trace-step3-rank0.json")) << "only the asked-for step";
+  {
+    // Where the cores idled: the four workers' traces aligned on one clock.
+    auto [code, out] = testing::run("python3 " + std::string(XD_SOURCE_DIR) + "/scripts/trace_png.py " + dir +
+                                    "/trace --step 4 --idle --cores 2");
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("step 4: 4 workers on 2 cores"), std::string::npos) << out;
+    EXPECT_NE(out.find("idle core-ms  computing  waiting"), std::string::npos) << out;
+  }
   if (testing::run("command -v gnuplot").first != 0) {
     GTEST_SKIP() << "gnuplot is not installed (scripts/install-deps.sh installs it): the PNG is not drawn";
   }
