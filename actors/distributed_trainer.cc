@@ -75,6 +75,8 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   auto topo = Topology::create(o.level_sizes, o.domain_sizes);
   if (!topo) return topo.status();
   t->world_ = topo->world_size();
+  t->cpus_ = usable_cpus();
+  t->machine_ = machine_id();
   if (mc.num_experts % t->world_ != 0)
     return Status::invalid_argument("model.num_experts (" + std::to_string(mc.num_experts) +
                                     ") must be a multiple of the number of workers (" +
@@ -206,9 +208,9 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     if (layer == 0 && norm_in_backward) start_norm_sum();
   };
   hooks.grads_ready = [this, layers](int group) {
-    // group -1: the embedding's, the last. The expert norm goes apart
-    // (reduce_dense_gradients), so no bucket waits for the replica gradients.
-    buckets_->start((uint32_t)step_, group >= 0 ? layers - group : layers + 1, model_->grads().data());
+    // The expert norm goes apart (reduce_dense_gradients), so no bucket waits
+    // for the replica gradients.
+    buckets_->start((uint32_t)step_, dense_bucket_of_group(layers, group), model_->grads().data());
   };
   model_->set_backward_hooks(std::move(hooks));
   comm_ = std::move(comm);
@@ -458,10 +460,8 @@ Expected<StepMetrics> DistributedTrainer::step() {
   m.peak_rss_bytes = peak_rss_bytes();
   // Over the step's own window, as step_s (a checkpoint written between steps is not in it).
   m.cpu_s = std::max(0.0, process_cpu_seconds() - cpu_start);
-  static const std::vector<int> cpus = usable_cpus();
-  static const std::string machine = machine_id();
-  m.cpus = cpus;
-  m.machine = machine;
+  m.cpus = cpus_;
+  m.machine = machine_;
   // A new plan takes effect at this boundary: the next step's replicas have
   // not started moving yet. Every worker switches at the same step.
   if (next_plan_ && next_plan_->step <= step_)

@@ -158,6 +158,8 @@ class DistributedTrainer {
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step
   double last_optimizer_s_ = 0;  // the previous step's optimizer step (StepPhases)
+  std::vector<int> cpus_;        // the CPUs this process may run on, read at creation (StepMetrics::cpus)
+  std::string machine_;          // this machine's id (StepMetrics::machine)
   bool loss_finite_ = true;     // this step's local loss
   bool norm_sum_started_ = false;  // this step's; step() clears it before backward
   double norm_sum_ = 0;         // the local squared norm, then the sum (norm_sum_handle_)

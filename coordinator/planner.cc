@@ -5,6 +5,7 @@
 #include <map>
 
 #include "cluster/topology.h"
+#include "model/param_layout.h"
 #include "transport/communicator.h"
 
 namespace xd {
@@ -334,7 +335,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     return up;
   };
   // The buckets backward finishes (model/param_layout.h): the LM head's, one
-  // per layer (bucket layers - k for layer k), the embedding's.
+  // per layer, the embedding's (dense_bucket_of_group numbers them).
   std::vector<double> bucket_bytes(layers + 2, w.dense_param_bytes / (layers + 2));
   if (w.vocab_bytes > 0 && w.dense_param_bytes > 2 * w.vocab_bytes) {
     bucket_bytes.assign(layers + 2, (w.dense_param_bytes - 2 * w.vocab_bytes) / layers);
@@ -471,10 +472,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // Overlapped with no replicas, the norm's sum leaves as soon as layer 0's
   // experts are done (their gradients are final then).
   const bool norm_in_backward = w.overlapped && rs_layer.empty();
-  auto release_bucket = [&](int b) {
-    if (w.overlapped) dense_done = std::max(dense_done, send(t, bucket[b]));
+  auto release_bucket = [&](int group) {  // MoeTransformer's grads_ready(group)
+    if (w.overlapped) dense_done = std::max(dense_done, send(t, bucket[dense_bucket_of_group(layers, group)]));
   };
-  release_bucket(0);  // the LM head's
+  release_bucket(layers);  // the LM head's
   for (int k = layers - 1; k >= 0; --k) {
     const Connectivity conn = connectivity(k);
     std::vector<double> to_experts(r);
@@ -502,9 +503,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
     if (!farskip_moe(conn)) compute(attention_fwd * bwd_scale);
-    release_bucket(layers - k);
+    release_bucket(k);
   }
-  release_bucket(layers + 1);  // the embedding's
+  release_bucket(-1);  // the embedding's
   // Every replica gradient home, then the norm's sum beside the buckets:
   // those in flight (overlapped) or, simple, each in turn, each paying its
   // own latency.

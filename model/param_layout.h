@@ -60,6 +60,12 @@ class ParamLayout;
 // is a list of [begin, end) element ranges. The trainer all-reduces these and
 // the simulator (simulation/) prices them, so both see the same buckets.
 std::vector<std::vector<std::pair<size_t, size_t>>> dense_gradient_buckets(const ParamLayout& layout);
+// The bucket that MoeTransformer's backward hook grads_ready(group) completes:
+// group num_layers (the LM head's) is bucket 0, layer k's is num_layers - k,
+// group -1 (the embedding's) the last, num_layers + 1.
+inline int dense_bucket_of_group(int num_layers, int group) {
+  return group >= 0 ? num_layers - group : num_layers + 1;
+}
 // Overlapped, bucket b moves on thread b mod kDenseBucketThreads.
 constexpr int kDenseBucketThreads = 8;
 

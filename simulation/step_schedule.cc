@@ -250,7 +250,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   MoeTransformer<float>::BackwardHooks hooks;
   hooks.defer_owned_expert_weights = shape.defers_owned_expert_weights;
   hooks.grads_ready = [&](int group) {
-    if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, group >= 0 ? L - group : buckets - 1);
+    if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, dense_bucket_of_group(L, group));
   };
   // Overlapped with no replicas, the norm's sum leaves once layer 0's
   // experts are done (DistributedTrainer::start_norm_sum).

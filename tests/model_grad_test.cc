@@ -276,7 +276,7 @@ TEST(MoeTransformer, EveryDenseBucketIsFinalWhenBackwardReportsIt) {
           EXPECT_EQ(owner[i] >= 0, !s.is_routed_expert()) << s.name;
       std::vector<std::vector<double>> copies(buckets.size());
       model.set_backward_hooks({nullptr, [&](int group) {
-                                  const int b = group >= 0 ? L - group : L + 1;  // as DistributedTrainer
+                                  const int b = dense_bucket_of_group(L, group);
                                   ASSERT_TRUE(copies[b].empty()) << "bucket " << b << " reported twice";
                                   for (auto [begin, end] : buckets[b])
                                     copies[b].insert(copies[b].end(), model.grads().begin() + begin,
