@@ -241,9 +241,16 @@ int run_plan(const PlanOptions& o) {
                   c.allreduce_s * 1e3, c.exposed_allreduce_s * 1e3, c.iteration_s * 1e3,
                   c.feasible ? "" : "  (over the cap)");
     }
-    const char* why = plan.mode == EpMode::kAuto ? "the least predicted iteration time"
-                      : plan.mode == EpMode::kEp ? "mode ep: every domain size 1"
-                                                 : "mode hybrid: the configured domain sizes";
+    double fastest = choice.iteration_s;
+    for (const PlanCandidate& c : plan.candidates)
+      if (c.feasible) fastest = std::min(fastest, c.iteration_s);
+    char tie[128];
+    std::snprintf(tie, sizeof tie, "the fewest gathered bytes within %.0f%% of the least predicted iteration time",
+                  100 * kPlanTieMargin);
+    const char* why = plan.mode == EpMode::kEp     ? "mode ep: every domain size 1"
+                      : plan.mode != EpMode::kAuto ? "mode hybrid: the configured domain sizes"
+                      : choice.iteration_s > fastest ? tie
+                                                   : "the least predicted iteration time";
     std::printf("\nchosen: domains %s (%s), pipeline degree %d, predicted %s per iteration\n",
                 fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree,
                 fmt_seconds(choice.iteration_s).c_str());

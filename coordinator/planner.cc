@@ -560,6 +560,28 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   return best;
 }
 
+int choose_candidate(const std::vector<PlanCandidate>& candidates) {
+  int fastest = -1;
+  for (int i = 0; i < static_cast<int>(candidates.size()); ++i)
+    if (candidates[i].feasible && (fastest < 0 || candidates[i].iteration_s < candidates[fastest].iteration_s))
+      fastest = i;
+  if (fastest < 0) return -1;
+  // Within kPlanTieMargin of the fastest the prediction cannot tell the
+  // candidates apart: the one holding the fewest replicas wins (the least
+  // memory, and its reductions wait on the fewest peers), then the faster.
+  const double limit = candidates[fastest].iteration_s * (1 + kPlanTieMargin);
+  int chosen = fastest;
+  for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
+    const PlanCandidate& c = candidates[i];
+    if (!c.feasible || !(c.iteration_s <= limit)) continue;
+    const PlanCandidate& best = candidates[chosen];
+    if (c.gathered_bytes < best.gathered_bytes ||
+        (c.gathered_bytes == best.gathered_bytes && c.iteration_s < best.iteration_s))
+      chosen = i;
+  }
+  return chosen;
+}
+
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
                    const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
                    const std::vector<LinkCodecCost>& link_codecs) {
@@ -572,23 +594,9 @@ Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
   for (const auto& s : domain_candidates(level_sizes)) {
     plan.candidates.push_back(
         evaluate_candidate(w, level_sizes, links, s, ep.memory_cap_bytes, link_codecs));
-    const PlanCandidate& c = plan.candidates.back();
-    const int i = static_cast<int>(plan.candidates.size()) - 1;
-    if (ep.mode != EpMode::kAuto) {
-      if (s == wanted) plan.chosen = i;
-      continue;
-    }
-    if (!c.feasible) continue;
-    if (plan.chosen < 0) {
-      plan.chosen = i;
-      continue;
-    }
-    const PlanCandidate& best = plan.candidates[plan.chosen];
-    const double tol = 1e-12 * std::max(1e-30, best.iteration_s);
-    if (c.iteration_s < best.iteration_s - tol ||
-        (std::abs(c.iteration_s - best.iteration_s) <= tol && c.gathered_bytes < best.gathered_bytes))
-      plan.chosen = i;
+    if (ep.mode != EpMode::kAuto && s == wanted) plan.chosen = static_cast<int>(plan.candidates.size()) - 1;
   }
+  if (ep.mode == EpMode::kAuto) plan.chosen = choose_candidate(plan.candidates);
   XD_CHECK_MSG(plan.chosen >= 0, "no candidate chosen (hybrid domain sizes not a candidate?)");
   return plan;
 }

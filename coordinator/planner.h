@@ -199,10 +199,20 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                                  const std::vector<int>& domain_sizes, double memory_cap_bytes,
                                  const std::vector<LinkCodecCost>& link_codecs = {});
 
+// Two predictions closer than this fraction are a tie: the model's own error
+// is larger (its live prediction is off by a few percent). Measured, a
+// candidate holding more replicas ran about 4% slower where the model had it
+// up to 1.6% faster (the README demo's FarSkip run, domains 2 x 2 against
+// 2 x 1); of tied candidates the one with fewer replicas also uses less memory.
+constexpr double kPlanTieMargin = 0.02;
+// Mode auto's choice among `candidates`: of the feasible ones predicted
+// within kPlanTieMargin of the least iteration time, the one with the fewest
+// gathered bytes, then the faster. -1 when none is feasible.
+int choose_candidate(const std::vector<PlanCandidate>& candidates);
+
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain
 // sizes, which must divide the level sizes (chosen even if infeasible: the
-// caller reports it); auto -> the feasible candidate with the least
-// iteration time (ties: fewer gathered bytes).
+// caller reports it); auto -> choose_candidate().
 Plan plan_workload(const Workload& w, const std::vector<int>& level_sizes,
                    const std::vector<LinkModel>& links, const ExpertParallelSpec& ep,
                    const std::vector<LinkCodecCost>& link_codecs = {});

@@ -49,8 +49,9 @@ TEST(Planner, EnumeratesEveryDivisorCombinationInOrder) {
 }
 
 TEST(Planner, ChoosesAgOnlyWhenTheAgHidesUnderPreExpertCompute) {
-  // 2D < G P_E here, so the AG is only free because compute hides it (Eq. 11).
-  const Plan plan = plan_workload(one_layer(1e6, 1e5, /*pre_fwd_s=*/100), {8}, kSlowLink, auto_mode());
+  // 2D < G P_E here, so the AG is only free because compute hides it (Eq. 11);
+  // The smaller domains' A2As cost more than kPlanTieMargin of the step.
+  const Plan plan = plan_workload(one_layer(1e6, 1e6, /*pre_fwd_s=*/20), {8}, kSlowLink, auto_mode());
   const PlanCandidate& c = plan.choice();
   EXPECT_EQ(c.domain_sizes, (std::vector<int>{8}));
   EXPECT_DOUBLE_EQ(c.a2a_s, 0.0);
@@ -108,6 +109,41 @@ TEST(Planner, TightMemoryCapRulesOutTheOtherwiseBestCandidate) {
   // A zero cap leaves plain EP only.
   EXPECT_EQ(plan_workload(w, {8}, kSlowLink, auto_mode(0)).choice().domain_sizes,
             (std::vector<int>{1}));
+}
+
+// Predictions closer than kPlanTieMargin are a tie, and a tie goes to the
+// candidate holding the fewest replicas; a clearly faster one still wins,
+// and an infeasible one never does.
+TEST(Planner, CandidatesPredictedWithinTheTieMarginGoToTheFewestGatheredBytes) {
+  auto candidate = [](double iteration_s, double gathered_bytes, bool feasible = true) {
+    PlanCandidate c;
+    c.iteration_s = iteration_s;
+    c.gathered_bytes = gathered_bytes;
+    c.feasible = feasible;
+    return c;
+  };
+  const double inside = 1.0 + 0.9 * kPlanTieMargin, outside = 1.0 + 1.1 * kPlanTieMargin;
+  // Domains [1,1], [1,2], [2,1], [2,2] of the README demo, [2,2] fastest.
+  std::vector<PlanCandidate> c = {candidate(2.0, 0), candidate(1.9, 1.5e6), candidate(inside, 1.5e6),
+                                  candidate(1.0, 4.5e6)};
+  EXPECT_EQ(choose_candidate(c), 2);
+  c[2].iteration_s = outside;
+  EXPECT_EQ(choose_candidate(c), 3);
+  // Two inside the margin with the same bytes: the faster of them.
+  c[2].iteration_s = inside;
+  c[1].iteration_s = 1.0 + 0.5 * kPlanTieMargin;
+  EXPECT_EQ(choose_candidate(c), 1);
+  // The fewest bytes overall, if it is inside too.
+  c[0].iteration_s = inside;
+  EXPECT_EQ(choose_candidate(c), 0);
+  c[0].feasible = false;
+  EXPECT_EQ(choose_candidate(c), 1);
+  // An infeasible fastest one does not set the margin.
+  c = {candidate(1.0, 0, false), candidate(1.5, 1e6), candidate(1.5 * inside, 0.5e6)};
+  EXPECT_EQ(choose_candidate(c), 2);
+  c[2].iteration_s = 1.5 * outside;
+  EXPECT_EQ(choose_candidate(c), 1);
+  EXPECT_EQ(choose_candidate({candidate(1.0, 0, false)}), -1);
 }
 
 TEST(Planner, ModeEpTakesAllOnesAndModeHybridTheGivenSizes) {
