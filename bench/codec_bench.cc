@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
   for (Dataset* ds : {&acts, &ograds})
     for (const char* spec : {"raw+zstd:1", "bf16", "bf16+zstd:1", "fp16", "int8_row", "int8_row+zstd:1"})
       rows.push_back(measure(*ds, spec, false, reps));
-  for (const char* spec : {"bf16", "int8_row", "topk:0.1+zstd:1", "topk:0.01+zstd:1"})
+  for (const char* spec : {"bf16", "int8_row", "int8_row+zstd:1", "int4_row", "int4_row+zstd:1", "topk:0.1+zstd:1",
+                           "topk:0.01+zstd:1"})
     rows.push_back(measure(expert_grads, spec, false, reps));
 
   std::printf("\nmodel: d %zu, ff %zu, %zu experts x %zu layers; expert weights %.1f MB, activations %.1f MB, "

@@ -98,6 +98,10 @@ RUNS = {
                                     "dense_grad": "bf16", "base_codec": "sign"},
     "e2e-sign-signgrad": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:topk_sign:1+zstd:1",
                           "base_codec": "sign"},
+    # The same with the replica gradients as 4-bit integers on a row's scale
+    # (int4_row, about 14x with zstd), with feedback.
+    "e2e-sign-int4grad": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:int4_row+zstd:1",
+                          "base_codec": "sign"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }

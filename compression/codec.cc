@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "compression/detail/block_sign.h"
+#include "compression/detail/int4_rows.h"
 #include "compression/detail/every_sign.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
@@ -29,6 +30,7 @@ const char* kind_name(CodecKind k) {
     case CodecKind::kZstd: return "zstd";
     case CodecKind::kTopKSign: return "topk_sign";
     case CodecKind::kBlockSign: return "block_sign";
+    case CodecKind::kInt4Row: return "int4_row";
   }
   return "?";
 }
@@ -217,7 +219,7 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
             const std::string sk(skv.key.via.str.ptr, skv.key.via.str.size);
             if (!as_u64(skv.val, &v)) return bad("stage field '" + sk + "' is not an unsigned integer");
             if (sk == "kind") {
-              if (v > static_cast<uint64_t>(CodecKind::kBlockSign))
+              if (v > static_cast<uint64_t>(CodecKind::kInt4Row))
                 return bad("unknown codec kind " + std::to_string(v));
               st.kind = static_cast<CodecKind>(v);
               have_kind = true;
@@ -271,6 +273,7 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
     case CodecKind::kBf16:
     case CodecKind::kFp16: return s.bytes == 2 * n;
     case CodecKind::kInt8Row: return s.bytes == 4 * rows + n;
+    case CodecKind::kInt4Row: return s.bytes == detail::int4_row_bytes(rows, n ? n / rows : 0);
     case CodecKind::kTopK: return s.kept <= n && s.bytes >= 3 * s.kept && s.bytes <= 12 * s.kept;
     case CodecKind::kTopKSign: {  // rows, kept <= 2^34: no overflow
       const uint64_t fixed = 4 * rows + sign_bytes(s.kept);
@@ -393,6 +396,8 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
       }
       return Status::ok();
     }
+    case CodecKind::kInt4Row:
+      return detail::decode_int4_rows(in, rows, cols, out);
     case CodecKind::kTopK:
     case CodecKind::kTopKSign:
       if (every_sign_payload(s, in, rows, cols)) return decode_every_sign_checked(s, in, rows, cols, out);
@@ -427,10 +432,10 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       return !arg.empty() && end && *end == 0;
     };
     const std::string where = "codec '" + spec + "': ";
-    if (name == "raw" || name == "bf16" || name == "fp16" || name == "int8_row") {
+    if (name == "raw" || name == "bf16" || name == "fp16" || name == "int8_row" || name == "int4_row") {
       if (!arg.empty()) return Status::invalid_argument(where + name + " takes no parameter");
       s.kind = name == "raw" ? CodecKind::kRaw : name == "bf16" ? CodecKind::kBf16
-               : name == "fp16" ? CodecKind::kFp16 : CodecKind::kInt8Row;
+               : name == "fp16" ? CodecKind::kFp16 : name == "int8_row" ? CodecKind::kInt8Row : CodecKind::kInt4Row;
     } else if (name == "topk" || name == "topk_sign") {
       s.kind = name == "topk" ? CodecKind::kTopK : CodecKind::kTopKSign;
       if (!number(&s.density) || !(s.density > 0 && s.density <= 1))
@@ -461,7 +466,7 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
     } else {
       return Status::invalid_argument(where + "unknown stage '" + name +
-                                      "' (use raw, bf16, fp16, int8_row, topk:D, topk_sign:D, block_sign:D[:B], "
+                                      "' (use raw, bf16, fp16, int8_row, int4_row, topk:D, topk_sign:D, block_sign:D[:B], "
                                       "then +zstd[:L])");
     }
     if (is_value_codec(s.kind) && !p.stages_.empty())
@@ -536,6 +541,11 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       XD_RETURN_IF_ERROR(first_non_finite(data, n, "int8_row"));
       bytes.resize(4 * shape.rows + n);
       encode_int8_rows(data, shape.rows, shape.cols, bytes.data());
+      break;
+    case CodecKind::kInt4Row:
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, "int4_row"));
+      bytes.resize(detail::int4_row_bytes(shape.rows, shape.cols));
+      detail::encode_int4_rows(data, shape.rows, shape.cols, bytes.data());
       break;
     case CodecKind::kTopK:
     case CodecKind::kTopKSign: {

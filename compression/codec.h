@@ -11,7 +11,7 @@
 //
 // Non-finite values: raw, bf16 and fp16 keep NaN and +-Inf (bf16 and fp16
 // keep a NaN a NaN; a finite value beyond fp16's range becomes +-Inf).
-// int8_row, topk, topk_sign and block_sign refuse to encode a tensor holding
+// int8_row, int4_row, topk, topk_sign and block_sign refuse to encode a tensor holding
 // NaN or Inf (an error naming the first such element): a scale or a ranking
 // of non-finite values means nothing.
 //
@@ -60,7 +60,8 @@ struct CodecStage {
 
 class CodecPipeline {
  public:
-  // "raw", "bf16", "fp16", "int8_row", "topk:D" (D = kept fraction, e.g. 0.01),
+  // "raw", "bf16", "fp16", "int8_row", "int4_row" (4-bit integers on a row's
+  // scale), "topk:D" (D = kept fraction, e.g. 0.01),
   // "topk_sign:D" (the same entries as signs times a per-row scale),
   // "block_sign:D" or "block_sign:D:B" (the fraction D of each row's blocks
   // of B entries, default 16, of largest energy, as signs times a per-row

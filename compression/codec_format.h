@@ -48,6 +48,11 @@
 //             to +scale, -0 to -scale), scale = the mean |x| of the row's
 //             kept entries, summed in block order; every other entry to 0.
 //             The block bitmap costs 1/B bit an entry, not an index each.
+//   int4_row  rows x f32 scale, then per row ceil(cols / 2) bytes of
+//             nibbles (entry c: the low nibble of byte c / 2 when c is even,
+//             the high one when odd; an odd row's unused last nibble is 0);
+//             a nibble holds q + 8, q in [-7, 7]; x = q * scale of its row,
+//             scale = max |x| of the row / 7 (0 for an all-zero row)
 // Byte codecs:
 //   zstd      param "level"; one zstd frame whose content size is the
 //             previous stage's "bytes"
@@ -76,6 +81,7 @@ enum class CodecKind : uint8_t {
   kZstd = 5,
   kTopKSign = 6,
   kBlockSign = 7,
+  kInt4Row = 8,
 };
 
 // block_sign's block size is at most this many entries.

@@ -46,7 +46,7 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 }
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
-                              "int8_row", "int8_row+zstd:9", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
+                              "int8_row", "int8_row+zstd:9", "int4_row", "int4_row+zstd:1", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
                               "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1", "block_sign:0.5",
                               "block_sign:0.25:4+zstd:1", "block_sign:1:1"};
 
@@ -76,6 +76,12 @@ TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
           float amax = 0;
           for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[row * shape.cols + c]));
           ASSERT_LE(std::abs(x[i] - y[i]), amax / 127 * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
+        }
+        if (kind == CodecKind::kInt4Row) {
+          const size_t row = i / shape.cols;
+          float amax = 0;
+          for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[row * shape.cols + c]));
+          ASSERT_LE(std::abs(x[i] - y[i]), amax / 7 * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
         }
       }
     }
@@ -183,6 +189,58 @@ TEST(Int8Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEven) {
   EXPECT_GT(t[1], 0.0f);
   EXPECT_LT(t[2], 0.0f);
   EXPECT_EQ(t[3], 0.0f);
+}
+
+TEST(Int4Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEvenTwoToAByte) {
+  // Row 0 has scale 1 (its largest magnitude is 7) and ties: -6.5 .. 6.5
+  // round to the even neighbour. Rows of odd length leave a padding nibble.
+  for (const TensorShape shape : {TensorShape{3, 15}, TensorShape{3, 16}}) {
+    std::vector<float> x = random_tensor(shape.elements(), 5 + shape.cols);
+    x[0] = 7.0f;
+    for (size_t c = 1; c < shape.cols; ++c) x[c] = float(int(c % 14) - 7) + 0.5f;
+    std::fill(x.begin() + 2 * shape.cols, x.end(), 0.0f);
+    EncodedTensor e;
+    ASSERT_TRUE(pipeline("int4_row").encode(x.data(), shape, &e).is_ok());
+    EXPECT_EQ(e.payload.size(), 4 * shape.rows + shape.rows * ((shape.cols + 1) / 2)) << "two entries a byte";
+    const std::vector<float> y = round_trip(pipeline("int4_row"), x, shape);
+    for (size_t r = 0; r < shape.rows; ++r) {
+      float amax = 0;
+      for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
+      const float scale = amax / 7.0f, inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (size_t c = 0; c < shape.cols; ++c) {
+        const size_t i = r * shape.cols + c;
+        ASSERT_EQ(std::nearbyint(std::clamp(x[i] * inv, -7.0f, 7.0f)) * scale, y[i]) << "row " << r << " col " << c;
+      }
+    }
+    EXPECT_EQ(y[1], -6.0f) << "-5.5 rounds to the even -6";
+    EXPECT_EQ(y[2], -4.0f) << "-4.5 rounds to the even -4";
+  }
+}
+
+TEST(Int4Row, AZeroNibbleSetPaddingOrABadScaleIsCorruption) {
+  const TensorShape shape{2, 5};
+  const std::vector<float> x = random_tensor(shape.elements(), 9);
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("int4_row").encode(x.data(), shape, &e).is_ok());
+  std::vector<float> y(x.size());
+  ASSERT_TRUE(decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok());
+  auto refused = [&](std::vector<uint8_t> p, const std::string& why) {
+    const Status st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+    EXPECT_FALSE(st.is_ok()) << why;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
+  std::vector<uint8_t> p = e.payload;
+  p[8] &= 0xf0;  // row 0, entry 0: nibble 0
+  refused(p, "nibble of 0");
+  p = e.payload;
+  p[8 + 2] |= 0x10;  // row 0's padding nibble (entry 5 of 5)
+  refused(p, "padding");
+  p = e.payload;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), negative = -1.0f;
+  std::memcpy(p.data() + 4, &nan, 4);
+  refused(p, "bad scale in row 1");
+  std::memcpy(p.data() + 4, &negative, 4);
+  refused(p, "bad scale in row 1");
 }
 
 TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirRow) {
@@ -425,7 +483,7 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
     EXPECT_EQ(y[3], inf) << spec;
   }
   EXPECT_EQ(round_trip(pipeline("fp16"), x, {1, 6})[5], inf) << "beyond fp16's range";
-  for (const char* spec : {"int8_row", "topk:0.5+zstd", "topk_sign:0.5", "block_sign:0.5:2"}) {
+  for (const char* spec : {"int8_row", "int4_row", "topk:0.5+zstd", "topk_sign:0.5", "block_sign:0.5:2"}) {
     EncodedTensor e;
     Status st = pipeline(spec).encode(x.data(), {1, 6}, &e);
     EXPECT_FALSE(st.is_ok()) << spec;
@@ -436,7 +494,7 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
 TEST(Codec, BadSpecsAreRefusedNamingThePart) {
   for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0",
                            "block_sign", "block_sign:0", "block_sign:0.5:0", "block_sign:0.5:x", "block_sign:0.5:1.5",
-                           "block_sign:0.5:70000", "block_sign:2",
+                           "block_sign:0.5:70000", "block_sign:2", "int4_row:2",
                            "zstd:3.5", "bf16:2",
                            "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
     auto p = CodecPipeline::parse(spec);
