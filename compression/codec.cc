@@ -11,8 +11,8 @@
 #include <numeric>
 
 #include "compression/detail/block_sign.h"
-#include "compression/detail/int4_rows.h"
 #include "compression/detail/every_sign.h"
+#include "compression/detail/int4_rows.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
 

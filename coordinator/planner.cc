@@ -567,8 +567,8 @@ int choose_candidate(const std::vector<PlanCandidate>& candidates) {
       fastest = i;
   if (fastest < 0) return -1;
   // Within kPlanTieMargin of the fastest the prediction cannot tell the
-  // candidates apart: the one holding the fewest replicas wins (the least
-  // memory, and its reductions wait on the fewest peers), then the faster.
+  // candidates apart: the one holding the fewest replicas wins (it uses the
+  // least memory), then the faster.
   const double limit = candidates[fastest].iteration_s * (1 + kPlanTieMargin);
   int chosen = fastest;
   for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
