@@ -60,21 +60,12 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
   int8_t* q = reinterpret_cast<int8_t*>(out + rows * sizeof(float));
   for (uint64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
-    float amax = 0;
-    for (uint64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(row[c]));
-    const float scale = amax / 127.0f;
-    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-    float s = scale;
-    std::memcpy(&scales[r], &s, sizeof s);
-    // Round to nearest, ties to even, as lrint does in the default rounding
-    // mode, without its library call: past 2^23 a float's step is 1, so adding
-    // and taking away 1.5 * 2^23 rounds a value of [-127, 127] to an integer.
+    const detail::RowScale rs = detail::symmetric_row_scale(row, cols, 127.0f);
+    std::memcpy(&scales[r], &rs.scale, sizeof rs.scale);
     // A row whose scale is so small that its inverse overflows gives 0 * inf,
     // NaN, for its zeros: they stay 0.
-    constexpr float kRounder = 12582912.0f;
     for (uint64_t c = 0; c < cols; ++c) {
-      const float v = std::clamp(row[c] * inv, -127.0f, 127.0f);
-      const float rounded = (v + kRounder) - kRounder;
+      const float rounded = detail::round_ties_to_even(std::clamp(row[c] * rs.inverse, -127.0f, 127.0f));
       q[r * cols + c] = rounded == rounded ? static_cast<int8_t>(static_cast<int>(rounded)) : int8_t{0};
     }
   }

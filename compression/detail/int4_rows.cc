@@ -5,17 +5,16 @@
 #include <cstring>
 #include <string>
 
+#include "compression/detail/number_formats.h"
+
 namespace xd::detail {
 
 namespace {
 
-// Round to nearest, ties to even, without a library call (as int8_row):
-// adding and taking away 1.5 * 2^23 rounds a value of [-7, 7] to an integer.
+// A row whose scale is so small that its inverse overflows gives 0 * inf,
+// NaN, for its zeros: they stay 0 (nibble 8).
 inline uint8_t nibble(float v) {
-  constexpr float kRounder = 12582912.0f;
-  const float rounded = (std::clamp(v, -7.0f, 7.0f) + kRounder) - kRounder;
-  // A row whose scale is so small that its inverse overflows gives 0 * inf,
-  // NaN, for its zeros: they stay 0 (nibble 8).
+  const float rounded = round_ties_to_even(std::clamp(v, -7.0f, 7.0f));
   return static_cast<uint8_t>(rounded == rounded ? static_cast<int>(rounded) + 8 : 8);
 }
 
@@ -26,16 +25,13 @@ void encode_int4_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out
   uint8_t* q = out + 4 * rows;
   for (uint64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
-    float amax = 0;
-    for (uint64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(row[c]));
-    const float scale = amax / 7.0f;
-    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-    std::memcpy(out + 4 * r, &scale, sizeof scale);
+    const RowScale rs = symmetric_row_scale(row, cols, 7.0f);
+    std::memcpy(out + 4 * r, &rs.scale, sizeof rs.scale);
     uint8_t* b = q + r * row_bytes;
     uint64_t c = 0;
     for (; c + 1 < cols; c += 2)
-      b[c / 2] = static_cast<uint8_t>(nibble(row[c] * inv) | nibble(row[c + 1] * inv) << 4);
-    if (c < cols) b[c / 2] = nibble(row[c] * inv);
+      b[c / 2] = static_cast<uint8_t>(nibble(row[c] * rs.inverse) | nibble(row[c + 1] * rs.inverse) << 4);
+    if (c < cols) b[c / 2] = nibble(row[c] * rs.inverse);
   }
 }
 
