@@ -7,7 +7,10 @@
 //   activations      the rows Dispatch sends (the token A2A traffic);
 //   output grads     the rows the backward of Combine sends;
 //   expert grads     the routed experts' weight gradients (the replica-gradient
-//                    return traffic).
+//                    return traffic), by rows of the matrix, and as the
+//                    replica-gradient message lays them out: one row a tensor
+//                    ("expert grads/t"), where int8_row and int4_row without a
+//                    scale block have one scale for the whole tensor.
 // MB/s count fp32 input bytes; memcpy of the same bytes is measured in the same
 // run as the yardstick. Without --checkpoint it first trains the built-in
 // model for --train-steps steps.
@@ -184,9 +187,10 @@ int main(int argc, char** argv) {
   model.forward(in.data(), tgt.data(), B, T, &exchange);
   model.backward(&exchange);
 
-  Dataset experts, expert_grads, acts, ograds;
+  Dataset experts, expert_grads, grad_messages, acts, ograds;
   experts.name = "expert weights";
   expert_grads.name = "expert grads";
+  grad_messages.name = "expert grads/t";
   acts.name = "activations";
   ograds.name = "output grads";
   const size_t d = mc.hidden_size, ff = mc.expert_intermediate_size, E = mc.num_experts;
@@ -207,6 +211,8 @@ int main(int argc, char** argv) {
         experts.bases.push_back(base);
         expert_grads.tensors.emplace_back(gblock + e * n, gblock + (e + 1) * n);
         expert_grads.shapes.push_back(shape);
+        grad_messages.tensors.push_back(expert_grads.tensors.back());
+        grad_messages.shapes.push_back({1, n});
       }
     }
   acts.tensors.push_back(exchange.activations);
@@ -238,6 +244,9 @@ int main(int argc, char** argv) {
   for (const char* spec : {"bf16", "int8_row", "int8_row+zstd:1", "int4_row", "int4_row+zstd:1", "topk:0.1+zstd:1",
                            "topk:0.01+zstd:1"})
     rows.push_back(measure(expert_grads, spec, false, reps));
+  for (const char* spec : {"int8_row+zstd:1", "int8_row:64+zstd:1", "int4_row+zstd:1", "int4_row:128+zstd:1",
+                           "int4_row:64+zstd:1", "int4_row:32+zstd:1"})
+    rows.push_back(measure(grad_messages, spec, false, reps));
 
   std::printf("\nmodel: d %zu, ff %zu, %zu experts x %zu layers; expert weights %.1f MB, activations %.1f MB, "
               "output grads %.1f MB; memcpy %.0f MB/s\n",

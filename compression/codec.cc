@@ -12,7 +12,7 @@
 
 #include "compression/detail/block_sign.h"
 #include "compression/detail/every_sign.h"
-#include "compression/detail/int4_rows.h"
+#include "compression/detail/int_rows.h"
 #include "compression/detail/number_formats.h"
 #include "compression/detail/top_k.h"
 
@@ -38,6 +38,7 @@ const char* kind_name(CodecKind k) {
 bool is_value_codec(CodecKind k) { return k != CodecKind::kZstd; }
 bool is_top_k(CodecKind k) { return k == CodecKind::kTopK || k == CodecKind::kTopKSign; }
 bool is_sparse_kind(CodecKind k) { return is_top_k(k) || k == CodecKind::kBlockSign; }
+bool is_int_rows(CodecKind k) { return k == CodecKind::kInt8Row || k == CodecKind::kInt4Row; }
 uint64_t sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
 
 Status first_non_finite(const float* x, uint64_t n, const char* codec) {
@@ -54,22 +55,6 @@ Status first_non_finite(const float* x, uint64_t n, const char* codec) {
 }
 
 // ---- value codecs: floats -> bytes, bytes -> floats -------------------------
-
-void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint8_t* out) {
-  float* scales = reinterpret_cast<float*>(out);  // out is a std::vector's storage: aligned
-  int8_t* q = reinterpret_cast<int8_t*>(out + rows * sizeof(float));
-  for (uint64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    const detail::RowScale rs = detail::symmetric_row_scale(row, cols, 127.0f);
-    std::memcpy(&scales[r], &rs.scale, sizeof rs.scale);
-    // A row whose scale is so small that its inverse overflows gives 0 * inf,
-    // NaN, for its zeros: they stay 0.
-    for (uint64_t c = 0; c < cols; ++c) {
-      const float rounded = detail::round_ties_to_even(std::clamp(row[c] * rs.inverse, -127.0f, 127.0f));
-      q[r * cols + c] = rounded == rounded ? static_cast<int8_t>(static_cast<int>(rounded)) : int8_t{0};
-    }
-  }
-}
 
 // topk_sign's values after the index list: each row's scale (the mean |x| of
 // its kept entries), then one sign bit per kept entry. Returns the end. With
@@ -119,7 +104,8 @@ std::string pack_record(const CodecRecord& r) {
   pk.pack_array(static_cast<uint32_t>(r.stages.size()));
   for (const CodecStageRecord& s : r.stages) {
     const bool block = s.kind == CodecKind::kBlockSign;
-    const bool extra = is_sparse_kind(s.kind) || s.kind == CodecKind::kZstd;
+    const bool scale_block = is_int_rows(s.kind) && s.block != 0;
+    const bool extra = is_sparse_kind(s.kind) || s.kind == CodecKind::kZstd || scale_block;
     pk.pack_map(block ? 4 : extra ? 3 : 2);
     pk.pack(std::string("kind"));
     pk.pack(static_cast<uint8_t>(s.kind));
@@ -129,7 +115,7 @@ std::string pack_record(const CodecRecord& r) {
       pk.pack(std::string("kept"));
       pk.pack(s.kept);
     }
-    if (block) {
+    if (block || scale_block) {
       pk.pack(std::string("block"));
       pk.pack(s.block);
     } else if (s.kind == CodecKind::kZstd) {
@@ -236,6 +222,8 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
           if (is_sparse_kind(st.kind) && !have_kept)
             return bad(std::string(kind_name(st.kind)) + " stage without 'kept'");
           if (st.kind == CodecKind::kBlockSign && !have_block) return bad("block_sign stage without 'block'");
+          if (have_block && st.kind != CodecKind::kBlockSign && !is_int_rows(st.kind))
+            return bad(std::string(kind_name(st.kind)) + " stage with a 'block'");
           if (st.kind == CodecKind::kZstd && !have_level) return bad("zstd stage without 'level'");
           r.stages.push_back(st);
         }
@@ -263,8 +251,8 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
     case CodecKind::kRaw: return s.bytes == 4 * n;
     case CodecKind::kBf16:
     case CodecKind::kFp16: return s.bytes == 2 * n;
-    case CodecKind::kInt8Row: return s.bytes == 4 * rows + n;
-    case CodecKind::kInt4Row: return s.bytes == detail::int4_row_bytes(rows, n ? n / rows : 0);
+    case CodecKind::kInt8Row: return s.bytes == detail::int8_row_bytes(rows, n ? n / rows : 0, s.block);
+    case CodecKind::kInt4Row: return s.bytes == detail::int4_row_bytes(rows, n ? n / rows : 0, s.block);
     case CodecKind::kTopK: return s.kept <= n && s.bytes >= 3 * s.kept && s.bytes <= 12 * s.kept;
     case CodecKind::kTopKSign: {  // rows, kept <= 2^34: no overflow
       const uint64_t fixed = 4 * rows + sign_bytes(s.kept);
@@ -377,18 +365,10 @@ Status decode_values(const CodecStageRecord& s, const uint8_t* in, uint64_t rows
     case CodecKind::kFp16:
       detail::fp16_to_floats(in, n, out);
       return Status::ok();
-    case CodecKind::kInt8Row: {
-      const int8_t* q = reinterpret_cast<const int8_t*>(in + rows * sizeof(float));
-      for (uint64_t r = 0; r < rows; ++r) {
-        float scale;
-        std::memcpy(&scale, in + r * sizeof(float), sizeof scale);
-        if (!std::isfinite(scale) || scale < 0) return Status::corruption("int8_row: bad scale in row " + std::to_string(r));
-        for (uint64_t c = 0; c < cols; ++c) out[r * cols + c] = q[r * cols + c] * scale;
-      }
-      return Status::ok();
-    }
+    case CodecKind::kInt8Row:
+      return detail::decode_int8_rows(in, rows, cols, s.block, out);
     case CodecKind::kInt4Row:
-      return detail::decode_int4_rows(in, rows, cols, out);
+      return detail::decode_int4_rows(in, rows, cols, s.block, out);
     case CodecKind::kTopK:
     case CodecKind::kTopKSign:
       if (every_sign_payload(s, in, rows, cols)) return decode_every_sign_checked(s, in, rows, cols, out);
@@ -423,10 +403,18 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       return !arg.empty() && end && *end == 0;
     };
     const std::string where = "codec '" + spec + "': ";
-    if (name == "raw" || name == "bf16" || name == "fp16" || name == "int8_row" || name == "int4_row") {
+    if (name == "raw" || name == "bf16" || name == "fp16") {
       if (!arg.empty()) return Status::invalid_argument(where + name + " takes no parameter");
-      s.kind = name == "raw" ? CodecKind::kRaw : name == "bf16" ? CodecKind::kBf16
-               : name == "fp16" ? CodecKind::kFp16 : name == "int8_row" ? CodecKind::kInt8Row : CodecKind::kInt4Row;
+      s.kind = name == "raw" ? CodecKind::kRaw : name == "bf16" ? CodecKind::kBf16 : CodecKind::kFp16;
+    } else if (name == "int8_row" || name == "int4_row") {
+      s.kind = name == "int8_row" ? CodecKind::kInt8Row : CodecKind::kInt4Row;
+      if (!arg.empty()) {
+        double b = 0;
+        if (!number(&b) || b < 1 || b > kMaxCodecBlock || b != std::floor(b))
+          return Status::invalid_argument(where + name + "'s scale block must be an integer in 1.." +
+                                          std::to_string(kMaxCodecBlock) + " entries, e.g. " + name + ":64");
+        s.scale_block = static_cast<uint64_t>(b);
+      }
     } else if (name == "topk" || name == "topk_sign") {
       s.kind = name == "topk" ? CodecKind::kTopK : CodecKind::kTopKSign;
       if (!number(&s.density) || !(s.density > 0 && s.density <= 1))
@@ -457,7 +445,7 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
     } else {
       return Status::invalid_argument(where + "unknown stage '" + name +
-                                      "' (use raw, bf16, fp16, int8_row, int4_row, topk:D, topk_sign:D, block_sign:D[:B], "
+                                      "' (use raw, bf16, fp16, int8_row[:B], int4_row[:B], topk:D, topk_sign:D, block_sign:D[:B], "
                                       "then +zstd[:L])");
     }
     if (is_value_codec(s.kind) && !p.stages_.empty())
@@ -489,6 +477,8 @@ std::string CodecPipeline::spec() const {
       char buf[48];
       std::snprintf(buf, sizeof buf, ":%.17g:%llu", st.density, static_cast<unsigned long long>(st.block));
       s += buf;
+    } else if (is_int_rows(st.kind) && st.scale_block != 0) {
+      s += ":" + std::to_string(st.scale_block);
     } else if (st.kind == CodecKind::kZstd) {
       s += ":" + std::to_string(st.level);
     }
@@ -530,13 +520,15 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       break;
     case CodecKind::kInt8Row:
       XD_RETURN_IF_ERROR(first_non_finite(data, n, "int8_row"));
-      bytes.resize(4 * shape.rows + n);
-      encode_int8_rows(data, shape.rows, shape.cols, bytes.data());
+      first.block = v.scale_block;
+      bytes.resize(detail::int8_row_bytes(shape.rows, shape.cols, v.scale_block));
+      detail::encode_int8_rows(data, shape.rows, shape.cols, v.scale_block, bytes.data());
       break;
     case CodecKind::kInt4Row:
       XD_RETURN_IF_ERROR(first_non_finite(data, n, "int4_row"));
-      bytes.resize(detail::int4_row_bytes(shape.rows, shape.cols));
-      detail::encode_int4_rows(data, shape.rows, shape.cols, bytes.data());
+      first.block = v.scale_block;
+      bytes.resize(detail::int4_row_bytes(shape.rows, shape.cols, v.scale_block));
+      detail::encode_int4_rows(data, shape.rows, shape.cols, v.scale_block, bytes.data());
       break;
     case CodecKind::kTopK:
     case CodecKind::kTopKSign: {

@@ -54,14 +54,16 @@ struct SparseTensor {
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
   double density = 0;   // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
-  uint64_t block = 16;  // block_sign: entries per block
+  uint64_t block = 16;       // block_sign: entries per block
+  uint64_t scale_block = 0;  // int8_row, int4_row: entries per scale (0: the whole row)
   int level = 3;        // zstd: compression level, 1..19
 };
 
 class CodecPipeline {
  public:
   // "raw", "bf16", "fp16", "int8_row", "int4_row" (4-bit integers on a row's
-  // scale), "topk:D" (D = kept fraction, e.g. 0.01),
+  // scale), "int8_row:B" and "int4_row:B" (one scale per B entries of a row),
+  // "topk:D" (D = kept fraction, e.g. 0.01),
   // "topk_sign:D" (the same entries as signs times a per-row scale),
   // "block_sign:D" or "block_sign:D:B" (the fraction D of each row's blocks
   // of B entries, default 16, of largest energy, as signs times a per-row
@@ -93,7 +95,7 @@ struct CodecStageRecord {
   CodecKind kind = CodecKind::kRaw;
   uint64_t bytes = 0;  // this stage's output
   uint64_t kept = 0;   // topk, topk_sign, block_sign: entries kept
-  uint64_t block = 0;  // block_sign
+  uint64_t block = 0;  // block_sign; int8_row, int4_row: entries per scale (0: the row)
   int level = 0;       // zstd
 };
 struct CodecRecord {

@@ -17,8 +17,12 @@
 //   raw       n x f32
 //   bf16      n x u16, the upper half of each f32 (round to nearest even)
 //   fp16      n x IEEE binary16 (round to nearest even)
-//   int8_row  rows x f32 scale, then n x i8; x = q * scale of its row,
-//             scale = max |x| of the row / 127 (0 for an all-zero row)
+//   int8_row  optional param "block" = B in 1..kMaxCodecBlock: each row is
+//             cut into ceil(cols / B) scale blocks of B entries (the last
+//             shorter when B does not divide cols); without it a row is one
+//             block. rows x blocks-per-row f32 scales (row-major), then
+//             n x i8; x = q * scale of its block, scale = max |x| of the
+//             block / 127 (0 for an all-zero block)
 //   topk      param "kept" = k entries; k LEB128 varints, the gaps between
 //             ascending indices (the first is the index itself), then k x
 //             bf16 values in index order; every other entry decodes to 0.
@@ -48,11 +52,12 @@
 //             to +scale, -0 to -scale), scale = the mean |x| of the row's
 //             kept entries, summed in block order; every other entry to 0.
 //             The block bitmap costs 1/B bit an entry, not an index each.
-//   int4_row  rows x f32 scale, then per row ceil(cols / 2) bytes of
+//   int4_row  optional param "block", scale blocks as in int8_row: rows x
+//             blocks-per-row f32 scales, then per row ceil(cols / 2) bytes of
 //             nibbles (entry c: the low nibble of byte c / 2 when c is even,
 //             the high one when odd; an odd row's unused last nibble is 0);
-//             a nibble holds q + 8, q in [-7, 7]; x = q * scale of its row,
-//             scale = max |x| of the row / 7 (0 for an all-zero row)
+//             a nibble holds q + 8, q in [-7, 7]; x = q * scale of its block,
+//             scale = max |x| of the block / 7 (0 for an all-zero block)
 // Byte codecs:
 //   zstd      param "level"; one zstd frame whose content size is the
 //             previous stage's "bytes"
@@ -84,7 +89,8 @@ enum class CodecKind : uint8_t {
   kInt4Row = 8,
 };
 
-// block_sign's block size is at most this many entries.
+// block_sign's block and int8_row's and int4_row's scale block are at most
+// this many entries.
 inline constexpr uint64_t kMaxCodecBlock = 1 << 16;
 
 // Decoding refuses tensors above this many elements (2^34, 64 GiB of f32).

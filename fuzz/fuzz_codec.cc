@@ -30,7 +30,7 @@ constexpr const char* kSpecs[] = {
     "topk:1",       "zstd",          "raw+zstd:1", "bf16+zstd",        "fp16+zstd:19",
     "int8_row+zstd", "topk:0.02+zstd", "topk:0.5+zstd:3",
     "topk_sign:0.1", "topk_sign:0.02+zstd:1", "block_sign:0.5", "block_sign:0.25:4+zstd:1",
-    "topk_sign:1+zstd:1", "int4_row", "int4_row+zstd:1",
+    "topk_sign:1+zstd:1", "int4_row", "int4_row+zstd:1", "int8_row:3", "int4_row:3+zstd:1",
 };
 constexpr size_t kNumSpecs = sizeof(kSpecs) / sizeof(kSpecs[0]);
 constexpr uint64_t kMaxElements = uint64_t(1) << 22;  // what this receiver would allocate

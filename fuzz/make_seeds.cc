@@ -156,7 +156,7 @@ void codec_frames() {
       "topk:1",       "zstd",          "raw+zstd:1", "bf16+zstd",        "fp16+zstd:19",
       "int8_row+zstd", "topk:0.02+zstd", "topk:0.5+zstd:3",
       "topk_sign:0.1", "topk_sign:0.02+zstd:1", "block_sign:0.5", "block_sign:0.25:4+zstd:1",
-      "topk_sign:1+zstd:1", "int4_row", "int4_row+zstd:1",
+      "topk_sign:1+zstd:1", "int4_row", "int4_row+zstd:1", "int8_row:3", "int4_row:3+zstd:1",
   };
   std::vector<float> x(32);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 7 == 0 ? 2.0f : 0.1f) * (i % 2 ? -1.0f : 1.0f) * float(i + 1);

@@ -101,10 +101,11 @@ TEST(ExpertStreamCodec, WithoutFeedbackEveryStepSendsTheSameApproximation) {
 TEST(ExpertStreamCodec, GradientFeedbackDeliversEveryGradientEventuallyWhateverThePipeline) {
   // Over many steps, what arrived plus what the sender still carries is the
   // sum of every gradient sent: nothing is lost, only delayed. Sparse
-  // (top-k), dense lossy (int8 and int4 rows) and 1-bit (every sign)
-  // pipelines alike.
+  // (top-k), dense lossy (int8 and int4 rows, one scale or one per 64
+  // entries) and 1-bit (every sign) pipelines alike.
   const size_t n = 1024;
-  for (const char* spec : {"ef:topk:0.1+zstd:1", "ef:int8_row+zstd:1", "ef:int4_row+zstd:1", "ef:topk_sign:1+zstd:1"}) {
+  for (const char* spec : {"ef:topk:0.1+zstd:1", "ef:int8_row+zstd:1", "ef:int4_row+zstd:1", "ef:int4_row:64+zstd:1",
+                           "ef:topk_sign:1+zstd:1"}) {
     auto sender = codec(spec, ExpertStreamCodec::Traffic::kGradients, n);
     auto receiver = codec(spec, ExpertStreamCodec::Traffic::kGradients, n);
     std::vector<double> sent(n, 0.0), arrived(n, 0.0);

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compression/codec.h"
@@ -46,7 +47,7 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 }
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
-                              "int8_row", "int8_row+zstd:9", "int4_row", "int4_row+zstd:1", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
+                              "int8_row", "int8_row+zstd:9", "int8_row:16", "int4_row", "int4_row+zstd:1", "int4_row:5+zstd:1", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
                               "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1", "block_sign:0.5",
                               "block_sign:0.25:4+zstd:1", "block_sign:1:1"};
 
@@ -71,17 +72,15 @@ TEST(Codec, EveryPipelineRoundTripsEmptyOneElementOddAndMatrixShapes) {
         if (kind == CodecKind::kFp16) {
           ASSERT_EQ(y[i], static_cast<float>(static_cast<_Float16>(x[i]))) << where;
         }
-        if (kind == CodecKind::kInt8Row) {
-          const size_t row = i / shape.cols;
+        if (kind == CodecKind::kInt8Row || kind == CodecKind::kInt4Row) {
+          // Half a step of the entry's scale block (the row without one).
+          const size_t block = p.stages().front().scale_block ? p.stages().front().scale_block : shape.cols;
+          const size_t row = i / shape.cols, first = (i % shape.cols) / block * block;
           float amax = 0;
-          for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[row * shape.cols + c]));
-          ASSERT_LE(std::abs(x[i] - y[i]), amax / 127 * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
-        }
-        if (kind == CodecKind::kInt4Row) {
-          const size_t row = i / shape.cols;
-          float amax = 0;
-          for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[row * shape.cols + c]));
-          ASSERT_LE(std::abs(x[i] - y[i]), amax / 7 * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
+          for (size_t c = first; c < std::min<size_t>(shape.cols, first + block); ++c)
+            amax = std::max(amax, std::abs(x[row * shape.cols + c]));
+          const float levels = kind == CodecKind::kInt8Row ? 127 : 7;
+          ASSERT_LE(std::abs(x[i] - y[i]), amax / levels * 0.5f * 1.0001f + 1e-7f) << where << " element " << i;
         }
       }
     }
@@ -241,6 +240,90 @@ TEST(Int4Row, AZeroNibbleSetPaddingOrABadScaleIsCorruption) {
   refused(p, "bad scale in row 1");
   std::memcpy(p.data() + 4, &negative, 4);
   refused(p, "bad scale in row 1");
+}
+
+// The reference for int8_row:B and int4_row:B: each block of B entries of a
+// row on its own scale, its largest magnitude over the levels.
+std::vector<float> naive_scale_blocks(const std::vector<float>& x, TensorShape shape, size_t block, float levels) {
+  std::vector<float> y(x.size());
+  for (size_t r = 0; r < shape.rows; ++r)
+    for (size_t first = 0; first < shape.cols; first += block) {
+      const size_t end = std::min<size_t>(shape.cols, first + block);
+      float amax = 0;
+      for (size_t c = first; c < end; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
+      const float scale = amax / levels, inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (size_t c = first; c < end; ++c) {
+        const size_t i = r * shape.cols + c;
+        y[i] = std::nearbyint(std::clamp(x[i] * inv, -levels, levels)) * scale;
+      }
+    }
+  return y;
+}
+
+TEST(IntRows, EachScaleBlockHasItsOwnScaleSoOneLargeEntryCoarsensOnlyItsBlock) {
+  // Blocks of 8 over rows of 21 (a short last block, and blocks that start
+  // mid-byte in int4); row 1 holds one entry 1000x the rest.
+  const TensorShape shape{3, 21};
+  std::vector<float> x = random_tensor(shape.elements(), 31);
+  x[21 + 3] = 1000.0f;
+  std::fill(x.begin() + 42 + 8, x.begin() + 42 + 16, 0.0f);  // an all-zero block
+  for (const auto& [name, levels, value_bytes] : {std::tuple{"int8_row", 127.0f, 21}, std::tuple{"int4_row", 7.0f, 11}}) {
+    const std::string spec = std::string(name) + ":8";
+    EncodedTensor e;
+    ASSERT_TRUE(pipeline(spec).encode(x.data(), shape, &e).is_ok());
+    EXPECT_EQ(e.payload.size(), shape.rows * (3 * 4 + static_cast<size_t>(value_bytes))) << spec << ": 3 scales a row";
+    const std::vector<float> y = round_trip(pipeline(spec), x, shape);
+    const std::vector<float> want = naive_scale_blocks(x, shape, 8, levels);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(want[i], y[i]) << spec << " element " << i;
+    // Row 1's other blocks keep their precision; with one scale for the row
+    // the large entry's step swallows them.
+    const std::vector<float> whole = round_trip(pipeline(name), x, shape);
+    double block_err = 0, row_err = 0;
+    for (size_t c = 8; c < 21; ++c) {
+      block_err += std::pow(x[21 + c] - y[21 + c], 2);
+      row_err += std::pow(x[21 + c] - whole[21 + c], 2);
+    }
+    EXPECT_LT(block_err * 10, row_err) << spec;
+  }
+  // A scale block as long as the row writes the bytes of the whole row's scale.
+  for (const char* name : {"int8_row", "int4_row"}) {
+    EncodedTensor whole, long_block;
+    ASSERT_TRUE(pipeline(name).encode(x.data(), shape, &whole).is_ok());
+    ASSERT_TRUE(pipeline(std::string(name) + ":21").encode(x.data(), shape, &long_block).is_ok());
+    EXPECT_EQ(whole.payload, long_block.payload) << name;
+  }
+}
+
+TEST(IntRows, ABadScaleInAnyBlockOrABlockOnAnotherCodecIsCorruption) {
+  const TensorShape shape{2, 10};
+  const std::vector<float> x = random_tensor(shape.elements(), 37);
+  for (const char* spec : {"int8_row:4", "int4_row:4"}) {
+    EncodedTensor e;
+    ASSERT_TRUE(pipeline(spec).encode(x.data(), shape, &e).is_ok());
+    std::vector<float> y(x.size());
+    std::vector<uint8_t> p = e.payload;
+    const float negative = -1.0f;
+    std::memcpy(p.data() + 4 * 4, &negative, 4);  // row 1's second block (3 scales a row)
+    const Status st = decode_tensor(e.metadata, p.data(), p.size(), y.data(), y.size());
+    EXPECT_FALSE(st.is_ok()) << spec;
+    EXPECT_NE(st.message().find("bad scale in row 1"), std::string::npos) << st.message();
+    // The record's block must match the payload: another block size is
+    // another payload size.
+    auto rec = parse_codec_record(e.metadata);
+    ASSERT_TRUE(rec);
+    rec->stages.front().block = 5;
+    EXPECT_FALSE(decode_tensor(*rec, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok()) << spec;
+  }
+  // A block on a codec without one is refused when the record is read.
+  EncodedTensor e;
+  ASSERT_TRUE(pipeline("int8_row:4").encode(x.data(), shape, &e).is_ok());
+  std::string m = e.metadata;
+  const size_t kind_at = m.find("kind");
+  ASSERT_NE(kind_at, std::string::npos);
+  m[kind_at + 4] = static_cast<char>(CodecKind::kBf16);  // a positive fixint after the key
+  const auto rec = parse_codec_record(m);
+  ASSERT_FALSE(rec);
+  EXPECT_NE(rec.status().message().find("bf16 stage with a 'block'"), std::string::npos) << rec.status().message();
 }
 
 TEST(TopKSign, KeepsTheLargestMagnitudesAsTheirSignTimesTheMeanMagnitudeOfTheirRow) {
@@ -494,7 +577,8 @@ TEST(Codec, NonFiniteValuesAreKeptByTheCastsAndRefusedByInt8AndTopK) {
 TEST(Codec, BadSpecsAreRefusedNamingThePart) {
   for (const char* spec : {"", "bf17", "topk", "topk:0", "topk:1.5", "topk:x", "topk_sign", "topk_sign:0", "zstd:0",
                            "block_sign", "block_sign:0", "block_sign:0.5:0", "block_sign:0.5:x", "block_sign:0.5:1.5",
-                           "block_sign:0.5:70000", "block_sign:2", "int4_row:2",
+                           "block_sign:0.5:70000", "block_sign:2", "int4_row:0", "int4_row:x", "int8_row:1.5",
+                           "int8_row:70000", "int4_row:4:4",
                            "zstd:3.5", "bf16:2",
                            "bf16+fp16", "zstd+bf16", "bf16+zstd+zstd", "raw+"}) {
     auto p = CodecPipeline::parse(spec);
