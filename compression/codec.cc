@@ -235,7 +235,8 @@ Expected<CodecRecord> unpack_record(const std::string& metadata) {
   } catch (const std::exception& e) {
     return bad(std::string("malformed msgpack (") + e.what() + ")");
   }
-  // Rows are bounded even without columns: int8_row keeps 4 bytes per row.
+  // Rows are bounded even without columns: a whole-row int8_row or int4_row
+  // scale costs 4 bytes a row, and their decoders walk every row.
   if (r.shape.rows > kMaxCodecElements || r.shape.cols > kMaxCodecElements) return bad("shape too large");
   if (r.shape.cols != 0 && r.shape.rows > kMaxCodecElements / r.shape.cols) return bad("shape too large");
   if (r.shape.elements() > kMaxCodecElements) return bad("shape too large");
@@ -251,8 +252,10 @@ bool value_bytes_ok(const CodecStageRecord& s, uint64_t rows, uint64_t n) {
     case CodecKind::kRaw: return s.bytes == 4 * n;
     case CodecKind::kBf16:
     case CodecKind::kFp16: return s.bytes == 2 * n;
-    case CodecKind::kInt8Row: return s.bytes == detail::int8_row_bytes(rows, n ? n / rows : 0, s.block);
-    case CodecKind::kInt4Row: return s.bytes == detail::int4_row_bytes(rows, n ? n / rows : 0, s.block);
+    case CodecKind::kInt8Row:  // block <= kMaxCodecBlock: scale_blocks cannot overflow
+      return s.block <= kMaxCodecBlock && s.bytes == detail::int8_row_bytes(rows, n ? n / rows : 0, s.block);
+    case CodecKind::kInt4Row:
+      return s.block <= kMaxCodecBlock && s.bytes == detail::int4_row_bytes(rows, n ? n / rows : 0, s.block);
     case CodecKind::kTopK: return s.kept <= n && s.bytes >= 3 * s.kept && s.bytes <= 12 * s.kept;
     case CodecKind::kTopKSign: {  // rows, kept <= 2^34: no overflow
       const uint64_t fixed = 4 * rows + sign_bytes(s.kept);

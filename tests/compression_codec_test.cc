@@ -47,7 +47,8 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 }
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
-                              "int8_row", "int8_row+zstd:9", "int8_row:16", "int4_row", "int4_row+zstd:1", "int4_row:5+zstd:1", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
+                              "int8_row", "int8_row+zstd:9", "int8_row:16", "int4_row", "int4_row+zstd:1", "int4_row:5+zstd:1", "int4_row:1",
+                              "topk:0.1", "topk:0.01+zstd:3", "topk:1",
                               "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1", "block_sign:0.5",
                               "block_sign:0.25:4+zstd:1", "block_sign:1:1"};
 
@@ -261,25 +262,27 @@ std::vector<float> naive_scale_blocks(const std::vector<float>& x, TensorShape s
 }
 
 TEST(IntRows, EachScaleBlockHasItsOwnScaleSoOneLargeEntryCoarsensOnlyItsBlock) {
-  // Blocks of 8 over rows of 21 (a short last block, and blocks that start
-  // mid-byte in int4); row 1 holds one entry 1000x the rest.
+  // Blocks of 7 over rows of 21 (blocks that start mid-byte in int4) and of
+  // 8 (a short last block); row 1 holds one entry 1000x the rest.
   const TensorShape shape{3, 21};
   std::vector<float> x = random_tensor(shape.elements(), 31);
   x[21 + 3] = 1000.0f;
-  std::fill(x.begin() + 42 + 8, x.begin() + 42 + 16, 0.0f);  // an all-zero block
-  for (const auto& [name, levels, value_bytes] : {std::tuple{"int8_row", 127.0f, 21}, std::tuple{"int4_row", 7.0f, 11}}) {
-    const std::string spec = std::string(name) + ":8";
+  std::fill(x.begin() + 42 + 8, x.begin() + 42 + 16, 0.0f);  // with blocks of 8, an all-zero block
+  const std::tuple<const char*, float, size_t, size_t> cases[] = {
+      {"int8_row", 127.0f, 21, 7}, {"int8_row", 127.0f, 21, 8}, {"int4_row", 7.0f, 11, 7}, {"int4_row", 7.0f, 11, 8}};
+  for (const auto& [name, levels, value_bytes, block] : cases) {
+    const std::string spec = std::string(name) + ":" + std::to_string(block);
     EncodedTensor e;
     ASSERT_TRUE(pipeline(spec).encode(x.data(), shape, &e).is_ok());
-    EXPECT_EQ(e.payload.size(), shape.rows * (3 * 4 + static_cast<size_t>(value_bytes))) << spec << ": 3 scales a row";
+    EXPECT_EQ(e.payload.size(), shape.rows * (3 * 4 + value_bytes)) << spec << ": 3 scales a row";
     const std::vector<float> y = round_trip(pipeline(spec), x, shape);
-    const std::vector<float> want = naive_scale_blocks(x, shape, 8, levels);
+    const std::vector<float> want = naive_scale_blocks(x, shape, block, levels);
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(want[i], y[i]) << spec << " element " << i;
     // Row 1's other blocks keep their precision; with one scale for the row
     // the large entry's step swallows them.
     const std::vector<float> whole = round_trip(pipeline(name), x, shape);
     double block_err = 0, row_err = 0;
-    for (size_t c = 8; c < 21; ++c) {
+    for (size_t c = block; c < 21; ++c) {
       block_err += std::pow(x[21 + c] - y[21 + c], 2);
       row_err += std::pow(x[21 + c] - whole[21 + c], 2);
     }

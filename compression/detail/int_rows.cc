@@ -23,6 +23,7 @@ inline int quantize(float v, float levels) {
 template <typename F>
 void for_each_scale_block(uint64_t rows, uint64_t cols, uint64_t block, F block_fn) {
   const uint64_t per_row = scale_blocks(cols, block), len = block == 0 ? cols : block;
+  if (per_row == 0) return;  // empty rows with a scale block: nothing, however many rows
   for (uint64_t r = 0; r < rows; ++r)
     for (uint64_t b = 0; b < per_row; ++b) {
       const uint64_t first = b * len;
@@ -50,7 +51,7 @@ void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint64_t blo
 void encode_int4_rows(const float* x, uint64_t rows, uint64_t cols, uint64_t block, uint8_t* out) {
   const uint64_t row_bytes = (cols + 1) / 2;
   uint8_t* q = out + 4 * rows * scale_blocks(cols, block);
-  std::memset(q, 0, rows * row_bytes);
+  if (rows * row_bytes != 0) std::memset(q, 0, rows * row_bytes);  // q is null for an empty payload
   for_each_scale_block(rows, cols, block, [&](uint64_t r, uint64_t first, uint64_t end, uint64_t slot) {
     const float* row = x + r * cols;
     const RowScale rs = symmetric_row_scale(row + first, end - first, 7.0f);
@@ -65,10 +66,11 @@ Status decode_int8_rows(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_
   const int8_t* q = reinterpret_cast<const int8_t*>(in + 4 * rows * scale_blocks(cols, block));
   Status st;
   for_each_scale_block(rows, cols, block, [&](uint64_t r, uint64_t first, uint64_t end, uint64_t slot) {
+    if (!st.is_ok()) return;
     float scale;
     std::memcpy(&scale, in + 4 * slot, sizeof scale);
-    if (!st.is_ok()) return;
     st = bad_scale("int8_row", r, scale);
+    if (!st.is_ok()) return;
     for (uint64_t c = first; c < end; ++c) out[r * cols + c] = q[r * cols + c] * scale;
   });
   return st;
@@ -79,10 +81,11 @@ Status decode_int4_rows(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_
   const uint8_t* q = in + 4 * rows * scale_blocks(cols, block);
   Status st;
   for_each_scale_block(rows, cols, block, [&](uint64_t r, uint64_t first, uint64_t end, uint64_t slot) {
+    if (!st.is_ok()) return;
     float scale;
     std::memcpy(&scale, in + 4 * slot, sizeof scale);
-    if (!st.is_ok()) return;
     st = bad_scale("int4_row", r, scale);
+    if (!st.is_ok()) return;
     const uint8_t* b = q + r * row_bytes;
     float* o = out + r * cols;
     bool zero_nibble = false;
@@ -91,8 +94,8 @@ Status decode_int4_rows(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_
       zero_nibble |= v == 0;
       o[c] = static_cast<float>(v - 8) * scale;
     }
-    if (st.is_ok() && zero_nibble) st = Status::corruption("int4_row: a value nibble of 0 in row " + std::to_string(r));
-    if (st.is_ok() && end == cols && (cols & 1) && (b[row_bytes - 1] >> 4) != 0)
+    if (zero_nibble) st = Status::corruption("int4_row: a value nibble of 0 in row " + std::to_string(r));
+    else if (end == cols && (cols & 1) && (b[row_bytes - 1] >> 4) != 0)
       st = Status::corruption("int4_row: padding bits set in row " + std::to_string(r));
   });
   return st;

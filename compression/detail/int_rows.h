@@ -11,7 +11,8 @@
 //
 // Layout (compression/codec_format.h): rows x scale_blocks(cols, block) f32
 // scales, row-major, then the values.
-//   int8_row: rows x cols int8, q in [-127, 127], x = q * scale.
+//   int8_row: rows x cols int8, q in [-127, 127], x = q * scale (no encoder
+//     writes -128; a decoder takes it as -128 * scale).
 //   int4_row: per row ceil(cols / 2) bytes; entry c of a row is the low
 //     nibble of byte c / 2 when c is even, the high nibble when odd. A nibble
 //     holds q + 8 with q in [-7, 7] (so 1..15), x = q * scale. The unused
@@ -29,7 +30,7 @@ namespace xd::detail {
 inline uint64_t scale_blocks(uint64_t cols, uint64_t block) { return block == 0 ? 1 : (cols + block - 1) / block; }
 
 // The payload sizes for rows x cols entries (block <= kMaxCodecBlock and
-// rows, cols <= 2^34 keep these from overflowing).
+// rows, cols, rows * cols <= 2^34 keep these from overflowing).
 inline uint64_t int8_row_bytes(uint64_t rows, uint64_t cols, uint64_t block) {
   return 4 * rows * scale_blocks(cols, block) + rows * cols;
 }
