@@ -448,8 +448,8 @@ Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
       if (p.stages_.empty()) p.stages_.push_back(CodecStage{});  // "zstd" alone: raw+zstd
     } else {
       return Status::invalid_argument(where + "unknown stage '" + name +
-                                      "' (use raw, bf16, fp16, int8_row[:B], int4_row[:B], topk:D, topk_sign:D, block_sign:D[:B], "
-                                      "then +zstd[:L])");
+                                      "' (use raw, bf16, fp16, int8_row[:B], int4_row[:B], topk:D, topk_sign:D, "
+                                      "block_sign:D[:B], then +zstd[:L])");
     }
     if (is_value_codec(s.kind) && !p.stages_.empty())
       return Status::invalid_argument(where + "only the first stage may be a value codec");

@@ -53,10 +53,10 @@ struct SparseTensor {
 // One stage of a pipeline, as written in a spec string.
 struct CodecStage {
   CodecKind kind = CodecKind::kRaw;
-  double density = 0;   // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
+  double density = 0;        // topk, topk_sign: fraction of entries kept; block_sign: of blocks; (0, 1]
   uint64_t block = 16;       // block_sign: entries per block
   uint64_t scale_block = 0;  // int8_row, int4_row: entries per scale (0: the whole row)
-  int level = 3;        // zstd: compression level, 1..19
+  int level = 3;             // zstd: compression level, 1..19
 };
 
 class CodecPipeline {

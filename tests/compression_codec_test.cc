@@ -47,8 +47,8 @@ std::vector<float> round_trip(const CodecPipeline& p, const std::vector<float>& 
 }
 
 const char* const kSpecs[] = {"raw", "raw+zstd:1", "zstd", "bf16", "bf16+zstd:3", "fp16", "fp16+zstd",
-                              "int8_row", "int8_row+zstd:9", "int8_row:16", "int4_row", "int4_row+zstd:1", "int4_row:5+zstd:1", "int4_row:1",
-                              "topk:0.1", "topk:0.01+zstd:3", "topk:1",
+                              "int8_row", "int8_row+zstd:9", "int8_row:16", "int4_row", "int4_row+zstd:1",
+                              "int4_row:5+zstd:1", "int4_row:1", "topk:0.1", "topk:0.01+zstd:3", "topk:1",
                               "topk_sign:0.1", "topk_sign:0.02+zstd:1", "topk_sign:1", "block_sign:0.5",
                               "block_sign:0.25:4+zstd:1", "block_sign:1:1"};
 

@@ -18,8 +18,8 @@ inline int quantize(float v, float levels) {
   return rounded == rounded ? static_cast<int>(rounded) : 0;
 }
 
-// Calls block_fn(first, end, scale_slot) for each scale block of each row,
-// scale slots in layout order.
+// Calls block_fn(row, first, end, scale_slot) for each scale block [first,
+// end) of each row, the scale slots in layout order.
 template <typename F>
 void for_each_scale_block(uint64_t rows, uint64_t cols, uint64_t block, F block_fn) {
   const uint64_t per_row = scale_blocks(cols, block), len = block == 0 ? cols : block;
