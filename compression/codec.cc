@@ -522,17 +522,16 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
       detail::floats_to_fp16(data, n, bytes.data());
       break;
     case CodecKind::kInt8Row:
-      XD_RETURN_IF_ERROR(first_non_finite(data, n, "int8_row"));
+    case CodecKind::kInt4Row: {
+      const bool four = v.kind == CodecKind::kInt4Row;
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, kind_name(v.kind)));
       first.block = v.scale_block;
-      bytes.resize(detail::int8_row_bytes(shape.rows, shape.cols, v.scale_block));
-      detail::encode_int8_rows(data, shape.rows, shape.cols, v.scale_block, bytes.data());
+      bytes.resize(four ? detail::int4_row_bytes(shape.rows, shape.cols, v.scale_block)
+                        : detail::int8_row_bytes(shape.rows, shape.cols, v.scale_block));
+      (four ? detail::encode_int4_rows : detail::encode_int8_rows)(data, shape.rows, shape.cols, v.scale_block,
+                                                                   bytes.data());
       break;
-    case CodecKind::kInt4Row:
-      XD_RETURN_IF_ERROR(first_non_finite(data, n, "int4_row"));
-      first.block = v.scale_block;
-      bytes.resize(detail::int4_row_bytes(shape.rows, shape.cols, v.scale_block));
-      detail::encode_int4_rows(data, shape.rows, shape.cols, v.scale_block, bytes.data());
-      break;
+    }
     case CodecKind::kTopK:
     case CodecKind::kTopKSign: {
       const char* name = kind_name(v.kind);

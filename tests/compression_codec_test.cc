@@ -159,6 +159,25 @@ TEST(TopK, TheErrorIsExactlyWhatWasDroppedPlusTheRoundingOfWhatWasKept) {
   }
 }
 
+// The reference for int8_row and int4_row (block = the row) and for
+// int8_row:B and int4_row:B: each block of B entries of a row on its own
+// scale, its largest magnitude over the levels.
+std::vector<float> naive_scale_blocks(const std::vector<float>& x, TensorShape shape, size_t block, float levels) {
+  std::vector<float> y(x.size());
+  for (size_t r = 0; r < shape.rows; ++r)
+    for (size_t first = 0; first < shape.cols; first += block) {
+      const size_t end = std::min<size_t>(shape.cols, first + block);
+      float amax = 0;
+      for (size_t c = first; c < end; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
+      const float scale = amax / levels, inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (size_t c = first; c < end; ++c) {
+        const size_t i = r * shape.cols + c;
+        y[i] = std::nearbyint(std::clamp(x[i] * inv, -levels, levels)) * scale;
+      }
+    }
+  return y;
+}
+
 TEST(Int8Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEven) {
   // Row 0 has scale 1 (its largest magnitude is 127) and a tie in every
   // entry after the first: -125.5 .. 126.5 round to the even neighbour, as
@@ -169,16 +188,9 @@ TEST(Int8Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEven) {
   for (size_t c = 1; c < shape.cols; ++c) x[c] = float(int(c) - 127) + 0.5f;
   std::fill(x.begin() + 2 * 254, x.begin() + 3 * 254, 0.0f);
   const std::vector<float> y = round_trip(pipeline("int8_row"), x, shape);
-  for (size_t r = 0; r < shape.rows; ++r) {
-    float amax = 0;
-    for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
-    const float scale = amax / 127.0f, inv = scale > 0 ? 1.0f / scale : 0.0f;
-    for (size_t c = 0; c < shape.cols; ++c) {
-      const size_t i = r * shape.cols + c;
-      const float want = std::nearbyint(std::clamp(x[i] * inv, -127.0f, 127.0f)) * scale;
-      ASSERT_EQ(want, y[i]) << "row " << r << " col " << c << ": " << x[i];
-    }
-  }
+  const std::vector<float> want = naive_scale_blocks(x, shape, shape.cols, 127.0f);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(want[i], y[i]) << "row " << i / shape.cols << " col " << i % shape.cols << ": " << x[i];
   EXPECT_EQ(y[1], -126.0f) << "-125.5 rounds to the even -126";
   EXPECT_EQ(y[4], -122.0f) << "-122.5 rounds to the even -122";
   EXPECT_EQ(y[5], -122.0f) << "-121.5 rounds to the even -122";
@@ -203,15 +215,9 @@ TEST(Int4Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEvenTwoTo
     ASSERT_TRUE(pipeline("int4_row").encode(x.data(), shape, &e).is_ok());
     EXPECT_EQ(e.payload.size(), 4 * shape.rows + shape.rows * ((shape.cols + 1) / 2)) << "two entries a byte";
     const std::vector<float> y = round_trip(pipeline("int4_row"), x, shape);
-    for (size_t r = 0; r < shape.rows; ++r) {
-      float amax = 0;
-      for (size_t c = 0; c < shape.cols; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
-      const float scale = amax / 7.0f, inv = scale > 0 ? 1.0f / scale : 0.0f;
-      for (size_t c = 0; c < shape.cols; ++c) {
-        const size_t i = r * shape.cols + c;
-        ASSERT_EQ(std::nearbyint(std::clamp(x[i] * inv, -7.0f, 7.0f)) * scale, y[i]) << "row " << r << " col " << c;
-      }
-    }
+    const std::vector<float> want = naive_scale_blocks(x, shape, shape.cols, 7.0f);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(want[i], y[i]) << "row " << i / shape.cols << " col " << i % shape.cols;
     EXPECT_EQ(y[1], -6.0f) << "-5.5 rounds to the even -6";
     EXPECT_EQ(y[2], -4.0f) << "-4.5 rounds to the even -4";
   }
@@ -241,24 +247,6 @@ TEST(Int4Row, AZeroNibbleSetPaddingOrABadScaleIsCorruption) {
   refused(p, "bad scale in row 1");
   std::memcpy(p.data() + 4, &negative, 4);
   refused(p, "bad scale in row 1");
-}
-
-// The reference for int8_row:B and int4_row:B: each block of B entries of a
-// row on its own scale, its largest magnitude over the levels.
-std::vector<float> naive_scale_blocks(const std::vector<float>& x, TensorShape shape, size_t block, float levels) {
-  std::vector<float> y(x.size());
-  for (size_t r = 0; r < shape.rows; ++r)
-    for (size_t first = 0; first < shape.cols; first += block) {
-      const size_t end = std::min<size_t>(shape.cols, first + block);
-      float amax = 0;
-      for (size_t c = first; c < end; ++c) amax = std::max(amax, std::abs(x[r * shape.cols + c]));
-      const float scale = amax / levels, inv = scale > 0 ? 1.0f / scale : 0.0f;
-      for (size_t c = first; c < end; ++c) {
-        const size_t i = r * shape.cols + c;
-        y[i] = std::nearbyint(std::clamp(x[i] * inv, -levels, levels)) * scale;
-      }
-    }
-  return y;
 }
 
 TEST(IntRows, EachScaleBlockHasItsOwnScaleSoOneLargeEntryCoarsensOnlyItsBlock) {

@@ -3,9 +3,7 @@
 // correctly rounded _Float16), and LEB128 varints. Pure inline functions.
 #pragma once
 
-#include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -30,28 +28,6 @@ inline float fp16_to_float(uint16_t h) { return static_cast<float>(std::bit_cast
 // conversion, cost no more for subnormals; else the element functions.
 void floats_to_fp16(const float* in, size_t n, uint8_t* out);
 void fp16_to_floats(const uint8_t* in, size_t n, float* out);
-
-// The scale of a row coded as integers in [-levels, levels] (int8_row,
-// int4_row): its largest magnitude over `levels` (0 for an all-zero row),
-// and the scale's inverse (0 for a zero scale).
-struct RowScale {
-  float scale, inverse;
-};
-inline RowScale symmetric_row_scale(const float* row, uint64_t cols, float levels) {
-  float amax = 0;
-  for (uint64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(row[c]));
-  const float scale = amax / levels;
-  return {scale, scale > 0 ? 1.0f / scale : 0.0f};
-}
-
-// Round to nearest, ties to even, as lrint does in the default rounding
-// mode, without its library call: past 2^23 a float's step is 1, so adding
-// and taking away 1.5 * 2^23 rounds a value of magnitude below 2^22 to an
-// integer. NaN stays NaN.
-inline float round_ties_to_even(float v) {
-  constexpr float kRounder = 12582912.0f;
-  return (v + kRounder) - kRounder;
-}
 
 // The bytes put_varint writes for v.
 inline size_t varint_size(uint64_t v) {
