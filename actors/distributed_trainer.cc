@@ -120,8 +120,14 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
                                                           std::move(buckets), overlapped, &t->timeline_);
-  const int r = job.cluster.expert_parallel.pipeline_degree;
-  t->model_->set_pipeline_degree(r > 0 ? r : 1);
+  // The coordinator resolves auto; a job run without one (tests) takes 1,
+  // and a backward r that is not given follows the forward's.
+  const int r = std::max(1, job.cluster.expert_parallel.pipeline_degree);
+  const int rb = job.cluster.expert_parallel.backward_pipeline_degree;
+  if (rb > 0 && r % rb != 0)
+    return Status::invalid_argument("backward pipeline degree " + std::to_string(rb) +
+                                    " does not divide the forward one, " + std::to_string(r));
+  t->model_->set_pipeline_degree(r, rb > 0 ? rb : r);
   t->model_->set_timeline(&t->timeline_);
   XD_RETURN_IF_ERROR(t->wire_experts(*topo));
   if (!o.resume_dir.empty()) XD_RETURN_IF_ERROR(t->resume(o.resume_dir));
@@ -224,11 +230,12 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   XD_RETURN_IF_ERROR(wire_experts(*topo));
   opts_.domain_sizes = plan.domain_sizes;
   opts_.predicted_step_s = plan.predicted_step_s;
-  model_->set_pipeline_degree(plan.pipeline_degree);
+  model_->set_pipeline_degree(plan.pipeline_degree, plan.backward_pipeline_degree);
   std::string domains;
   for (int s : plan.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
-  XD_LOG_INFO("trainer", "rank %d: from step %lld, domains %s, r = %d (%s)", opts_.rank, (long long)plan.step,
-              domains.c_str(), plan.pipeline_degree, plan.reason.c_str());
+  XD_LOG_INFO("trainer", "rank %d: from step %lld, domains %s, r = %d, backward r = %d (%s)", opts_.rank,
+              (long long)plan.step, domains.c_str(), plan.pipeline_degree, plan.backward_pipeline_degree,
+              plan.reason.c_str());
   return Status::ok();
 }
 

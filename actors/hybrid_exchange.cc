@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "actors/detail/exchange_route.h"
 #include "actors/detail/row_order.h"
 #include "actors/detail/work_thread.h"
 #include "common/clock.h"
@@ -124,7 +125,20 @@ Tag HybridExpertExchange::wire_tag(const ExchangeTag& t, bool forward_path, int 
 
 HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  return routes_[{tag.layer, tag.chunk}];
+  auto at = [this](int layer, int chunk, int span) -> Route& {
+    std::unique_ptr<Route>& r = routes_[{layer, chunk, span}];
+    if (!r) r = std::make_unique<Route>();
+    return *r;
+  };
+  Route& r = at(tag.layer, tag.chunk, tag.span);
+  // A span's backward of Combine comes after its chunks' Dispatches have
+  // concluded, and its backward of Dispatch follows the route it built.
+  if (tag.span > 1 && tag.phase == (int)ExchangePhase::kCombineBackward) {
+    std::vector<const Route*> parts;
+    for (int i = 0; i < tag.span; ++i) parts.push_back(&at(tag.layer, tag.chunk + i, 1));
+    r = detail::merge_routes(parts, topology_.num_levels());
+  }
+  return r;
 }
 
 void HybridExpertExchange::add_codec_seconds(double s) {

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "cluster/topology.h"
@@ -48,6 +49,8 @@ namespace xd {
 
 namespace detail {
 class WorkThread;
+struct ExchangeHop;
+struct ExchangeRoute;
 }
 
 class HybridExpertExchange final : public ExpertExchange<float> {
@@ -116,18 +119,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   Status status() const;
 
  private:
-  struct Hop {
-    std::vector<int> send_order;  // row indices in the order sent (grouped by member)
-    std::vector<int> send_counts;  // per level-group member (coordinate order)
-    std::vector<int> recv_counts;  // per member; own kept rows at own coordinate
-  };
-  struct Route {
-    int rows_in = 0;               // plan rows at the source
-    std::vector<Hop> hops;         // one per level
-    std::vector<int> final_order;  // rows after the last hop, grouped by computed expert
-    std::vector<int> out_counts;   // per computed expert
-    std::vector<int> counts_in;    // the Dispatch counts, to check the backward
-  };
+  using Hop = detail::ExchangeHop;
+  using Route = detail::ExchangeRoute;
 
   // One level's hop of `data` (rows x width) between its sends and its
   // receives (actors/hybrid_exchange_hop.cc). Forward: rows in send_order go
@@ -204,7 +197,9 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   template <typename F>
   void run_inline(const ExchangeTag& tag, F run);
   void add_codec_seconds(double s);
-  Route& route(const ExchangeTag& tag);  // the Dispatch's route of the tag's layer and chunk
+  // The Dispatch's route of the tag's layer and chunk; of a span, the routes
+  // of its chunks merged (built by its backward of Combine).
+  Route& route(const ExchangeTag& tag);
   Tag wire_tag(const ExchangeTag& t, bool forward_path, int level, uint32_t step) const;
   void fail(const Status& st);
 
@@ -231,7 +226,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
 
   mutable std::mutex mu_;          // guards what follows
   std::condition_variable done_;
-  std::map<std::pair<int, int>, Route> routes_;  // by (layer, chunk); map nodes stay put
+  // By (layer, chunk, span); each route stays put while hops point into it.
+  std::map<std::tuple<int, int, int>, std::unique_ptr<Route>> routes_;
   std::map<ExchangeTag, Result> results_;       // finished, not yet taken
   Status status_;
   // Last: destroyed first, so no queued exchange outlives the state above.

@@ -3,6 +3,7 @@
 // send at start_* and receive at finish_*, and a comm thread can do both.
 #include <cstring>
 
+#include "actors/detail/exchange_route.h"
 #include "actors/detail/row_order.h"
 #include "actors/hybrid_exchange.h"
 #include "common/clock.h"

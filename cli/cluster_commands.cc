@@ -88,6 +88,10 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                 "The simple schedule: the same math with nothing overlapped (farskip.overlapped: false)");
   cmd->add_option("--pipeline-degree", o->pipeline_degree,
                   "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)");
+  cmd->add_option("--backward-pipeline-degree", o->backward_pipeline_degree,
+                  "Override cluster.expert_parallel.backward_pipeline_degree: the backward's A2A exchanges, a "
+                  "divisor of r (0: the planner's choice, -1: r)")
+      ->check(CLI::Range(-1, 64));
   cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
       ->delimiter(',');
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");

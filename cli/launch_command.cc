@@ -2,7 +2,7 @@
 // as real processes over loopback, links shaped as the config says. Without a
 // config it runs the built-in 2 DC x 2 worker demo three times -- EP and
 // HybridEP with the simple schedule, then HybridEP with FarSkip overlapped --
-// and ends with a side-by-side table. A run is MODE[+farskip][+simple][+rN].
+// and ends with a side-by-side table. A run is MODE[+farskip][+simple][+rN[/M]].
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +24,7 @@
 #include "cli/launch_run.h"
 #include "cluster/hostfile.h"
 #include "cluster/job_config.h"
+#include "coordinator/planner.h"
 #include "model/distributed_checkpoint.h"
 #include "transport/endpoint.h"
 
@@ -70,7 +71,9 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   row("schedule (r)", [](const RunResult& r) {
     if (!r.summary.contains("overlapped")) return std::string("-");
     return std::string(r.summary["overlapped"].get<bool>() ? "overlapped" : "simple") + " (" +
-           std::to_string(r.summary.value("pipeline_degree", 1)) + ")";
+           pipeline_degrees_text(r.summary.value("pipeline_degree", 1),
+                                 r.summary.value("backward_pipeline_degree", r.summary.value("pipeline_degree", 1))) +
+           ")";
   });
   row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });
   row("final loss", [](const RunResult& r) { return cell(r.summary, "final_loss", "%.4f"); });
@@ -347,9 +350,10 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", f->modes,
-                  "Runs, one after another: MODE[+farskip][+simple][+rN][+dAxB] with MODE ep, ep_flat, hybrid or "
+                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB] with MODE ep, ep_flat, hybrid or "
                   "auto; +farskip turns FarSkip connectivity on, +simple runs nothing overlapped, +r4 splits each "
-                  "A2A into 4 chunks (r0: the planner's choice), +d2x1 runs hybrid with domains 2 x 1 (repeatable)");
+                  "A2A into 4 chunks (r0: the planner's choice), +r4/2 the forward's into 4 and the backward's into "
+                  "2 (r4/0: the planner's backward), +d2x1 runs hybrid with domains 2 x 1 (repeatable)");
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                   "scripts/trace_png.py draws them)")

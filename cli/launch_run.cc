@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -131,9 +132,22 @@ Expected<RunSpec> parse_run(const std::string& run) {
   while (std::getline(in, part, '+')) {
     if (part == "farskip") spec.farskip = true;
     else if (part == "simple") spec.simple = true;
-    else if (part.size() > 1 && part[0] == 'r' && part.find_first_not_of("0123456789", 1) == std::string::npos &&
-             part.size() < 4)
-      spec.pipeline_degree = std::stoi(part.substr(1));
+    else if (part.size() > 1 && part[0] == 'r' && isdigit((unsigned char)part[1]) &&
+             part.find_first_not_of("0123456789/", 1) == std::string::npos) {
+      // rN: r = N both ways; rN/M: forward N, backward M.
+      const size_t slash = part.find('/');
+      const std::string fwd = part.substr(1, slash == std::string::npos ? std::string::npos : slash - 1);
+      const std::string bwd = slash == std::string::npos ? "" : part.substr(slash + 1);
+      if (fwd.size() > 2 || (slash != std::string::npos && (bwd.empty() || bwd.size() > 2 ||
+                                                            bwd.find('/') != std::string::npos)))
+        return Status::invalid_argument("bad pipeline degree '" + part + "' in '" + run + "' (rN or rN/M)");
+      spec.pipeline_degree = std::stoi(fwd);
+      if (!bwd.empty()) spec.backward_pipeline_degree = std::stoi(bwd);
+      if (spec.pipeline_degree > 0 && spec.backward_pipeline_degree > 0 &&
+          spec.pipeline_degree % spec.backward_pipeline_degree != 0)
+        return Status::invalid_argument("pipeline degree '" + part + "' in '" + run +
+                                        "': the backward's must divide the forward's");
+    }
     else if (part.size() > 1 && part[0] == 'd' && part.find_first_not_of("0123456789x", 1) == std::string::npos) {
       std::stringstream sizes(part.substr(1));
       for (std::string d; std::getline(sizes, d, 'x');) {
@@ -149,12 +163,17 @@ Expected<RunSpec> parse_run(const std::string& run) {
   return spec;
 }
 
+std::string run_dir_name(std::string run) {
+  std::replace(run.begin(), run.end(), '/', '_');
+  return run;
+}
+
 RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   RunResult r;
   r.mode = run.name;
   const RunSpec& spec = run.spec;
-  const fs::path dir =
-      fs::path(run.run_dir) / (run.attempt > 0 ? run.name + "-restart" + std::to_string(run.attempt) : run.name);
+  const fs::path dir = fs::path(run.run_dir) / (run_dir_name(run.name) +
+                                                (run.attempt > 0 ? "-restart" + std::to_string(run.attempt) : ""));
   fs::create_directories(dir);
   const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
   fs::remove(endpoints);
@@ -185,6 +204,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   if (run.checkpoint_every >= 0) args.insert(args.end(), {"--checkpoint-every", std::to_string(run.checkpoint_every)});
   if (!run.resume.empty()) args.insert(args.end(), {"--resume", run.resume});
   if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
+  if (spec.backward_pipeline_degree >= -1)
+    args.insert(args.end(), {"--backward-pipeline-degree", std::to_string(spec.backward_pipeline_degree)});
   if (!run.trace_steps.empty()) {
     std::string list;
     for (int64_t s : run.trace_steps) list += (list.empty() ? "" : ",") + std::to_string(s);
@@ -391,6 +412,7 @@ RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& plac
       if (run.spec.mode != "ep_flat") run.spec.mode = ep ? "ep" : "hybrid";
       if (run.spec.mode != "hybrid") run.spec.domains.clear();
       run.spec.pipeline_degree = r.summary.value("pipeline_degree", 1);
+      run.spec.backward_pipeline_degree = r.summary.value("backward_pipeline_degree", run.spec.pipeline_degree);
       run.no_probe = true;
       run.no_replan = true;
     }
@@ -407,7 +429,8 @@ RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& plac
   if (!restarts.empty() && r.summary.is_object()) {
     // The last attempt's summary also tells how it came to be.
     r.summary["restarts"] = restarts;
-    const fs::path path = fs::path(run.run_dir) / (run.name + "-restart" + std::to_string(run.attempt)) / "summary.json";
+    const fs::path path =
+        fs::path(run.run_dir) / (run_dir_name(run.name) + "-restart" + std::to_string(run.attempt)) / "summary.json";
     std::ofstream(path) << r.summary.dump(2) << "\n";
   }
   return r;

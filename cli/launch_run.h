@@ -24,9 +24,12 @@ struct RunSpec {
   std::string mode;
   bool farskip = false, simple = false;
   int pipeline_degree = -1;  // -1: the config's
+  int backward_pipeline_degree = -2;  // +r4/2: 2; -2: the config's
   std::vector<int> domains;  // +d2x1: these domain sizes (mode hybrid); empty: the plan's
 };
 Expected<RunSpec> parse_run(const std::string& run);
+// The run's directory under --run-dir: its name with '/' (as in +r4/2) as '_'.
+std::string run_dir_name(std::string run);
 
 // Where and how the workers start.
 struct WorkerPlacement {

@@ -150,6 +150,7 @@ int run_plan(const PlanOptions& o) {
     j["chosen"] = plan.chosen;
     j["chosen_domain_sizes"] = choice.domain_sizes;
     j["chosen_pipeline_degree"] = choice.pipeline_degree;
+    j["chosen_backward_pipeline_degree"] = choice.backward_pipeline_degree;
     j["overlapped"] = w.overlapped;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)
@@ -160,6 +161,7 @@ int run_plan(const PlanOptions& o) {
                                  {"a2a_s", c.a2a_s},
                                  {"exposed_a2a_s", c.exposed_a2a_s},
                                  {"pipeline_degree", c.pipeline_degree},
+                                 {"backward_pipeline_degree", c.backward_pipeline_degree},
                                  {"exposed_allreduce_s", c.exposed_allreduce_s},
                                  {"ag_s", c.ag_s},
                                  {"rs_s", c.rs_s},
@@ -224,19 +226,23 @@ int run_plan(const PlanOptions& o) {
         std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
                     cc.dense_fraction);
     }
-    std::printf("schedule: %s (farskip.overlapped), pipeline degree %s, connectivity %s\n",
+    const std::string backward = w.backward_pipeline_degree > 0   ? std::to_string(w.backward_pipeline_degree)
+                                 : w.backward_pipeline_degree == 0 ? "auto (the best divisor of r)"
+                                                                   : "r";
+    std::printf("schedule: %s (farskip.overlapped), pipeline degree r %s, backward %s, connectivity %s\n",
                 w.overlapped ? "overlapped" : "simple, nothing overlapped",
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
-                connectivity_name(in.model.layer_connectivity(0)));
-    std::printf("\n  %-10s %10s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
+                backward.c_str(), connectivity_name(in.model.layer_connectivity(0)));
+    std::printf("\n  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
                 "compute", "a2a", "exp.a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "exp.ar", "iteration");
-    std::printf("  %-10s %10s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "", "", "", "ms", "ms", "ms", "ms",
+    std::printf("  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "", "", "f/b", "ms", "ms", "ms", "ms",
                 "ms", "ms", "ms", "ms", "ms", "ms");
     for (size_t i = 0; i < plan.candidates.size(); ++i) {
       const PlanCandidate& c = plan.candidates[i];
-      std::printf("%c %-10s %10s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f%s\n",
+      std::printf("%c %-10s %10s %5s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f%s\n",
                   int(i) == plan.chosen ? '*' : ' ', fmt_list(c.domain_sizes).c_str(),
-                  fmt_bytes(c.gathered_bytes).c_str(), c.pipeline_degree, c.compute_s * 1e3, c.a2a_s * 1e3,
+                  fmt_bytes(c.gathered_bytes).c_str(),
+                  pipeline_degrees_text(c.pipeline_degree, c.backward_pipeline_degree).c_str(), c.compute_s * 1e3, c.a2a_s * 1e3,
                   c.exposed_a2a_s * 1e3, c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
                   c.allreduce_s * 1e3, c.exposed_allreduce_s * 1e3, c.iteration_s * 1e3,
                   c.feasible ? "" : "  (over the cap)");
@@ -251,8 +257,8 @@ int run_plan(const PlanOptions& o) {
                       : plan.mode != EpMode::kAuto ? "mode hybrid: the configured domain sizes"
                       : choice.iteration_s > fastest ? tie
                                                    : "the least predicted iteration time";
-    std::printf("\nchosen: domains %s (%s), pipeline degree %d, predicted %s per iteration\n",
-                fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree,
+    std::printf("\nchosen: domains %s (%s), pipeline degree %d forward, %d backward, predicted %s per iteration\n",
+                fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree, choice.backward_pipeline_degree,
                 fmt_seconds(choice.iteration_s).c_str());
   }
   if (!choice.feasible) {

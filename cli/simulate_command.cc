@@ -173,6 +173,7 @@ int run_simulate(const SimulateOptions& o) {
   // The schedule of a plan's choice (its r, whether it gathers experts).
   auto shape_of = [&](const PlanCandidate& c) {
     ScheduleShape shape{job.train.model, c.pipeline_degree, job.train.farskip.overlapped, false};
+    shape.backward_pipeline_degree = c.backward_pipeline_degree;
     int levels = 0;  // of gathered replicas
     for (int s : c.domain_sizes) levels += s > 1 ? 1 : 0;
     shape.gathers_experts = levels > 0;
@@ -195,7 +196,9 @@ int run_simulate(const SimulateOptions& o) {
     workload.transport_cpu_s_per_byte = 0;  // the measured compute holds it
     plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
     const ScheduleShape again = shape_of(plan.choice());
-    if (again.pipeline_degree != shape.pipeline_degree || again.gathers_experts != shape.gathers_experts ||
+    if (again.pipeline_degree != shape.pipeline_degree ||
+        again.backward_pipeline_degree != shape.backward_pipeline_degree ||
+        again.gathers_experts != shape.gathers_experts ||
         again.defers_owned_expert_weights != shape.defers_owned_expert_weights) {
       shape = again;
       schedule = record_step_schedule(shape);
@@ -261,6 +264,7 @@ int run_simulate(const SimulateOptions& o) {
     j["hop_overhead_s"] = si.hop_overhead_s;
     j["domain_sizes"] = choice.domain_sizes;
     j["pipeline_degree"] = choice.pipeline_degree;
+    j["backward_pipeline_degree"] = choice.backward_pipeline_degree;
     j["overlapped"] = shape.overlapped;
     j["planner_step_s"] = choice.iteration_s;
     j["simulated_step_s"] = r.mean_step_s();
@@ -283,8 +287,9 @@ int run_simulate(const SimulateOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("job: %s; %d workers, domains %s, r = %d, %s\n", source.c_str(), job.cluster.world_size(),
-              domains.c_str(), choice.pipeline_degree, shape.overlapped ? "overlapped" : "not overlapped");
+  std::printf("job: %s; %d workers, domains %s, r = %s, %s\n", source.c_str(), job.cluster.world_size(),
+              domains.c_str(), pipeline_degrees_text(choice.pipeline_degree, choice.backward_pipeline_degree).c_str(),
+              shape.overlapped ? "overlapped" : "not overlapped");
   std::printf("%-6s %12s %12s %12s %10s %10s %10s\n", "step", "simulated", "compute", "busiest link", "step/bound",
               "exposed", "overlap");
   for (size_t i = 0; i < r.steps.size(); ++i) {

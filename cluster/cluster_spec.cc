@@ -154,6 +154,13 @@ std::optional<std::pair<std::string, std::string>> first_issue(const ClusterSpec
     return Issue{"cluster.expert_parallel.base_codec", "must be bf16 or sign, not '" + ep.base_codec + "'"};
   if (ep.pipeline_degree < 0 || ep.pipeline_degree > 64)
     return Issue{"cluster.expert_parallel.pipeline_degree", "must be auto or 1..64"};
+  if (ep.backward_pipeline_degree < -1 || ep.backward_pipeline_degree > 64)
+    return Issue{"cluster.expert_parallel.backward_pipeline_degree", "must be auto or 1..64"};
+  if (ep.pipeline_degree > 0 && ep.backward_pipeline_degree > 0 &&
+      ep.pipeline_degree % ep.backward_pipeline_degree != 0)
+    return Issue{"cluster.expert_parallel.backward_pipeline_degree",
+                 std::to_string(ep.backward_pipeline_degree) + " does not divide pipeline_degree " +
+                     std::to_string(ep.pipeline_degree) + ": each backward exchange carries whole forward chunks"};
   if (!c.hosts.empty()) {
     const int g0 = c.levels[0].size;
     std::vector<long long> per_dc(g0, 0);
@@ -287,7 +294,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
       r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "base_codec", "fused_encode",
-                                 "pipeline_degree"}, {},
+                                 "pipeline_degree", "backward_pipeline_degree"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -317,6 +324,11 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           if (ev.IsScalar() && ev.Scalar() == "auto") ep.pipeline_degree = 0;
           else r.get(ev, efull, &ep.pipeline_degree);
           if (r.ok() && ev.Scalar() != "auto" && ep.pipeline_degree < 1)
+            r.fail(ev, efull, "must be auto or a chunk count of at least 1");
+        } else if (ek == "backward_pipeline_degree") {
+          if (ev.IsScalar() && ev.Scalar() == "auto") ep.backward_pipeline_degree = 0;
+          else r.get(ev, efull, &ep.backward_pipeline_degree);
+          if (r.ok() && ev.Scalar() != "auto" && ep.backward_pipeline_degree < 1)
             r.fail(ev, efull, "must be auto or a chunk count of at least 1");
         } else {
           r.get_unit(ev, efull, &ep.memory_cap_bytes, parse_byte_size);

@@ -86,6 +86,12 @@ struct ExpertParallelSpec {
   // expert compute on one chunk overlaps the transfer of the next. 0: the
   // planner chooses (YAML `auto`).
   int pipeline_degree = 0;
+  // The backward's r, a divisor of the forward's: each backward exchange
+  // carries r / backward r forward chunks (the backward computes twice the
+  // forward's FLOPs per row, so fewer, larger transfers can hide as well).
+  // -1 (not given): the forward's when that is set by hand, else chosen;
+  // 0: the planner chooses (YAML `auto`).
+  int backward_pipeline_degree = -1;
 };
 
 struct HostSpec {

@@ -82,6 +82,7 @@ json cluster_to_json(const ClusterSpec& c) {
                                {"base_codec", ep.base_codec},
                                {"fused_encode", ep.fused_encode},
                                {"pipeline_degree", ep.pipeline_degree},
+                               {"backward_pipeline_degree", ep.backward_pipeline_degree},
                                // JSON has no infinity: null means no cap.
                                {"memory_cap_bytes", std::isinf(ep.memory_cap_bytes)
                                                         ? json(nullptr) : json(ep.memory_cap_bytes)}}}};
@@ -151,6 +152,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   e.get("base_codec", &c->expert_parallel.base_codec);
   e.get("fused_encode", &c->expert_parallel.fused_encode);
   e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
+  e.get("backward_pipeline_degree", &c->expert_parallel.backward_pipeline_degree);
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
   f.fail(e.finish());
 }
@@ -270,6 +272,8 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
   }
   if (o.no_overlap) job->train.farskip.overlapped = false;
   if (o.pipeline_degree >= 0) job->cluster.expert_parallel.pipeline_degree = o.pipeline_degree;
+  if (o.backward_pipeline_degree >= -1)
+    job->cluster.expert_parallel.backward_pipeline_degree = o.backward_pipeline_degree;
   if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
   if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
   return Status::ok();

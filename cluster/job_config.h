@@ -51,7 +51,8 @@ Status override_expert_parallel(JobConfig* job, const std::string& mode, const s
 
 // The command line's schedule overrides (coordinator, `xdmoe plan`):
 // --farskip turns FarSkip connectivity on for every layer, --no-overlap runs
-// the simple schedule, --pipeline-degree sets r (0: the planner's), and
+// the simple schedule, --pipeline-degree sets r (0: the planner's),
+// --backward-pipeline-degree the backward's (0: the planner's), and
 // --trace-steps / --trace-dir ask workers for step traces. It does not
 // validate the job: callers apply it before override_expert_parallel, which
 // checks the whole job once every override is in.
@@ -59,6 +60,7 @@ struct ScheduleOverrides {
   bool farskip = false;
   bool no_overlap = false;
   int pipeline_degree = -1;  // -1: keep the config's
+  int backward_pipeline_degree = -2;  // -2: keep the config's; -1: the forward's
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
 };

@@ -260,7 +260,8 @@ Status from_json(const json& j, ThrottleOrder* out) {
 
 json to_json(const PlanUpdate& m) {
   return {{"op", op::kPlan}, {"step", m.step}, {"domain_sizes", m.domain_sizes},
-          {"pipeline_degree", m.pipeline_degree}, {"predicted_step_s", m.predicted_step_s}, {"reason", m.reason}};
+          {"pipeline_degree", m.pipeline_degree}, {"backward_pipeline_degree", m.backward_pipeline_degree},
+          {"predicted_step_s", m.predicted_step_s}, {"reason", m.reason}};
 }
 
 Status from_json(const json& j, PlanUpdate* out) {
@@ -269,11 +270,14 @@ Status from_json(const json& j, PlanUpdate* out) {
     f.get("step", &p.step);
     f.get("domain_sizes", &p.domain_sizes);
     f.get("pipeline_degree", &p.pipeline_degree);
+    f.get("backward_pipeline_degree", &p.backward_pipeline_degree);
     f.get("predicted_step_s", &p.predicted_step_s);
     f.get("reason", &p.reason);
   }));
   if (p.step < 1 || p.domain_sizes.empty() || p.pipeline_degree < 1 || p.pipeline_degree > 64)
     return Status::invalid_argument("plan: step >= 1, domain sizes and a pipeline degree in 1..64 are needed");
+  if (p.backward_pipeline_degree < 1 || p.pipeline_degree % p.backward_pipeline_degree != 0)
+    return Status::invalid_argument("plan: the backward pipeline degree must divide the forward one");
   for (int s : p.domain_sizes)
     if (s < 1) return Status::invalid_argument("plan: domain sizes must be >= 1");
   *out = std::move(p);

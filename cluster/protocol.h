@@ -40,7 +40,9 @@ namespace xd {
 // say when the non-finite guard skipped a step. 5: the assigned JobConfig's
 // expert_parallel carries fused_encode. 6: ... and base_codec. 7: metrics
 // carry the worker process's CPU time, the CPUs it may run on and its machine.
-inline constexpr int kProtocolVersion = 7;
+// 8: the assigned expert_parallel and plan updates carry the backward's
+// pipeline degree.
+inline constexpr int kProtocolVersion = 8;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -159,13 +161,14 @@ struct CheckpointSaved {
 };
 
 // coordinator -> worker: from step `step` (1-based) on, run with these
-// domains and this pipeline degree. Sent at least two steps ahead (a worker
+// domains and these pipeline degrees. Sent at least two steps ahead (a worker
 // gathers step s's experts at the end of step s-1); one that arrives later
 // fails the job rather than letting workers disagree.
 struct PlanUpdate {
   int64_t step = 0;
   std::vector<int> domain_sizes;
   int pipeline_degree = 1;
+  int backward_pipeline_degree = 1;  // divides pipeline_degree
   double predicted_step_s = 0;
   std::string reason;
 };

@@ -114,6 +114,11 @@ class Coordinator::Impl {
   void consider_replan();
   // The replanner, once the workers' endpoints are known (assign_all).
   void start_replanner();
+  // The backward's r the workers run: the job's, or the planner's choice.
+  int backward_degree() const {
+    const int given = job.cluster.expert_parallel.backward_pipeline_degree;
+    return given > 0 ? given : std::max(1, plan.choice().backward_pipeline_degree);
+  }
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
@@ -407,9 +412,11 @@ void Coordinator::Impl::assign_all() {
   a.hold = opts.hold;
   a.resume_dir = resume_dir;
   a.job = job;
-  // pipeline_degree auto: the planner's r for the chosen domains.
+  // pipeline degrees auto: the planner's r per direction for the chosen
+  // domains (its backward r follows a forward r set by hand).
   if (a.job.cluster.expert_parallel.pipeline_degree == 0)
     a.job.cluster.expert_parallel.pipeline_degree = std::max(1, plan.choice().pipeline_degree);
+  a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -444,7 +451,7 @@ void Coordinator::Impl::start_replanner() {
     }
   const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
                                                                 : std::max(1, plan.choice().pipeline_degree);
-  replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r);
+  replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r, backward_degree());
 }
 
 void Coordinator::Impl::stop_all(const std::string& reason) {
@@ -468,6 +475,7 @@ std::string domains_text(const std::vector<int>& d) {
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
+std::string degrees_text(int forward, int backward) { return pipeline_degrees_text(forward, backward); }
 }  // namespace
 
 void Coordinator::Impl::consider_replan() {
@@ -489,23 +497,28 @@ void Coordinator::Impl::consider_replan() {
   }
   progress.clear();
   if (!c->switched()) {
-    std::printf("re-plan after step %lld: %s: %s r=%d stays (predicted %.1f ms, %.1f ms before)\n",
+    std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                c->old_pipeline_degree, c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
+                degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
+                c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
     std::fflush(stdout);
     return;
   }
   if (c->reverted)
-    std::printf("re-plan after step %lld: %s: %s r=%d from step %lld\n", (long long)c->at_step, c->reason.c_str(),
-                domains_text(c->new_domains).c_str(), c->new_pipeline_degree, (long long)c->from_step);
+    std::printf("re-plan after step %lld: %s: %s r=%s from step %lld\n", (long long)c->at_step, c->reason.c_str(),
+                domains_text(c->new_domains).c_str(),
+                degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), (long long)c->from_step);
   else
-    std::printf("re-plan after step %lld: %s: domains %s r=%d (predicted %.1f ms before, %.1f ms now) -> %s r=%d "
+    std::printf("re-plan after step %lld: %s: domains %s r=%s (predicted %.1f ms before, %.1f ms now) -> %s r=%s "
                 "(predicted %.1f ms) from step %lld\n",
-                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), c->old_pipeline_degree,
+                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
+                degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
                 c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
-                c->new_pipeline_degree, c->new_predicted_s * 1e3, (long long)c->from_step);
+                degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), c->new_predicted_s * 1e3,
+                (long long)c->from_step);
   std::fflush(stdout);
-  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_predicted_s, c->reason};
+  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_backward_pipeline_degree,
+                          c->new_predicted_s, c->reason};
   for (const auto& e : registry.workers())
     if (e && e->state == WorkerState::kRunning) workers->send(e->peer_id, MessageKind::kControl, to_json(update));
 }
@@ -518,7 +531,9 @@ nlohmann::json Coordinator::Impl::plan_changes_json() const {
                        {"link", c.link}, {"assumed_bytes_per_s", c.assumed_bytes_per_s},
                        {"measured_bytes_per_s", c.measured_bytes_per_s}, {"old_domain_sizes", c.old_domains},
                        {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_pipeline_degree},
-                       {"new_pipeline_degree", c.new_pipeline_degree}, {"reverted", c.reverted},
+                       {"new_pipeline_degree", c.new_pipeline_degree},
+                       {"old_backward_pipeline_degree", c.old_backward_pipeline_degree},
+                       {"new_backward_pipeline_degree", c.new_backward_pipeline_degree}, {"reverted", c.reverted},
                        {"old_predicted_s", c.old_predicted_s},
                        {"old_now_predicted_s", c.old_now_predicted_s}, {"new_predicted_s", c.new_predicted_s},
                        {"reason", c.reason}});
@@ -580,6 +595,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"world", registry.world_size()}, {"steps", job.train.steps},
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", plan.choice().pipeline_degree},
+                      {"backward_pipeline_degree", plan.choice().backward_pipeline_degree},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
@@ -700,6 +716,7 @@ void Coordinator::Impl::write_summary() {
                       {"pipeline_degree", job.cluster.expert_parallel.pipeline_degree > 0
                                               ? job.cluster.expert_parallel.pipeline_degree
                                               : std::max(1, plan.choice().pipeline_degree)},
+                      {"backward_pipeline_degree", backward_degree()},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
@@ -765,6 +782,7 @@ void Coordinator::Impl::write_summary() {
       Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / predicted_compute);
       w.transport_cpu_s_per_byte = 0;
       w.pipeline_degree = choice.pipeline_degree;
+      w.backward_pipeline_degree = choice.backward_pipeline_degree;
       const std::vector<int> levels = job.cluster.level_sizes();
       const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,
                                                      plan_inputs.link_codecs);

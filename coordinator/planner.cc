@@ -54,6 +54,10 @@ Status PlannerInputs::validate() const {
                            .with_context("planner: hybrid domain sizes"));
   if (!(expert_parallel.memory_cap_bytes >= 0)) return bad("memory cap must be >= 0");
   if (expert_parallel.pipeline_degree < 0) return bad("pipeline_degree must be >= 0 (0: chosen)");
+  const int rb = expert_parallel.backward_pipeline_degree;
+  if (rb < -1) return bad("backward_pipeline_degree must be >= -1 (-1: the forward's, 0: chosen)");
+  if (rb > 0 && expert_parallel.pipeline_degree > 0 && expert_parallel.pipeline_degree % rb != 0)
+    return bad("backward_pipeline_degree must divide pipeline_degree");
   return Status::ok();
 }
 
@@ -139,6 +143,8 @@ Workload workload_of(const PlannerInputs& in) {
   w.router_fwd_s = f * (router_flops / rate + ovh);
   w.overlapped = in.overlapped;
   w.pipeline_degree = in.expert_parallel.pipeline_degree;
+  w.backward_pipeline_degree = in.expert_parallel.backward_pipeline_degree;
+  if (w.backward_pipeline_degree < 0) w.backward_pipeline_degree = w.pipeline_degree;  // auto follows auto
   w.connectivity = m.connectivity;
   w.expert_fwd_s = f * expert_flops / rate;
   w.expert_bwd_s = f * 2 * expert_flops / rate;
@@ -220,8 +226,11 @@ namespace {
 
 PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& level_sizes,
                                    const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
-                                   double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r) {
+                                   double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
+                                   int rb) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
+  XD_CHECK(r >= 1 && rb >= 1 && r % rb == 0);
+  const int span = r / rb;  // forward chunks per backward exchange
   XD_CHECK(links.size() == level_sizes.size());
   const int num_levels = static_cast<int>(level_sizes.size());
   const int layers = w.num_moe_layers;
@@ -230,6 +239,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   PlanCandidate c;
   c.domain_sizes = domain_sizes;
   c.pipeline_degree = r;
+  c.backward_pipeline_degree = rb;
   c.level_bytes.assign(num_levels, 0.0);
 
   // One A2A toward the experts (Dispatch, backward of Combine) and one back
@@ -274,6 +284,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                                   ag_bytes * (codec.gather_fraction + codec.grad_fraction));
     gathered_per_layer_experts *= s;
   }
+  // A backward exchange of `span` chunks: the bytes (and codec time) of
+  // `span` chunks on each hop, one latency.
+  auto spanned = [span](Route route) {
+    for (Hop& h : route) h.busy *= span;
+    return route;
+  };
+  const Route to_experts_span = spanned(to_experts_chunk), to_sources_span = spanned(to_sources_chunk);
   const double held = n * gathered_per_layer_experts;  // experts per layer incl. own
   c.gathered_bytes = (held - n) * w.expert_bytes * layers;
   c.feasible = c.gathered_bytes <= memory_cap_bytes * (1 + 1e-12);
@@ -478,9 +495,11 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   release_bucket(layers);  // the LM head's
   for (int k = layers - 1; k >= 0; --k) {
     const Connectivity conn = connectivity(k);
-    std::vector<double> to_experts(r);
-    for (int i = 0; i < r; ++i)  // backward of Combine
-      to_experts[i] = a2a(to_experts_chunk, to_experts_chunk_bytes, &to_experts_free);
+    // Each backward exchange carries `span` forward chunks: their bytes
+    // leave as one transfer, paying the latency once.
+    std::vector<double> to_experts(rb);
+    for (int i = 0; i < rb; ++i)  // backward of Combine
+      to_experts[i] = a2a(to_experts_span, span * to_experts_chunk_bytes, &to_experts_free);
     // With replicas (HybridEP) the attention backward waits until their
     // gradients have left.
     const bool attention_after_experts = farskip_moe(conn) && !rs_layer.empty();
@@ -490,11 +509,11 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     const bool shared_first = w.overlapped && to_experts[0] > t;
     if (shared_first) compute(w.shared_fwd_s * bwd_scale);
     double returned = t;
-    for (int i = 0; i < r; ++i) {
+    for (int i = 0; i < rb; ++i) {
       wait_for(to_experts[i]);
-      compute(expert_bwd / 2);           // input gradients
-      returned = a2a(to_sources_chunk, to_sources_chunk_bytes, &to_sources_free);  // backward of Dispatch
-      compute(expert_bwd / 2);           // weight gradients
+      compute(span * expert_bwd / 2);    // input gradients, chunk by chunk
+      returned = a2a(to_sources_span, span * to_sources_chunk_bytes, &to_sources_free);  // backward of Dispatch
+      compute(span * expert_bwd / 2);    // weight gradients
     }
     // This layer's replica gradients go home.
     if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
@@ -533,14 +552,15 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 // the compute stretches by that much, spread over the step.
 PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_sizes,
                                const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
-                               double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r) {
-  PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
+                               double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
+                               int rb) {
+  PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb);
   if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0) || !(c.compute_s > 0)) return c;
   double bytes = 0;
   for (double b : c.level_bytes) bytes += b;
   const double cpu = w.transport_cpu_s_per_byte * bytes;
   c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
-                           memory_cap_bytes, link_codecs, r);
+                           memory_cap_bytes, link_codecs, r, rb);
   c.transport_cpu_s = cpu;
   return c;
 }
@@ -550,14 +570,37 @@ PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                  double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs) {
-  if (w.pipeline_degree > 0)
-    return evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, w.pipeline_degree);
+  // Forward degrees: the given one, or 1, 2, 4, 8 (those a given backward
+  // degree divides, or that degree itself); backward: the given one, the
+  // forward's where it follows, or each divisor of the forward's among 1, 2,
+  // 4, 8 and the forward's. Ties go to the fewer chunks.
+  std::vector<int> forward;
+  if (w.pipeline_degree > 0) forward = {w.pipeline_degree};
+  else
+    for (int r : {1, 2, 4, 8})
+      if (w.backward_pipeline_degree <= 0 || r % w.backward_pipeline_degree == 0) forward.push_back(r);
+  if (forward.empty()) forward = {w.backward_pipeline_degree};
   PlanCandidate best;
-  for (int r : {1, 2, 4, 8}) {
-    PlanCandidate c = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r);
-    if (r == 1 || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
+  bool first = true;
+  for (int r : forward) {
+    std::vector<int> backward;
+    if (w.backward_pipeline_degree > 0) backward = {w.backward_pipeline_degree};
+    else if (w.backward_pipeline_degree < 0) backward = {r};
+    else
+      for (int rb : {1, 2, 4, 8, r})
+        if (rb <= r && r % rb == 0 && (backward.empty() || rb > backward.back())) backward.push_back(rb);
+    for (int rb : backward) {
+      XD_CHECK_MSG(r % rb == 0, "the backward pipeline degree must divide the forward one");
+      PlanCandidate c = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb);
+      if (first || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
+      first = false;
+    }
   }
   return best;
+}
+
+std::string pipeline_degrees_text(int forward, int backward) {
+  return forward == backward ? std::to_string(forward) : std::to_string(forward) + "/" + std::to_string(backward);
 }
 
 int choose_candidate(const std::vector<PlanCandidate>& candidates) {

@@ -95,9 +95,9 @@ struct PlannerInputs {
   ComputeModel compute;
   ExpertParallelSpec expert_parallel;
   std::vector<LinkCodecCost> link_codecs;  // one per level; empty: raw everywhere
-  // The schedule: farskip.overlapped of the job. The pipeline degree is
-  // expert_parallel.pipeline_degree (0: the planner picks it), the
-  // connectivity model.connectivity.
+  // The schedule: farskip.overlapped of the job. The pipeline degrees are
+  // expert_parallel.pipeline_degree and backward_pipeline_degree (0: the
+  // planner picks it), the connectivity model.connectivity.
   bool overlapped = false;
   // Per level, how much longer than the mean a token A2A's hop lasts: a
   // worker sends more rows than it receives or the reverse, and the hop
@@ -153,6 +153,9 @@ struct Workload {
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
+  // The backward's r, a divisor of the forward's; 0: each candidate takes
+  // the best divisor (of 1, 2, 4, 8 and r); -1: the forward's.
+  int backward_pipeline_degree = -1;
   std::vector<Connectivity> connectivity;  // per MoE layer; empty: all regular
 };
 Workload workload_of(const PlannerInputs& in);
@@ -176,6 +179,7 @@ struct PlanCandidate {
   double exposed_a2a_s = 0;   // A2A time compute waited for (a2a_s when not overlapped)
   double exchange_cpu_s = 0;  // not overlapped: the exchanges' CPU time compute waited out (in the exposed times)
   int pipeline_degree = 1;    // r of this candidate
+  int backward_pipeline_degree = 1;  // the backward's r, a divisor of r
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
@@ -208,6 +212,9 @@ constexpr double kPlanTieMargin = 0.02;
 // Mode auto's choice among `candidates`: of the feasible ones predicted
 // within kPlanTieMargin of the least iteration time, the one with the fewest
 // gathered bytes, then the faster. -1 when none is feasible.
+// "4" when both directions run r = 4, "4/2" for forward 4, backward 2.
+std::string pipeline_degrees_text(int forward, int backward);
+
 int choose_candidate(const std::vector<PlanCandidate>& candidates);
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain

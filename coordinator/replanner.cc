@@ -7,12 +7,13 @@
 namespace xd {
 
 Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
-                     int pipeline_degree, ReplanOptions options)
+                     int pipeline_degree, int backward_pipeline_degree, ReplanOptions options)
     : inputs_(std::move(inputs)),
       plan_(std::move(plan)),
       names_(std::move(link_names)),
       shaped_(std::move(shaped)),
       pipeline_degree_(pipeline_degree),
+      backward_pipeline_degree_(backward_pipeline_degree),
       options_(options) {}
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
@@ -86,6 +87,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   c.measured_bytes_per_s = 1.0 / far_beta;
   c.old_domains = plan_.choice().domain_sizes;
   c.old_pipeline_degree = pipeline_degree_;
+  c.old_backward_pipeline_degree = backward_pipeline_degree_;
   c.old_predicted_s = plan_.choice().iteration_s;
   PlannerInputs fitted = inputs_;
   fitted.links[far_level].beta_s_per_byte = far_beta;
@@ -99,11 +101,14 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   // A fixed pipeline degree stays; auto takes the planner's r for the domains.
   const int fixed_r = inputs_.expert_parallel.pipeline_degree;
   c.new_pipeline_degree = fixed_r > 0 ? fixed_r : std::max(1, best.pipeline_degree);
+  c.new_backward_pipeline_degree = std::max(1, best.backward_pipeline_degree);
+  if (c.new_pipeline_degree % c.new_backward_pipeline_degree != 0) c.new_backward_pipeline_degree = 1;
   c.new_predicted_s = best.iteration_s;
   char what[200];
   std::snprintf(what, sizeof what, "link class '%s' measured %.3g Mbit/s, the plan assumed %.3g Mbit/s",
                 c.link.c_str(), c.measured_bytes_per_s * 8 / 1e6, c.assumed_bytes_per_s * 8 / 1e6);
-  const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree) &&
+  const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree ||
+                       c.new_backward_pipeline_degree != c.old_backward_pipeline_degree) &&
                       c.new_predicted_s < (1.0 - options_.min_gain) * c.old_now_predicted_s;
   const int64_t from = latest_step + lead_steps(step_s);
   if (better && from <= last_step) {
@@ -119,14 +124,17 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
       sw.old_plan.chosen = current;
     }
     sw.old_pipeline_degree = pipeline_degree_;
+    sw.old_backward_pipeline_degree = backward_pipeline_degree_;
     sw.before_s = mean_step_s(step - options_.window_steps + 1, step);
     switch_ = sw;
     plan_ = next;
     pipeline_degree_ = c.new_pipeline_degree;
+    backward_pipeline_degree_ = c.new_backward_pipeline_degree;
     quiet_until_ = from + 1;  // measurements of the old plan's steps would mislead the next fit
   } else {
     c.new_domains = c.old_domains;
     c.new_pipeline_degree = c.old_pipeline_degree;
+    c.new_backward_pipeline_degree = c.old_backward_pipeline_degree;
     c.new_predicted_s = c.old_now_predicted_s;
     c.reason = std::string(what) + (better ? "; too close to the end to switch" : "; the current plan is still the best");
     // The same domains, predicted under the fitted link.
@@ -252,6 +260,7 @@ PlanChange Replanner::refit_change(int64_t step, const char* what, const Plan& n
   c.link = what;
   c.old_domains = c.new_domains = plan_.choice().domain_sizes;
   c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
+  c.old_backward_pipeline_degree = c.new_backward_pipeline_degree = backward_pipeline_degree_;
   c.old_predicted_s = plan_.choice().iteration_s;
   c.old_now_predicted_s = c.new_predicted_s = next.choice().iteration_s;
   return c;
@@ -259,6 +268,7 @@ PlanChange Replanner::refit_change(int64_t step, const char* what, const Plan& n
 
 std::optional<Plan> Replanner::predict_current(PlannerInputs fitted) const {
   fitted.expert_parallel.pipeline_degree = pipeline_degree_;
+  fitted.expert_parallel.backward_pipeline_degree = backward_pipeline_degree_;
   Plan next = plan_iteration(fitted);
   for (size_t i = 0; i < next.candidates.size(); ++i)
     if (next.candidates[i].domain_sizes == plan_.choice().domain_sizes) {
@@ -303,10 +313,12 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   c.at_step = step;
   c.old_domains = plan_.choice().domain_sizes;
   c.old_pipeline_degree = pipeline_degree_;
+  c.old_backward_pipeline_degree = backward_pipeline_degree_;
   c.old_predicted_s = plan_.choice().iteration_s;
   c.old_now_predicted_s = after;
   c.new_domains = sw.old_plan.choice().domain_sizes;
   c.new_pipeline_degree = sw.old_pipeline_degree;
+  c.new_backward_pipeline_degree = sw.old_backward_pipeline_degree;
   c.new_predicted_s = before;
   char why[240];
   std::snprintf(why, sizeof why, "the new plan measured %.1f ms per step against %.1f ms for the one it replaced; %s",
@@ -315,6 +327,7 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   if (from > last_step) {  // said, not done
     c.new_domains = c.old_domains;
     c.new_pipeline_degree = c.old_pipeline_degree;
+    c.new_backward_pipeline_degree = c.old_backward_pipeline_degree;
     history_.push_back(c);
     return c;
   }
@@ -322,6 +335,7 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   c.reverted = true;
   plan_ = sw.old_plan;
   pipeline_degree_ = sw.old_pipeline_degree;
+  backward_pipeline_degree_ = sw.old_backward_pipeline_degree;
   quiet_until_ = from + 1;
   clear_windows();
   history_.push_back(c);

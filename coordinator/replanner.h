@@ -66,6 +66,7 @@ struct PlanChange {
   double assumed_compute_s = 0, measured_compute_s = 0;  // a compute re-fit: the step's compute
   std::vector<int> old_domains, new_domains;
   int old_pipeline_degree = 1, new_pipeline_degree = 1;
+  int old_backward_pipeline_degree = 1, new_backward_pipeline_degree = 1;
   double old_predicted_s = 0;      // the current plan as predicted before
   double old_now_predicted_s = 0;  // the current plan under the fitted link
   double new_predicted_s = 0;      // the best plan under the fitted link
@@ -88,9 +89,9 @@ class Replanner {
  public:
   // `shaped[l]`: whether level l's link is measured -- shaped, or crossing a
   // real network -- (only those re-plan: a loopback "link" measures the CPU). `pipeline_degree`
-  // is the workers' current r.
+  // and `backward_pipeline_degree` are the workers' current r per direction.
   Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
-            int pipeline_degree, ReplanOptions options = {});
+            int pipeline_degree, int backward_pipeline_degree, ReplanOptions options = {});
 
   // A complete step's bursts per link class name, summed over workers.
   // `latest_step`: the furthest step any worker reported; `last_step`: the
@@ -117,7 +118,7 @@ class Replanner {
   Plan plan_;
   std::vector<std::string> names_;
   std::vector<bool> shaped_;
-  int pipeline_degree_;
+  int pipeline_degree_, backward_pipeline_degree_;
   ReplanOptions options_;
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
   std::vector<double> compute_window_;  // the window's steps' compute
@@ -130,7 +131,7 @@ class Replanner {
   struct Switch {
     int64_t from_step = 0;
     Plan old_plan;
-    int old_pipeline_degree = 1;
+    int old_pipeline_degree = 1, old_backward_pipeline_degree = 1;
     double before_s = 0;  // the old plan's mean step under the fitted link
   };
   std::optional<Switch> switch_;

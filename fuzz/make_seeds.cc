@@ -113,7 +113,7 @@ void control_messages() {
   control("stop", xd::to_json(xd::StopOrder{"done"}));
   control("throttle_request", xd::to_json(xd::ThrottleRequest{"dc", 1.25e7, 0.01}));
   control("throttle_order", xd::to_json(xd::ThrottleOrder{0, 1.25e7, 0.01}));
-  control("plan", xd::to_json(xd::PlanUpdate{5, {2, 1}, 4, 0.4, "link dc re-fitted"}));
+  control("plan", xd::to_json(xd::PlanUpdate{5, {2, 1}, 4, 2, 0.4, "link dc re-fitted"}));
   control("checkpoint_saved", xd::to_json(xd::CheckpointSaved{40, "runs/ckpt/step-40", "shard-1.safetensors",
                                                               640, 1 << 20, 0x1234abcd, 0.25}));
   control("heartbeat", xd::to_json(xd::Heartbeat{}));

@@ -30,8 +30,11 @@ struct ExchangeTag {
   int layer = 0;
   int phase = 0;  // see ExchangePhase
   int chunk = 0;  // 0..r-1 with pipeline degree r (FSMoE Sec. 4)
+  // Backward exchanges only: the forward chunks chunk..chunk+span-1 move as
+  // one exchange, when the backward's degree is a divisor of the forward's.
+  int span = 1;
   bool operator<(const ExchangeTag& o) const {
-    return std::tie(layer, phase, chunk) < std::tie(o.layer, o.phase, o.chunk);
+    return std::tie(layer, phase, chunk, span) < std::tie(o.layer, o.phase, o.chunk, o.span);
   }
 };
 
@@ -48,7 +51,10 @@ class ExpertExchange {
   virtual ~ExpertExchange() = default;
   // `rows` (A, width) are grouped by global expert with `counts` (E) rows each.
   // Dispatch learns the route; the backward of Combine (same layer and chunk,
-  // same counts) follows it.
+  // same counts) follows it. A backward exchange of span s > 1 carries its
+  // chunks' rows one chunk after the other, with their counts one after the
+  // other too (s x E); its `out` is grouped by computed expert, and within an
+  // expert by chunk. Its to_sources rows come back in the same chunk order.
   virtual void start_to_experts(const ExchangeTag& tag, std::vector<T> rows, const std::vector<int>& counts,
                                 int width) = 0;
   // `out` gets the rows this worker computes, grouped by the experts it
@@ -117,6 +123,9 @@ class LocalExpertExchange final : public ExpertExchange<T> {
   };
   std::vector<int> experts_;
   std::map<ExchangeTag, Pending> pending_;  // started, not finished
+  // Per (layer, chunk) of a backward exchange of span > 1: its chunks'
+  // counts, one after the other, to put its rows back in chunk order.
+  std::map<std::pair<int, int>, std::vector<int>> span_counts_;
 };
 
 }  // namespace xd

@@ -13,6 +13,11 @@ ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) {
   return ExchangeTag{dm.layer, static_cast<int>(phase), chunk};
 }
 
+// The backward exchange starting at forward chunk `first`.
+ExchangeTag backward_tag(const MoeDims& dm, ExchangePhase phase, int first) {
+  return ExchangeTag{dm.layer, static_cast<int>(phase), first, dm.backward_span()};
+}
+
 // The first row of each expert's group, from the rows per expert.
 std::vector<size_t> row_offsets(const std::vector<int>& counts) {
   std::vector<size_t> first(counts.size());
@@ -130,31 +135,38 @@ bool moe_combine_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
 
 template <typename T>
 bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
-  return exchange.landed(tag_of(dm, ExchangePhase::kCombineBackward, 0));
+  return exchange.landed(backward_tag(dm, ExchangePhase::kCombineBackward, 0));
 }
 
 template <typename T>
 void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange<T>* exchange, const MoeDims& dm) {
-  const int d = dm.hidden;
+  const int d = dm.hidden, span = dm.backward_span();
+  XD_CHECK(span >= 1 && dm.chunks % span == 0);
   // d(weight) locally; the weighted output grads go to the experts, written
-  // straight into each chunk's send rows.
+  // straight into the send rows, chunk after chunk of each exchange.
   c->dweight.resize(c->plan.size());
-  for (int i = 0; i < dm.chunks; ++i) {
-    const MoeChunk<T>& ch = c->chunks[i];
-    std::vector<T> send(ch.plan_rows.size() * (size_t)d);
-    for (size_t k = 0; k < ch.plan_rows.size(); ++k) {
-      const int a = ch.plan_rows[k];
-      const T* g = drouted + (size_t)c->plan.token[a] * d;
-      const T* y = c->routed_rows.data() + (size_t)a * d;
-      T* dy = send.data() + k * d;
-      double dot = 0;
-      for (int j = 0; j < d; ++j) {
-        dot += (double)g[j] * y[j];
-        dy[j] = c->plan.weight[a] * g[j];
-      }
-      c->dweight[a] = static_cast<T>(dot);
+  for (int first = 0; first < dm.chunks; first += span) {
+    size_t rows = 0;
+    std::vector<int> counts;
+    for (int i = first; i < first + span; ++i) {
+      rows += c->chunks[i].plan_rows.size();
+      counts.insert(counts.end(), c->chunks[i].counts.begin(), c->chunks[i].counts.end());
     }
-    exchange->start_to_experts(tag_of(dm, ExchangePhase::kCombineBackward, i), std::move(send), ch.counts, d);
+    std::vector<T> send(rows * (size_t)d);
+    T* dy = send.data();
+    for (int i = first; i < first + span; ++i)
+      for (const int a : c->chunks[i].plan_rows) {
+        const T* g = drouted + (size_t)c->plan.token[a] * d;
+        const T* y = c->routed_rows.data() + (size_t)a * d;
+        double dot = 0;
+        for (int j = 0; j < d; ++j) {
+          dot += (double)g[j] * y[j];
+          dy[j] = c->plan.weight[a] * g[j];
+        }
+        c->dweight[a] = static_cast<T>(dot);
+        dy += d;
+      }
+    exchange->start_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), std::move(send), counts, d);
   }
 }
 
@@ -167,36 +179,59 @@ void moe_router_backward(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T
 template <typename T>
 void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm,
                           std::vector<std::function<void()>>* deferred) {
-  const int d = dm.hidden;
-  for (int i = 0; i < dm.chunks; ++i) {
-    MoeChunk<T>& ch = c->chunks[i];
+  const int d = dm.hidden, span = dm.backward_span();
+  for (int first = 0; first < dm.chunks; first += span) {
+    // One exchange's rows: grouped by computed expert, and within an expert
+    // by chunk; they stay in the first chunk's expert_dout, and each chunk's
+    // block of expert j starts at at[i - first][j].
+    std::vector<T>& dout = c->chunks[first].expert_dout;
     std::vector<int> counts;
-    exchange->finish_to_experts(tag_of(dm, ExchangePhase::kCombineBackward, i), &ch.expert_dout, &counts);
-    XD_CHECK(counts == ch.expert_counts);
-    std::vector<T> din(ch.expert_in.size(), T(0));
+    exchange->finish_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), &dout, &counts);
+    const size_t computed = c->chunks[first].expert_counts.size();
+    XD_CHECK(counts.size() == computed);
+    std::vector<std::vector<size_t>> at(span, std::vector<size_t>(computed));
     size_t row = 0;
-    for (size_t j = 0; j < ch.expert_counts.size(); ++j) {
-      const int n = ch.expert_counts[j];
-      swiglu_expert_backward_input(din.data() + row * d, ch.expert_dout.data() + row * d,
-                                   ch.expert_in.data() + row * d, ch.expert_cache[j], w.computed[j], n, d,
-                                   dm.expert_ff);
-      row += n;
-    }
-    exchange->start_to_sources(tag_of(dm, ExchangePhase::kDispatchBackward, i), std::move(din), d);
-    // Replicas first: their gradients leave once the last chunk's are final.
-    const std::vector<size_t> first_row = row_offsets(ch.expert_counts);
-    for (bool replicas : {true, false}) {
-      for (size_t j = 0; j < ch.expert_counts.size(); ++j) {
-        if (exchange->is_replica(j) != replicas) continue;
-        const size_t r = first_row[j];
-        auto weights = [&ch, r, j, d, ff = dm.expert_ff, p = w.computed[j]] {
-          swiglu_expert_backward_weights(ch.expert_dout.data() + r * d, ch.expert_in.data() + r * d,
-                                         ch.expert_cache[j], p, ch.expert_counts[j], d, ff);
-        };
-        if (deferred && !replicas) deferred->push_back(std::move(weights));
-        else weights();
+    for (size_t j = 0; j < computed; ++j) {
+      int sum = 0;
+      for (int i = first; i < first + span; ++i) {
+        at[i - first][j] = row;
+        row += c->chunks[i].expert_counts[j];
+        sum += c->chunks[i].expert_counts[j];
       }
-      if (replicas && i == dm.chunks - 1) exchange->replicas_backward_done(dm.layer);
+      XD_CHECK(counts[j] == sum);
+    }
+    XD_CHECK(dout.size() == row * d);
+    std::vector<T> din(dout.size(), T(0));
+    for (int i = first; i < first + span; ++i) {
+      MoeChunk<T>& ch = c->chunks[i];
+      size_t in_row = 0;
+      for (size_t j = 0; j < computed; ++j) {
+        const int n = ch.expert_counts[j];
+        const size_t r = at[i - first][j];
+        swiglu_expert_backward_input(din.data() + r * d, dout.data() + r * d, ch.expert_in.data() + in_row * d,
+                                     ch.expert_cache[j], w.computed[j], n, d, dm.expert_ff);
+        in_row += n;
+      }
+    }
+    exchange->start_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), std::move(din), d);
+    // Replicas first: their gradients leave once the last chunk's are final.
+    // Each expert's gradient takes its chunks in order, whatever the span.
+    for (bool replicas : {true, false}) {
+      for (int i = first; i < first + span; ++i) {
+        MoeChunk<T>& ch = c->chunks[i];
+        const std::vector<size_t> in_first = row_offsets(ch.expert_counts);
+        for (size_t j = 0; j < computed; ++j) {
+          if (exchange->is_replica(j) != replicas) continue;
+          const T* dy = dout.data() + at[i - first][j] * d;
+          auto weights = [&ch, dy, r = in_first[j], j, d, ff = dm.expert_ff, p = w.computed[j]] {
+            swiglu_expert_backward_weights(dy, ch.expert_in.data() + r * d, ch.expert_cache[j], p,
+                                           ch.expert_counts[j], d, ff);
+          };
+          if (deferred && !replicas) deferred->push_back(std::move(weights));
+          else weights();
+        }
+      }
+      if (replicas && first + span == dm.chunks) exchange->replicas_backward_done(dm.layer);
     }
   }
 }
@@ -217,11 +252,17 @@ void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* c, const T* xn, const Moe
   if (slots) c->dsource.assign(c->router.slot_inputs.size(), T(0));
   T* dsource = slots ? c->dsource.data() : dxn;
   std::vector<T> rows;
-  for (int i = 0; i < dm.chunks; ++i) {
-    const MoeChunk<T>& ch = c->chunks[i];
-    exchange->finish_to_sources(tag_of(dm, ExchangePhase::kDispatchBackward, i), &rows);
-    XD_CHECK(rows.size() == ch.plan_rows.size() * (size_t)d);
-    order_scatter_add(dsource, rows.data(), c->plan, ch.plan_rows, d);
+  const int span = dm.backward_span();
+  for (int first = 0; first < dm.chunks; first += span) {
+    exchange->finish_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), &rows);
+    size_t row = 0;
+    for (int i = first; i < first + span; ++i) {
+      const MoeChunk<T>& ch = c->chunks[i];
+      XD_CHECK(rows.size() >= (row + ch.plan_rows.size()) * d);
+      order_scatter_add(dsource, rows.data() + row * d, c->plan, ch.plan_rows, d);
+      row += ch.plan_rows.size();
+    }
+    XD_CHECK(rows.size() == row * d);
   }
   if (slots) router_backward_dispatch(dxn, w.router, c->router, c->dsource.data(), xn, cfg, dm.router_call());
 }

@@ -56,6 +56,11 @@ struct MoeCache {
 struct MoeDims {
   int num_tokens, hidden, expert_ff, shared_ff, layer;
   int chunks = 1;   // pipeline degree r
+  // The backward's degree, a divisor of `chunks` (0: the same): each of its
+  // exchanges carries chunks / backward_chunks forward chunks, whose math
+  // stays chunk by chunk, so the degree changes no result.
+  int backward_chunks = 0;
+  int backward_span() const { return backward_chunks > 0 ? chunks / backward_chunks : 1; }
   int seq_len = 0;  // 0 = num_tokens (one sequence)
   RoutingContext routing = {};
   RouterCall router_call() const {
@@ -85,7 +90,7 @@ bool moe_dispatch_landed(const ExpertExchange<T>& exchange, const MoeDims& dims)
 template <typename T>
 bool moe_combine_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);
 template <typename T>
-bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);  // chunk 0
+bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dims);  // the first one
 
 // --- Backward, in schedule order; dxn (N, d) accumulates ---
 // d(weight) locally; starts the backward of Combine (output grads to the experts).
@@ -98,9 +103,9 @@ void moe_combine_backward_start(MoeCache<T>* cache, const T* drouted, ExpertExch
 template <typename T>
 void moe_router_backward(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
                          const MoeDims& dims, double loss_scale);
-// Per chunk: finishes its Combine backward, computes the input gradients,
-// starts the backward of Dispatch, then the weight gradients (which overlap it),
-// replicas' first. With `deferred`, the weight gradients of the experts this
+// Per backward exchange (dims.backward_span() chunks each): finishes its
+// Combine backward, computes its chunks' input gradients, starts the backward
+// of Dispatch, then the weight gradients (which overlap it), replicas' first. With `deferred`, the weight gradients of the experts this
 // worker owns are appended there instead, to run (in order) before the next
 // forward: nothing waits for them but the optimizer.
 template <typename T>

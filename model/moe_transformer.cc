@@ -131,15 +131,18 @@ MoeDims MoeTransformer<T>::moe_dims(int layer) const {
   const ModelConfig& cfg = config();
   MoeDims dm{batch_ * seq_, cfg.hidden_size, cfg.expert_intermediate_size, cfg.shared_intermediate_size, layer,
              chunks_};
+  dm.backward_chunks = backward_chunks_;
   dm.seq_len = seq_;
   dm.routing = routing_;
   return dm;
 }
 
 template <typename T>
-void MoeTransformer<T>::set_pipeline_degree(int r) {
-  XD_CHECK(r >= 1);
+void MoeTransformer<T>::set_pipeline_degree(int r, int backward_r) {
+  if (backward_r == 0) backward_r = r;
+  XD_CHECK(r >= 1 && backward_r >= 1 && r % backward_r == 0);
   chunks_ = r;
+  backward_chunks_ = backward_r;
 }
 
 template <typename T>

@@ -82,9 +82,12 @@ class MoeTransformer {
   ModelWeights<T>& grad_weights() { return g_; }
   void set_expert_resolver(ExpertResolver r) { resolver_ = std::move(r); }
   void set_backward_hooks(BackwardHooks hooks) { hooks_ = std::move(hooks); }
-  // r: each layer's Dispatch and Combine go in r chunks (FSMoE Sec. 4).
-  void set_pipeline_degree(int r);
+  // r: each layer's Dispatch and Combine go in r chunks (FSMoE Sec. 4); the
+  // backward's exchanges in `backward_r` (a divisor of r; 0: r), each then
+  // carrying r / backward_r chunks. Neither changes a result.
+  void set_pipeline_degree(int r, int backward_r = 0);
   int pipeline_degree() const { return chunks_; }
+  int backward_pipeline_degree() const { return backward_chunks_; }
   // How the next forward routes: GShard noise is drawn only when training,
   // keyed by the context (model/router.h). Default: evaluation, no noise.
   void set_routing_context(const RoutingContext& ctx) { routing_ = ctx; }
@@ -102,7 +105,7 @@ class MoeTransformer {
   ModelWeights<T> w_, g_;
   ExpertResolver resolver_;
   BackwardHooks hooks_;
-  int chunks_ = 1;
+  int chunks_ = 1, backward_chunks_ = 1;
   RoutingContext routing_;
   Timeline* timeline_ = nullptr;
   std::unique_ptr<LocalExpertExchange<T>> local_exchange_;

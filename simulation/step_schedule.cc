@@ -60,6 +60,7 @@ std::string StepSchedule::describe() const {
       out += op.type == StepOp::Type::kStart ? "start   " : "wait    ";
       out += comm_kind_name(c.kind);
       if (c.kind == CommKind::kDenseBucket) out += " " + std::to_string(c.chunk);
+      else if (c.span > 1) out += " chunks " + std::to_string(c.chunk) + ".." + std::to_string(c.chunk + c.span - 1);
       else if (pipeline_degree > 1 && c.kind <= CommKind::kDispatchBackward) out += " chunk " + std::to_string(c.chunk);
     }
     if (op.layer >= 0) out += " (layer " + std::to_string(op.layer) + ")";
@@ -84,11 +85,11 @@ struct Mark {
 class Recorder {
  public:
   Recorder(StepSchedule* s) : s_(s) {}
-  int comm(CommKind kind, int layer, int chunk) {
+  int comm(CommKind kind, int layer, int chunk, int span = 1) {
     auto key = std::make_tuple((int)kind, layer, chunk);
     auto it = index_.find(key);
     if (it != index_.end()) return it->second;
-    ScheduledComm c{kind, layer, chunk, 0};
+    ScheduledComm c{kind, layer, chunk, 0, span};
     switch (kind) {
       case CommKind::kDispatch:
       case CommKind::kCombineBackward: c.stream = kToExpertsStream; break;
@@ -105,9 +106,15 @@ class Recorder {
   void mark(Mark::Kind kind, int comm, int layer) {
     marks_.push_back(Mark{steady_seconds(), next_++, kind, "", layer, comm});
   }
-  void start(CommKind kind, int layer, int chunk) { mark(Mark::kStart, comm(kind, layer, chunk), layer); }
-  void wait(CommKind kind, int layer, int chunk) { mark(Mark::kWait, comm(kind, layer, chunk), layer); }
-  void finish(CommKind kind, int layer, int chunk) { mark(Mark::kFinish, comm(kind, layer, chunk), layer); }
+  void start(CommKind kind, int layer, int chunk, int span = 1) {
+    mark(Mark::kStart, comm(kind, layer, chunk, span), layer);
+  }
+  void wait(CommKind kind, int layer, int chunk, int span = 1) {
+    mark(Mark::kWait, comm(kind, layer, chunk, span), layer);
+  }
+  void finish(CommKind kind, int layer, int chunk, int span = 1) {
+    mark(Mark::kFinish, comm(kind, layer, chunk, span), layer);
+  }
   void span(const Span& sp) {
     marks_.push_back(Mark{sp.start_s, next_++, Mark::kSpanBegin, sp.name, sp.layer, -1});
     marks_.push_back(Mark{sp.end_s, next_++, Mark::kSpanEnd, sp.name, sp.layer, -1});
@@ -175,12 +182,12 @@ class RecordingExchange final : public ExpertExchange<float> {
 
  private:
   void started(const ExchangeTag& tag) {
-    rec_->start(kind_of(tag.phase), tag.layer, tag.chunk);
-    if (!overlapped_) rec_->wait(kind_of(tag.phase), tag.layer, tag.chunk);
+    rec_->start(kind_of(tag.phase), tag.layer, tag.chunk, tag.span);
+    if (!overlapped_) rec_->wait(kind_of(tag.phase), tag.layer, tag.chunk, tag.span);
   }
   void finished(const ExchangeTag& tag) {
-    if (overlapped_) rec_->wait(kind_of(tag.phase), tag.layer, tag.chunk);
-    else rec_->finish(kind_of(tag.phase), tag.layer, tag.chunk);
+    if (overlapped_) rec_->wait(kind_of(tag.phase), tag.layer, tag.chunk, tag.span);
+    else rec_->finish(kind_of(tag.phase), tag.layer, tag.chunk, tag.span);
   }
   LocalExpertExchange<float> inner_;
   Recorder* rec_;
@@ -227,10 +234,14 @@ ModelConfig miniature(const ModelConfig& m) {
 
 Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   if (shape.pipeline_degree < 1) return Status::invalid_argument("schedule: pipeline degree must be >= 1");
+  const int backward_r = shape.backward_pipeline_degree > 0 ? shape.backward_pipeline_degree : shape.pipeline_degree;
+  if (shape.pipeline_degree % backward_r != 0)
+    return Status::invalid_argument("schedule: the backward pipeline degree must divide the forward one");
   const ModelConfig cfg = miniature(shape.model);
   XD_RETURN_IF_ERROR(cfg.validate().with_context("schedule: the model's miniature"));
   StepSchedule s;
   s.pipeline_degree = shape.pipeline_degree;
+  s.backward_pipeline_degree = backward_r;
   s.overlapped = shape.overlapped;
   s.gathers_experts = shape.gathers_experts;
   s.defers_owned_expert_weights = shape.defers_owned_expert_weights && shape.gathers_experts;
@@ -240,7 +251,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   ParamLayout layout(cfg);
   MoeTransformer<float> model(layout);
   model.init(1);
-  model.set_pipeline_degree(shape.pipeline_degree);
+  model.set_pipeline_degree(shape.pipeline_degree, backward_r);
   Timeline timeline;
   timeline.set_enabled(true);
   model.set_timeline(&timeline);
@@ -328,10 +339,13 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
           const bool sent_back = m.kind == (shape.overlapped ? Mark::kStart : Mark::kWait);
           if (handed_over && k == CommKind::kDispatch)
             s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kRoutedExperts, -1, open_layer});
-          if (handed_over && k == CommKind::kCombineBackward)
-            s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsInputBackward, -1, open_layer});
-          if (sent_back && k == CommKind::kDispatchBackward)
-            s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsWeightBackward, -1, open_layer});
+          // A backward exchange of span s hands over s chunks' rows.
+          for (int c = 0; c < s.comms[m.comm].span; ++c) {
+            if (handed_over && k == CommKind::kCombineBackward)
+              s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsInputBackward, -1, open_layer});
+            if (sent_back && k == CommKind::kDispatchBackward)
+              s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsWeightBackward, -1, open_layer});
+          }
         }
         break;
       }

@@ -84,12 +84,14 @@ struct ScheduledComm {
   int layer = -1;   // -1: not a layer's (the head's or the embedding's bucket)
   int chunk = 0;    // pipeline chunk of an A2A; bucket index of a dense bucket
   int stream = 0;   // kToExpertsStream ..
+  int span = 1;     // a backward A2A: the forward chunks it carries (chunk..chunk+span-1)
 };
 
 struct StepSchedule {
   std::vector<StepOp> ops;
   std::vector<ScheduledComm> comms;
   int pipeline_degree = 1;
+  int backward_pipeline_degree = 1;
   bool overlapped = false;
   bool gathers_experts = false;
   bool defers_owned_expert_weights = false;  // kOwnedExpertsWeightBackward at the end of backward
@@ -104,9 +106,11 @@ struct ScheduleShape {
   // Overlapped with replicas (a domain size > 1), the runtime computes the
   // owned experts' weight gradients after the embedding's (DistributedTrainer).
   bool defers_owned_expert_weights = false;
+  int backward_pipeline_degree = 0;  // a divisor of r; 0: r
 };
 
-// Errors: the model config does not validate, r < 1.
+// Errors: the model config does not validate, r < 1, a backward r that
+// does not divide r.
 Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape);
 
 }  // namespace xd

@@ -38,10 +38,11 @@ std::string farskip_yaml(bool overlapped, const std::string& checkpoint_dir) {
 
 // 2 DCs x 2 workers; `dc_latency` is the in-process delay of every message
 // on the inter-DC link.
-std::string cluster_yaml(int r, const std::string& dc_latency = "0ms") {
+std::string cluster_yaml(int r, const std::string& dc_latency = "0ms", int backward_r = 0) {
   return "cluster:\n  levels:\n    - name: dc\n      size: 2\n      link: {bandwidth: 10gbit, latency: " + dc_latency +
          ", shape: true}\n    - name: worker\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
-         "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n    pipeline_degree: " + std::to_string(r) + "\n";
+         "  expert_parallel:\n    mode: ep\n    memory_cap: unlimited\n    pipeline_degree: " + std::to_string(r) + "\n" +
+         (backward_r > 0 ? "    backward_pipeline_degree: " + std::to_string(backward_r) + "\n" : "");
 }
 
 // The FarSkip job (overlapped) on `cluster`, with step 4 traced into <dir>/trace.
@@ -71,11 +72,15 @@ struct JobRun {
 };
 
 JobRun run_farskip(const std::string& name, bool overlapped, int r, const std::vector<std::string>& mode,
-        const std::string& dc_latency = "0ms") {
+        const std::string& dc_latency = "0ms", int backward_r = 0) {
   JobRun out;
   out.dir = temp_dir(name);
-  auto job = testing::run_job(out.dir, farskip_yaml(overlapped, out.dir + "/ckpt") + cluster_yaml(r, dc_latency), 4,
+  auto job = testing::run_job(out.dir,
+                              farskip_yaml(overlapped, out.dir + "/ckpt") + cluster_yaml(r, dc_latency, backward_r), 4,
                               mode);
+  if (job.ok() && backward_r > 0) {
+    EXPECT_EQ(job.summary.value("backward_pipeline_degree", -1), backward_r) << name;
+  }
   EXPECT_TRUE(job.ok()) << name << "\n" << job.logs();
   if (!job.ok() || !job.summary.contains("losses")) return out;
   for (const auto& l : job.summary["losses"]) out.losses.push_back(l.get<double>());
@@ -173,6 +178,25 @@ INSTANTIATE_TEST_SUITE_P(EpAndHybridWithOneAndFourChunks, SimpleVsOverlapped,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_r" + std::to_string(std::get<1>(info.param));
                          });
+
+// The backward in 2 exchanges of 2 forward chunks each: the same rows move,
+// fewer and larger messages, over one level of peers (HybridEP 1 x 2, the
+// compute thread's direct exchanges) and over two (EP, the comm threads'
+// hops). The weights are those of r = 4 both ways, to the bit.
+TEST(FarSkipOverlap, ABackwardDegreeDividingRMovesTheSameRowsInFewerExchanges) {
+  for (const auto& [mode, args] : {std::pair<std::string, std::vector<std::string>>{"ep", {"--mode", "ep"}},
+                                   {"hybrid", {"--mode", "hybrid", "--domains", "1,2"}}}) {
+    const JobRun both = run_farskip(mode + "_r4_4", true, 4, args);
+    const JobRun halved = run_farskip(mode + "_r4_2", true, 4, args, "0ms", 2);
+    ASSERT_EQ(both.losses.size(), (size_t)kSteps) << mode;
+    const double loss = worst_loss_difference(halved, both);
+    const double weights = worst_weight_difference(halved, both);
+    std::printf("[overlap] %-6s r=4/2 vs r=4: worst loss difference %.2e, weights %.2e\n", mode.c_str(), loss,
+                weights);
+    EXPECT_LT(loss, 1e-12) << mode;
+    EXPECT_EQ(weights, 0.0) << mode;
+  }
+}
 
 // The one-process FarSkip model on the same global batch: the distributed
 // schedule (overlapped, 4 chunks) computes the model of docs/model.md.

@@ -36,6 +36,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.cluster.expert_parallel.fused_encode = false;
   job.train.model.expert_init_spread = 0.25;
   job.cluster.expert_parallel.pipeline_degree = 3;
+  job.cluster.expert_parallel.backward_pipeline_degree = 1;
   job.train.farskip = {true, false, false, true};
   job.train.model.connectivity.assign(job.train.model.num_layers, Connectivity::kFarSkipMoe);
   job.train.trace_steps = {2, 5};
@@ -54,6 +55,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_EQ(back->cluster.expert_parallel.base_codec, "sign");
   EXPECT_FALSE(back->cluster.expert_parallel.fused_encode);
   EXPECT_EQ(back->cluster.expert_parallel.pipeline_degree, 3);
+  EXPECT_EQ(back->cluster.expert_parallel.backward_pipeline_degree, 1);
   EXPECT_TRUE(back->train.farskip.enabled);
   EXPECT_FALSE(back->train.farskip.overlapped);
   EXPECT_TRUE(back->train.farskip.moe_only);
@@ -224,6 +226,24 @@ TEST(ControlProtocol, MalformedMessagesAreErrorsNamingTheField) {
   ThrottleOrder o;
   EXPECT_FALSE(from_json(to_json(ThrottleOrder{-1, 1, 0}), &o).is_ok());
   EXPECT_FALSE(op_of(json{{"no_op", 1}}));
+}
+
+// A plan update names the pipeline degree of each direction; a backward one
+// that does not divide the forward one would split a chunk, and is refused.
+TEST(ControlProtocol, APlanUpdateCarriesBothPipelineDegreesAndRefusesABackwardOneThatDoesNotDivide) {
+  PlanUpdate p{12, {2, 1}, 4, 2, 0.45, "link dc re-fitted"}, back;
+  ASSERT_TRUE(from_json(json::parse(to_json(p).dump()), &back).is_ok());
+  EXPECT_EQ(back.pipeline_degree, 4);
+  EXPECT_EQ(back.backward_pipeline_degree, 2);
+  EXPECT_EQ(back.domain_sizes, p.domain_sizes);
+  json bad = to_json(p);
+  bad["backward_pipeline_degree"] = 3;
+  EXPECT_NE(from_json(bad, &back).message().find("backward pipeline degree must divide"), std::string::npos)
+      << from_json(bad, &back).message();
+  json missing = to_json(p);
+  missing.erase("backward_pipeline_degree");
+  EXPECT_NE(from_json(missing, &back).message().find("backward_pipeline_degree: missing"), std::string::npos)
+      << from_json(missing, &back).message();
 }
 
 }  // namespace

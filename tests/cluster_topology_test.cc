@@ -344,6 +344,15 @@ cluster:
   ASSERT_TRUE(automatic) << automatic.status().message();
   EXPECT_TRUE(automatic->expert_parallel.fused_encode) << "fused unless the config says otherwise";
   EXPECT_EQ(automatic->expert_parallel.pipeline_degree, 0) << "auto: the planner chooses";
+  EXPECT_EQ(automatic->expert_parallel.backward_pipeline_degree, -1) << "not given: follows the forward's";
+  auto per_direction = parse_cluster_spec(
+      "cluster:\n  expert_parallel: {pipeline_degree: 4, backward_pipeline_degree: 2}\n", "job.yaml");
+  ASSERT_TRUE(per_direction) << per_direction.status().message();
+  EXPECT_EQ(per_direction->expert_parallel.backward_pipeline_degree, 2);
+  auto backward_auto = parse_cluster_spec(
+      "cluster:\n  expert_parallel: {pipeline_degree: 4, backward_pipeline_degree: auto}\n", "job.yaml");
+  ASSERT_TRUE(backward_auto) << backward_auto.status().message();
+  EXPECT_EQ(backward_auto->expert_parallel.backward_pipeline_degree, 0) << "auto: the planner chooses";
   EXPECT_EQ(c->levels[1].link.codecs.dispatch, "raw") << "raw unless a link class says otherwise";
   EXPECT_EQ(c->levels[1].link.codecs.expert_gather, "raw");
   EXPECT_EQ(c->levels[1].link.codecs.dense_grad, "raw");
@@ -445,6 +454,10 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  expert_parallel: {pipeline_degree: 0}\n",
        "cluster.expert_parallel.pipeline_degree: must be auto or a chunk count of at least 1"},
       {"cluster:\n  expert_parallel: {pipeline_degree: many}\n", "cluster.expert_parallel.pipeline_degree"},
+      {"cluster:\n  expert_parallel: {pipeline_degree: 4, backward_pipeline_degree: 3}\n",
+       "cluster.expert_parallel.backward_pipeline_degree: 3 does not divide pipeline_degree 4"},
+      {"cluster:\n  expert_parallel: {backward_pipeline_degree: 0}\n",
+       "cluster.expert_parallel.backward_pipeline_degree: must be auto or a chunk count of at least 1"},
       {"cluster: [1, 2]\n", "job.yaml:1: cluster: must be a mapping"},
       {"cluster:\n  levels: [\n", "YAML syntax error"},
   };

@@ -365,6 +365,44 @@ TEST(Planner, ChunksPayTheLatencyOfEveryChunk) {
   EXPECT_EQ(evaluate_candidate(farskip_layer(false, 0), {2}, latency, {1}, 1e300).pipeline_degree, 1);
 }
 
+// Each backward exchange of s = r / backward r chunks is one transfer: with
+// latency only, the backward's A2As cost r / s start-ups each way.
+TEST(Planner, ABackwardExchangeOfSeveralChunksPaysOneLatency) {
+  const std::vector<LinkModel> latency = {{0.1, 0.0}};
+  Workload w = farskip_layer(false, 4);
+  w.backward_pipeline_degree = 1;
+  const PlanCandidate c = evaluate_candidate(w, {2}, latency, {1}, 1e300);
+  EXPECT_EQ(c.pipeline_degree, 4);
+  EXPECT_EQ(c.backward_pipeline_degree, 1);
+  EXPECT_NEAR(c.a2a_s, 0.1 * (4 + 4 + 1 + 1), 1e-12);  // forward 4 + 4, backward 1 + 1
+}
+
+// With the backward's degree auto, each r takes the best of its divisors,
+// chosen apart from the forward's: the plan is the fastest pair, and a
+// latency-bound link gives the backward fewer exchanges than the forward.
+TEST(Planner, TheBackwardDegreeIsChosenOnItsOwnAmongTheDivisorsOfR) {
+  const std::vector<LinkModel> latency = {{0.1, 0.0}};
+  Workload w = farskip_layer(true, 4);
+  w.backward_pipeline_degree = 0;
+  const PlanCandidate chosen = evaluate_candidate(w, {2}, latency, {1}, 1e300);
+  EXPECT_EQ(chosen.pipeline_degree, 4);
+  double best = 1e300;
+  for (int rb : {1, 2, 4}) {
+    Workload fixed = w;
+    fixed.backward_pipeline_degree = rb;
+    const PlanCandidate c = evaluate_candidate(fixed, {2}, latency, {1}, 1e300);
+    EXPECT_EQ(c.backward_pipeline_degree, rb);
+    best = std::min(best, c.iteration_s);
+  }
+  EXPECT_NEAR(chosen.iteration_s, best, 1e-12);
+  EXPECT_LT(chosen.backward_pipeline_degree, 4) << "latency only: fewer backward exchanges are faster";
+  // Both auto: the pair (r, backward r) is chosen; the backward's divides r.
+  w.pipeline_degree = 0;
+  const PlanCandidate pair = evaluate_candidate(w, {2}, latency, {1}, 1e300);
+  EXPECT_EQ(pair.pipeline_degree % pair.backward_pipeline_degree, 0);
+  EXPECT_LE(pair.iteration_s, chosen.iteration_s + 1e-12);
+}
+
 // Overlapped, with one level of peers and raw rows, the runtime queues every
 // chunk of an A2A on the link as it starts (actors/hybrid_exchange.h), so
 // their latencies overlap; with a token codec a comm thread sends one chunk

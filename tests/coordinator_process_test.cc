@@ -235,11 +235,17 @@ TEST(Cluster, AWorkerGetsTheEffectiveConfigurationAndOneOfAnotherVersionIsRefuse
     EXPECT_EQ(a.domain_sizes, (std::vector<int>{2, 1}));
     EXPECT_EQ(a.peers[3].endpoint, "tcp://127.0.0.1:2003");
     EXPECT_EQ(a.peers[r ^ 2].link_class, 0) << "ranks in different DCs talk over the dc link";
-    // pipeline_degree auto reaches the worker as the planner's choice.
+    // pipeline degrees auto reach the worker as the planner's choice.
     ASSERT_EQ(expected.cluster.expert_parallel.pipeline_degree, 0);
-    EXPECT_GE(a.job.cluster.expert_parallel.pipeline_degree, 1);
+    ASSERT_EQ(expected.cluster.expert_parallel.backward_pipeline_degree, -1);
+    const int forward_r = a.job.cluster.expert_parallel.pipeline_degree;
+    const int backward_r = a.job.cluster.expert_parallel.backward_pipeline_degree;
+    EXPECT_GE(forward_r, 1);
+    EXPECT_GE(backward_r, 1);
+    EXPECT_EQ(forward_r % std::max(1, backward_r), 0) << "the backward's degree divides the forward's";
     JobConfig resolved = expected;
-    resolved.cluster.expert_parallel.pipeline_degree = a.job.cluster.expert_parallel.pipeline_degree;
+    resolved.cluster.expert_parallel.pipeline_degree = forward_r;
+    resolved.cluster.expert_parallel.backward_pipeline_degree = backward_r;
     EXPECT_EQ(job_config_to_json(a.job), job_config_to_json(resolved)) << "the overrides must reach the worker";
     EXPECT_NE(a.job_id, 0u);
     if (r == 0) job_id = a.job_id;

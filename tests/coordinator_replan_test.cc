@@ -56,7 +56,7 @@ std::array<double, 3> bursts_at(double bytes_per_s, double alpha, double bursts,
 TEST(Replanner, ALinkMeasuredCloseToThePlansAssumptionChangesNothing) {
   const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
-  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2, 2);
   for (int64_t step = 1; step <= 10; ++step)
     EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}}, step, 100)) << step;
   EXPECT_NEAR(r.measured().at("dc"), 0.8 * 125e6, 1e3);  // the fit: (seconds - bursts * alpha) / bytes
@@ -68,7 +68,7 @@ TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
   const JobConfig job = demo_job("bandwidth: 10gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
   const Plan start = plan_iteration(in);
-  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2, 2);
   for (int64_t step = 1; step <= 3; ++step) EXPECT_FALSE(r.on_step(step, {{"dc", bursts_at(1.25e9, 1e-3, 40, 8e6)}}, step, 100));
   std::optional<PlanChange> c;
   for (int64_t step = 4; step <= 6 && !c; ++step)
@@ -91,7 +91,7 @@ TEST(Replanner, ANewPlanThatMeasuresSlowerThanTheOneItReplacedIsSwitchedBack) {
   const JobConfig job = demo_job("bandwidth: 10gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
   const Plan start = plan_iteration(in);
-  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2, 2);
   std::optional<PlanChange> c;
   for (int64_t step = 1; step <= 3 && !c; ++step)  // the old plan's steps under the slow link: 0.5 s
     c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, 0.5);
@@ -113,7 +113,7 @@ TEST(Replanner, ANewPlanThatMeasuresSlowerThanTheOneItReplacedIsSwitchedBack) {
 TEST(Replanner, ANewPlanThatMeasuresAsFastIsKept) {
   const JobConfig job = demo_job("bandwidth: 10gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
-  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2, 2);
   std::optional<PlanChange> c;
   for (int64_t step = 1; step <= 3 && !c; ++step)
     c = r.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100, 0.5);
@@ -130,10 +130,10 @@ TEST(Replanner, ANewPlanThatMeasuresAsFastIsKept) {
 TEST(Replanner, UnshapedLinksAndSwitchesPastTheLastStepAreLeftAlone) {
   const JobConfig job = demo_job("bandwidth: 10gbit, latency: 1ms");
   const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
-  Replanner unshaped(in, plan_iteration(in), {"dc", "worker"}, {false, false}, 2);
+  Replanner unshaped(in, plan_iteration(in), {"dc", "worker"}, {false, false}, 2, 2);
   for (int64_t step = 1; step <= 6; ++step)
     EXPECT_FALSE(unshaped.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 100));
-  Replanner late(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2);
+  Replanner late(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2, 2);
   std::optional<PlanChange> c;
   for (int64_t step = 1; step <= 3; ++step) c = late.on_step(step, {{"dc", bursts_at(12.5e6, 1e-3, 40, 8e6)}}, step, 4);
   ASSERT_TRUE(c);
@@ -150,7 +150,7 @@ TEST(Replanner, ComputeMeasuredSlowerInEveryStepOfAWindowReFitsThePredictionAndK
   const Plan start = plan_iteration(in);
   const double assumed = planned_compute(start);
   ASSERT_GT(assumed, 0);
-  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 2, 2);
   const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
   std::optional<PlanChange> c;
   const double slow[] = {1.25, 1.35, 1.30};  // a machine 30% slower, noisily
@@ -187,15 +187,15 @@ TEST(Replanner, ComputeWithinTheToleranceOrOffInOnlySomeStepsChangesNothing) {
   const Plan start = plan_iteration(in);
   const double assumed = planned_compute(start);
   const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
-  Replanner close(in, start, {"dc", "worker"}, {true, true}, 2);
+  Replanner close(in, start, {"dc", "worker"}, {true, true}, 2, 2);
   for (int64_t step = 1; step <= 12; ++step)
     EXPECT_FALSE(close.on_step(step, link, step, 100, 0.5, (step % 2 ? 1.04 : 0.96) * assumed)) << step;
-  Replanner spiky(in, start, {"dc", "worker"}, {true, true}, 2);  // one slow step in each window
+  Replanner spiky(in, start, {"dc", "worker"}, {true, true}, 2, 2);  // one slow step in each window
   for (int64_t step = 1; step <= 12; ++step)
     EXPECT_FALSE(spiky.on_step(step, link, step, 100, 0.5, (step % 3 == 0 ? 2.0 : 1.0) * assumed)) << step;
-  Replanner off(in, start, {"dc", "worker"}, {true, true}, 2, ReplanOptions{.compute_tolerance = 0});
+  Replanner off(in, start, {"dc", "worker"}, {true, true}, 2, 2, ReplanOptions{.compute_tolerance = 0});
   for (int64_t step = 1; step <= 6; ++step) EXPECT_FALSE(off.on_step(step, link, step, 100, 0.5, 2 * assumed)) << step;
-  Replanner faster(in, start, {"dc", "worker"}, {true, true}, 2);
+  Replanner faster(in, start, {"dc", "worker"}, {true, true}, 2, 2);
   std::optional<PlanChange> c;
   for (int64_t step = 1; step <= 3; ++step) c = faster.on_step(step, link, step, 100, 0.5, 0.8 * assumed);
   ASSERT_TRUE(c) << "a faster machine is followed too";
@@ -212,7 +212,7 @@ TEST(Replanner, AMeasuredA2AImbalanceMovesThePredictionNotThePlan) {
   const Plan start = plan_iteration(in);
   const double compute = planned_compute(start);
   const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
-  Replanner r(in, start, {"dc", "worker"}, {true, true}, 1);
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, 1, 1);
   std::optional<PlanChange> c;
   const double dc[] = {1.20, 1.30, 1.25};
   for (int64_t step = 1; step <= 3; ++step) {
@@ -241,7 +241,7 @@ TEST(Replanner, AMeasuredA2AImbalanceMovesThePredictionNotThePlan) {
   for (int64_t step = 4; step <= 12; ++step)
     EXPECT_FALSE(r.on_step(step, link, step, 100, 0.5, compute, {1.26, 0.0})) << step;
   // Within the tolerance, or never measured, nothing moves either.
-  Replanner close(in, start, {"dc", "worker"}, {true, true}, 1);
+  Replanner close(in, start, {"dc", "worker"}, {true, true}, 1, 1);
   for (int64_t step = 1; step <= 6; ++step) {
     EXPECT_FALSE(close.on_step(step, link, step, 100, 0.5, compute, {1.03, 1.02})) << step;
     EXPECT_FALSE(close.on_step(step + 6, link, step + 6, 100, 0.5, compute)) << step;

@@ -164,6 +164,35 @@ TEST(MoeTransformer, PipelineChunksGiveTheLossAndGradientsOfOneChunk) {
   }
 }
 
+// A backward degree dividing r sends each group of forward chunks as one
+// exchange; every chunk's math stays its own, so the gradients are r's to
+// the bit, for token-choice and slot (SoftMoE) routing alike.
+TEST(MoeTransformer, ABackwardDegreeDividingRGivesTheGradientsOfRToTheBit) {
+  for (Gating gating : {Gating::kSoftmaxTopK, Gating::kSoftMoe}) {
+    ModelConfig cfg = tiny_config(gating, Connectivity::kFarSkip);
+    ParamLayout layout(cfg);
+    const int B = 2, T = 6;
+    auto in = random_tokens(B * T, cfg.vocab_size, 1), tg = random_tokens(B * T, cfg.vocab_size, 2);
+    std::vector<double> grads_r4;
+    for (int backward_r : {4, 2, 1}) {
+      MoeTransformer<double> model(layout);
+      model.init(7);
+      model.set_pipeline_degree(4, backward_r);
+      EXPECT_EQ(model.backward_pipeline_degree(), backward_r);
+      model.zero_grad();
+      model.forward(in.data(), tg.data(), B, T);
+      model.backward();
+      if (backward_r == 4) {
+        grads_r4 = model.grads();
+        continue;
+      }
+      size_t differ = 0;
+      for (size_t i = 0; i < grads_r4.size(); ++i) differ += model.grads()[i] != grads_r4[i];
+      EXPECT_EQ(differ, 0u) << gating_name(gating) << ", backward r = " << backward_r;
+    }
+  }
+}
+
 // The one-process exchange underneath, for test exchanges that only watch
 // or change what the MoE layer asks besides the rows.
 template <typename T>

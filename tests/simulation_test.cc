@@ -161,6 +161,38 @@ TEST(StepSchedule, EachChunkComputesItsExpertsOnceItsRowsAreIn) {
   EXPECT_LT(gather0, experts0);
 }
 
+// A backward degree of 2 with r = 4: each backward exchange carries two
+// chunks, so a layer has two of each backward A2A, each handing over two
+// chunks' compute; the forward keeps its four.
+TEST(StepSchedule, ABackwardExchangeOfTwoChunksHandsOverBothChunksCompute) {
+  ScheduleShape sh = shape(Connectivity::kFarSkip, true, 4, true);
+  sh.backward_pipeline_degree = 2;
+  auto s = record_step_schedule(sh);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  EXPECT_EQ(s->backward_pipeline_degree, 2);
+  std::map<CommKind, int> layer0;
+  for (const ScheduledComm& c : s->comms)
+    if (c.layer == 0) {
+      layer0[c.kind]++;
+      const bool backward = c.kind == CommKind::kCombineBackward || c.kind == CommKind::kDispatchBackward;
+      if (c.kind <= CommKind::kDispatchBackward) {
+        EXPECT_EQ(c.span, backward ? 2 : 1) << comm_kind_name(c.kind);
+      }
+    }
+  EXPECT_EQ(layer0[CommKind::kDispatch], 4);
+  EXPECT_EQ(layer0[CommKind::kCombine], 4);
+  EXPECT_EQ(layer0[CommKind::kCombineBackward], 2);
+  EXPECT_EQ(layer0[CommKind::kDispatchBackward], 2);
+  std::map<ComputeKind, int> per_layer0;
+  for (const StepOp& op : s->ops)
+    if (op.type == StepOp::Type::kCompute && op.layer == 0) per_layer0[op.compute]++;
+  EXPECT_EQ(per_layer0[ComputeKind::kExpertsInputBackward], 4);
+  EXPECT_EQ(per_layer0[ComputeKind::kExpertsWeightBackward], 4);
+  EXPECT_NE(s->describe().find("combine backward chunks 2..3"), std::string::npos) << s->describe();
+  sh.backward_pipeline_degree = 3;
+  EXPECT_FALSE(record_step_schedule(sh).has_value()) << "3 does not divide 4";
+}
+
 // A traced run's compute spans with the moves of "work while waiting"
 // (docs/overlap.md) undone: an early piece of attention (b) before the
 // router, or before the routed experts where the plan puts part (b) after

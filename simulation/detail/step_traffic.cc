@@ -67,7 +67,7 @@ double StepTraffic::fraction(int level, CommKind kind) const {
 
 std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) const {
   std::vector<CommPhase> out;
-  const double chunk_bytes = in_.workload.token_bytes / r_;
+  const double chunk_bytes = in_.workload.token_bytes / r_ * comm.span;
   switch (comm.kind) {
     case CommKind::kDispatch: a2a_phases(rank, chunk_bytes, true, true, &out); break;
     case CommKind::kCombineBackward: a2a_phases(rank, chunk_bytes, true, true, &out); break;
