@@ -124,7 +124,7 @@ Tag HybridExpertExchange::wire_tag(const ExchangeTag& t, bool forward_path, int 
 }
 
 HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto at = [this](int layer, int chunk, int span) -> Route& {
     std::unique_ptr<Route>& r = routes_[{layer, chunk, span}];
     if (!r) r = std::make_unique<Route>();
@@ -132,10 +132,12 @@ HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag)
   };
   Route& r = at(tag.layer, tag.chunk, tag.span);
   // A span's backward of Combine comes after its chunks' Dispatches have
-  // concluded, and its backward of Dispatch follows the route it built.
+  // concluded (nothing writes their routes until the next step's), and its
+  // backward of Dispatch follows the route it built; merged without the lock.
   if (tag.span > 1 && tag.phase == (int)ExchangePhase::kCombineBackward) {
     std::vector<const Route*> parts;
     for (int i = 0; i < tag.span; ++i) parts.push_back(&at(tag.layer, tag.chunk + i, 1));
+    lock.unlock();
     r = detail::merge_routes(parts, topology_.num_levels());
   }
   return r;
@@ -281,7 +283,10 @@ HybridExpertExchange::Result HybridExpertExchange::conclude(Pass* p) {
       r.rows_in = std::accumulate(p->counts.begin(), p->counts.end(), 0);
       r.out_counts.assign(computed_.size(), 0);
     }
-    result.rows.assign((p->to_experts ? r.final_order.size() : (size_t)r.rows_in) * width, 0.0f);
+    // Toward the experts as many rows as the counts say (a merged route with
+    // a failed chunk has counts but no final order).
+    const size_t rows_out = std::accumulate(r.out_counts.begin(), r.out_counts.end(), size_t{0});
+    result.rows.assign((p->to_experts ? rows_out : (size_t)r.rows_in) * width, 0.0f);
   } else if (p->to_experts) {
     result.rows = detail::rows_gathered(p->data.data(), r.final_order, width);
   } else {

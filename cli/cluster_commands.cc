@@ -90,7 +90,7 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                   "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)");
   cmd->add_option("--backward-pipeline-degree", o->backward_pipeline_degree,
                   "Override cluster.expert_parallel.backward_pipeline_degree: the backward's A2A exchanges, a "
-                  "divisor of r (0: the planner's choice, -1: r)")
+                  "divisor of r (0: the planner's choice; -1: r when r is set, else the planner's)")
       ->check(CLI::Range(-1, 64));
   cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
       ->delimiter(',');

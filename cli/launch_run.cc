@@ -142,7 +142,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
                                                             bwd.find('/') != std::string::npos)))
         return Status::invalid_argument("bad pipeline degree '" + part + "' in '" + run + "' (rN or rN/M)");
       spec.pipeline_degree = std::stoi(fwd);
-      if (!bwd.empty()) spec.backward_pipeline_degree = std::stoi(bwd);
+      spec.backward_pipeline_degree = bwd.empty() ? -1 : std::stoi(bwd);  // -1: the forward's
       if (spec.pipeline_degree > 0 && spec.backward_pipeline_degree > 0 &&
           spec.pipeline_degree % spec.backward_pipeline_degree != 0)
         return Status::invalid_argument("pipeline degree '" + part + "' in '" + run +

@@ -24,7 +24,7 @@ struct RunSpec {
   std::string mode;
   bool farskip = false, simple = false;
   int pipeline_degree = -1;  // -1: the config's
-  int backward_pipeline_degree = -2;  // +r4/2: 2; -2: the config's
+  int backward_pipeline_degree = -2;  // +r4/2: 2; +r4: -1 (the forward's); -2: the config's
   std::vector<int> domains;  // +d2x1: these domain sizes (mode hybrid); empty: the plan's
 };
 Expected<RunSpec> parse_run(const std::string& run);

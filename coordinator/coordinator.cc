@@ -116,8 +116,15 @@ class Coordinator::Impl {
   void start_replanner();
   // The backward's r the workers run: the job's, or the planner's choice.
   int backward_degree() const {
+    if (replanner) return replanner->backward_pipeline_degree();
     const int given = job.cluster.expert_parallel.backward_pipeline_degree;
     return given > 0 ? given : std::max(1, plan.choice().backward_pipeline_degree);
+  }
+  // The forward's r the workers run.
+  int forward_degree() const {
+    if (replanner) return replanner->pipeline_degree();
+    const int given = job.cluster.expert_parallel.pipeline_degree;
+    return given > 0 ? given : std::max(1, plan.choice().pipeline_degree);
   }
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
@@ -414,8 +421,7 @@ void Coordinator::Impl::assign_all() {
   a.job = job;
   // pipeline degrees auto: the planner's r per direction for the chosen
   // domains (its backward r follows a forward r set by hand).
-  if (a.job.cluster.expert_parallel.pipeline_degree == 0)
-    a.job.cluster.expert_parallel.pipeline_degree = std::max(1, plan.choice().pipeline_degree);
+  a.job.cluster.expert_parallel.pipeline_degree = forward_degree();
   a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
@@ -449,9 +455,8 @@ void Coordinator::Impl::start_replanner() {
       const std::string ha = endpoint_host(a->info.data_endpoint), hb = endpoint_host(b->info.data_endpoint);
       if (level >= 0 && ha != hb && !(is_loopback_host(ha) && is_loopback_host(hb))) measured[level] = true;
     }
-  const int r = job.cluster.expert_parallel.pipeline_degree > 0 ? job.cluster.expert_parallel.pipeline_degree
-                                                                : std::max(1, plan.choice().pipeline_degree);
-  replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r, backward_degree());
+  const int r = forward_degree(), backward_r = backward_degree();  // before the replanner exists
+  replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r, backward_r);
 }
 
 void Coordinator::Impl::stop_all(const std::string& reason) {
@@ -594,8 +599,8 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
   nlohmann::json j = {{"job", opts.job_name}, {"job_id", job_id}, {"state", job_state_name(state)},
                       {"world", registry.world_size()}, {"steps", job.train.steps},
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
-                      {"pipeline_degree", plan.choice().pipeline_degree},
-                      {"backward_pipeline_degree", plan.choice().backward_pipeline_degree},
+                      {"pipeline_degree", forward_degree()},
+                      {"backward_pipeline_degree", backward_degree()},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
@@ -713,9 +718,7 @@ void Coordinator::Impl::write_summary() {
                       {"ok", outcome.is_ok() && state == JobState::kDone},
                       {"mode", ep_mode_name(plan.mode)},
                       {"domain_sizes", plan.choice().domain_sizes},
-                      {"pipeline_degree", job.cluster.expert_parallel.pipeline_degree > 0
-                                              ? job.cluster.expert_parallel.pipeline_degree
-                                              : std::max(1, plan.choice().pipeline_degree)},
+                      {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},

@@ -202,6 +202,8 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                                  const std::vector<LinkModel>& links,
                                  const std::vector<int>& domain_sizes, double memory_cap_bytes,
                                  const std::vector<LinkCodecCost>& link_codecs = {});
+// "4" when both directions run r = 4, "4/2" for forward 4, backward 2.
+std::string pipeline_degrees_text(int forward, int backward);
 
 // Two predictions closer than this fraction are a tie: the model's own error
 // is larger (its live prediction is off by a few percent). Measured, a
@@ -212,9 +214,6 @@ constexpr double kPlanTieMargin = 0.02;
 // Mode auto's choice among `candidates`: of the feasible ones predicted
 // within kPlanTieMargin of the least iteration time, the one with the fewest
 // gathered bytes, then the faster. -1 when none is feasible.
-// "4" when both directions run r = 4, "4/2" for forward 4, backward 2.
-std::string pipeline_degrees_text(int forward, int backward);
-
 int choose_candidate(const std::vector<PlanCandidate>& candidates);
 
 // All candidates and the choice: ep -> all 1s; hybrid -> the spec's domain

@@ -96,7 +96,12 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   for (size_t i = 0; i < next.candidates.size(); ++i)
     if (next.candidates[i].domain_sizes == c.old_domains) current = static_cast<int>(i);
   const PlanCandidate& best = next.choice();
-  c.old_now_predicted_s = current >= 0 ? next.candidates[current].iteration_s : best.iteration_s;
+  // The running plan under the fitted link: its domains at the degrees the
+  // workers run (the fitted plan may prefer others for the same domains).
+  const std::optional<Plan> now = predict_current(fitted);
+  c.old_now_predicted_s = now               ? now->choice().iteration_s
+                          : current >= 0 ? next.candidates[current].iteration_s
+                                         : best.iteration_s;
   c.new_domains = best.domain_sizes;
   // A fixed pipeline degree stays; auto takes the planner's r for the domains.
   const int fixed_r = inputs_.expert_parallel.pipeline_degree;
@@ -119,10 +124,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     Switch sw;
     sw.from_step = from;
     sw.old_plan = plan_;
-    if (current >= 0) {
-      sw.old_plan = next;  // the old domains, predicted under the fitted link
-      sw.old_plan.chosen = current;
-    }
+    if (now) sw.old_plan = *now;  // the old domains and degrees, predicted under the fitted link
     sw.old_pipeline_degree = pipeline_degree_;
     sw.old_backward_pipeline_degree = backward_pipeline_degree_;
     sw.before_s = mean_step_s(step - options_.window_steps + 1, step);
@@ -137,9 +139,10 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     c.new_backward_pipeline_degree = c.old_backward_pipeline_degree;
     c.new_predicted_s = c.old_now_predicted_s;
     c.reason = std::string(what) + (better ? "; too close to the end to switch" : "; the current plan is still the best");
-    // The same domains, predicted under the fitted link.
+    // The same domains and degrees, predicted under the fitted link.
     plan_ = next;
     if (current >= 0) plan_.chosen = current;
+    if (now) plan_ = *now;
   }
   inputs_ = fitted;
   clear_windows();

@@ -104,6 +104,10 @@ class Replanner {
                                     double compute_s = 0, const std::vector<double>& a2a_imbalance = {});
 
   const Plan& plan() const { return plan_; }
+  // The degrees the workers run (the plan's candidate may have been priced
+  // at others).
+  int pipeline_degree() const { return pipeline_degree_; }
+  int backward_pipeline_degree() const { return backward_pipeline_degree_; }
   const PlannerInputs& inputs() const { return inputs_; }
   // Re-plans and switches back, not compute re-fits (those only move the
   // prediction; compute_refits() counts them).
