@@ -62,6 +62,49 @@ TEST(Replanner, ALinkMeasuredCloseToThePlansAssumptionChangesNothing) {
   EXPECT_NEAR(r.measured().at("dc"), 0.8 * 125e6, 1e3);  // the fit: (seconds - bursts * alpha) / bytes
 }
 
+// The replanner prices and reports the degrees the workers run. EP on a
+// DC link measured at 40 Mbit/s: from degrees 8/1 it switches to the pair
+// the fitted plan picks for the same domains, having priced 8/1 itself; from
+// that pair the same measurement keeps the plan, whose candidate is then
+// those domains at the running degrees.
+TEST(Replanner, TheDegreesAloneCanSwitchAndAKeptPlanKeepsTheRunningDegrees) {
+  const JobConfig job = demo_job("bandwidth: 100mbit, latency: 10ms");
+  PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  in.expert_parallel.mode = EpMode::kEp;  // tokens cross the DC link: the degrees matter
+  in.expert_parallel.domain_sizes = {1, 1};
+  in.overlapped = true;
+  const Plan start = plan_iteration(in);
+  auto refit = [&](Replanner* r) {
+    std::optional<PlanChange> c;
+    for (int64_t step = 1; step <= 6 && !c; ++step)
+      c = r->on_step(step, {{"dc", bursts_at(5e6, 10e-3, 40, 8e6)}}, step, 100);  // 40 Mbit/s: far
+    return c;
+  };
+  Replanner odd(in, start, {"dc", "worker"}, {true, true}, 8, 1);
+  const std::optional<PlanChange> c = refit(&odd);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->old_pipeline_degree, 8);
+  EXPECT_EQ(c->old_backward_pipeline_degree, 1);
+  ASSERT_TRUE(c->switched()) << c->reason;
+  EXPECT_EQ(c->new_domains, c->old_domains);
+  EXPECT_TRUE(c->new_pipeline_degree != 8 || c->new_backward_pipeline_degree != 1);
+  EXPECT_EQ(c->new_pipeline_degree % c->new_backward_pipeline_degree, 0);
+  EXPECT_LT(c->new_predicted_s, 0.95 * c->old_now_predicted_s);
+  EXPECT_EQ(odd.pipeline_degree(), c->new_pipeline_degree);
+  EXPECT_EQ(odd.backward_pipeline_degree(), c->new_backward_pipeline_degree);
+  std::printf("[replan] EP at 8/1, the DC link measured at 40 Mbit/s: -> %d/%d (predicted %.1f -> %.1f ms)\n",
+              c->new_pipeline_degree, c->new_backward_pipeline_degree, c->old_now_predicted_s * 1e3,
+              c->new_predicted_s * 1e3);
+
+  Replanner best(in, start, {"dc", "worker"}, {true, true}, c->new_pipeline_degree, c->new_backward_pipeline_degree);
+  const std::optional<PlanChange> kept = refit(&best);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_FALSE(kept->switched()) << kept->reason;
+  EXPECT_EQ(best.plan().choice().pipeline_degree, c->new_pipeline_degree);
+  EXPECT_EQ(best.plan().choice().backward_pipeline_degree, c->new_backward_pipeline_degree);
+  EXPECT_NEAR(kept->old_now_predicted_s, c->new_predicted_s, 1e-9);
+}
+
 TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
   // At 10 Gbit/s gathering every expert ([2,2]) is best; at 100 Mbit/s the
   // experts gathered inside each DC only ([1,2]) are.
