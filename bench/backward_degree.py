@@ -24,28 +24,12 @@ Writes <out>/backward_degree.csv and .txt.
 """
 import argparse
 import csv
-import json
 import os
 import shutil
-import subprocess
-import sys
+
+from farskip_overlap import launch  # runs `xdmoe launch` and reads each run's summary
 
 MODES = {"ep": "ep+farskip", "hybrid": "hybrid+farskip+d2x1"}
-
-
-def launch(xdmoe, runs, steps, run_dir):
-    cmd = [xdmoe, "launch", "--run-dir", run_dir, "--steps", str(steps)]
-    for r in runs:
-        cmd += ["--mode", r]
-    print("$", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"launch failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    summaries = {}
-    for r in runs:
-        with open(os.path.join(run_dir, r.replace("/", "_"), "summary.json")) as f:
-            summaries[r] = json.load(f)
-    return summaries
 
 
 def main():
@@ -66,7 +50,7 @@ def main():
             order = runs if rep % 2 == 0 else list(reversed(runs))
             run_dir = os.path.join("runs", "bench_backward_degree", f"{name}_{rep}")
             shutil.rmtree(run_dir, ignore_errors=True)
-            summaries = launch(a.xdmoe, order, a.steps, run_dir)
+            summaries = launch(a.xdmoe, None, order, a.steps, run_dir, None)
             for r in runs:
                 j = summaries[r]
                 rows.append({

@@ -97,7 +97,8 @@ LABELS = {
 
 
 def launch(xdmoe, config, runs, steps, run_dir, trace_step):
-    cmd = [xdmoe, "launch", "--config", config, "--run-dir", run_dir, "--steps", str(steps)]
+    """Runs `runs` in one `xdmoe launch` (config None: the built-in demo job) and returns each run's summary."""
+    cmd = [xdmoe, "launch"] + (["--config", config] if config else []) + ["--run-dir", run_dir, "--steps", str(steps)]
     for r in runs:
         cmd += ["--mode", r]
     if trace_step:
@@ -110,7 +111,7 @@ def launch(xdmoe, config, runs, steps, run_dir, trace_step):
         sys.exit(f"launch failed ({out.returncode}):\n{out.stderr[-3000:]}")
     summaries = {}
     for r in runs:
-        with open(os.path.join(run_dir, r, "summary.json")) as f:
+        with open(os.path.join(run_dir, r.replace("/", "_"), "summary.json")) as f:  # +r4/2 runs in +r4_2
             summaries[r] = json.load(f)
     return summaries
 

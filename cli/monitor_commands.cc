@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cluster/protocol.h"
+#include "coordinator/planner.h"
 #include "transport/control_channel.h"
 #include "common/units.h"
 
@@ -91,9 +92,8 @@ std::string list_of(const nlohmann::json& s, const char* key) {
 void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
               s.value("state", "?").c_str(), list_of(s, "world").c_str());
-  // r as forward/backward when they differ.
-  const int r = s.value("pipeline_degree", 0), backward_r = s.value("backward_pipeline_degree", r);
-  const std::string degrees = r == backward_r ? std::to_string(r) : std::to_string(r) + "/" + std::to_string(backward_r);
+  const int r = s.value("pipeline_degree", 0);
+  const std::string degrees = pipeline_degrees_text(r, s.value("backward_pipeline_degree", r));
   std::printf("mode %s, domains %s, r %s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
               fit(list_of(s, "domain_sizes"), 16).c_str(), degrees.c_str(),
               num(s, "predicted_step_s", "%.1f", 1e3).c_str(), num(s, "uptime_s", "%.0f").c_str());

@@ -480,7 +480,6 @@ std::string domains_text(const std::vector<int>& d) {
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
-std::string degrees_text(int forward, int backward) { return pipeline_degrees_text(forward, backward); }
 }  // namespace
 
 void Coordinator::Impl::consider_replan() {
@@ -504,7 +503,7 @@ void Coordinator::Impl::consider_replan() {
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
+                pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
                 c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
     std::fflush(stdout);
     return;
@@ -512,14 +511,15 @@ void Coordinator::Impl::consider_replan() {
   if (c->reverted)
     std::printf("re-plan after step %lld: %s: %s r=%s from step %lld\n", (long long)c->at_step, c->reason.c_str(),
                 domains_text(c->new_domains).c_str(),
-                degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), (long long)c->from_step);
+                pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(),
+                (long long)c->from_step);
   else
     std::printf("re-plan after step %lld: %s: domains %s r=%s (predicted %.1f ms before, %.1f ms now) -> %s r=%s "
                 "(predicted %.1f ms) from step %lld\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
+                pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
                 c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
-                degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), c->new_predicted_s * 1e3,
+                pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), c->new_predicted_s * 1e3,
                 (long long)c->from_step);
   std::fflush(stdout);
   const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_backward_pipeline_degree,

@@ -92,16 +92,11 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   PlannerInputs fitted = inputs_;
   fitted.links[far_level].beta_s_per_byte = far_beta;
   Plan next = plan_iteration(fitted);
-  int current = -1;
-  for (size_t i = 0; i < next.candidates.size(); ++i)
-    if (next.candidates[i].domain_sizes == c.old_domains) current = static_cast<int>(i);
   const PlanCandidate& best = next.choice();
   // The running plan under the fitted link: its domains at the degrees the
   // workers run (the fitted plan may prefer others for the same domains).
   const std::optional<Plan> now = predict_current(fitted);
-  c.old_now_predicted_s = now               ? now->choice().iteration_s
-                          : current >= 0 ? next.candidates[current].iteration_s
-                                         : best.iteration_s;
+  c.old_now_predicted_s = now ? now->choice().iteration_s : best.iteration_s;
   c.new_domains = best.domain_sizes;
   // A fixed pipeline degree stays; auto takes the planner's r for the domains.
   const int fixed_r = inputs_.expert_parallel.pipeline_degree;
@@ -140,9 +135,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     c.new_predicted_s = c.old_now_predicted_s;
     c.reason = std::string(what) + (better ? "; too close to the end to switch" : "; the current plan is still the best");
     // The same domains and degrees, predicted under the fitted link.
-    plan_ = next;
-    if (current >= 0) plan_.chosen = current;
-    if (now) plan_ = *now;
+    plan_ = now ? *now : next;
   }
   inputs_ = fitted;
   clear_windows();

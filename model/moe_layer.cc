@@ -182,35 +182,34 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
   const int d = dm.hidden, span = dm.backward_span();
   for (int first = 0; first < dm.chunks; first += span) {
     // One exchange's rows: grouped by computed expert, and within an expert
-    // by chunk; they stay in the first chunk's expert_dout, and each chunk's
-    // block of expert j starts at at[i - first][j].
+    // by chunk; they stay in the first chunk's expert_dout. Chunk i's block
+    // of expert j starts at at[i - first][j] there, and at in_at[i - first][j]
+    // in the chunk's own expert_in.
     std::vector<T>& dout = c->chunks[first].expert_dout;
     std::vector<int> counts;
     exchange->finish_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), &dout, &counts);
     const size_t computed = c->chunks[first].expert_counts.size();
     XD_CHECK(counts.size() == computed);
-    std::vector<std::vector<size_t>> at(span, std::vector<size_t>(computed));
+    std::vector<std::vector<size_t>> at(span, std::vector<size_t>(computed)), in_at(span);
     size_t row = 0;
     for (size_t j = 0; j < computed; ++j) {
-      int sum = 0;
+      const size_t expert_first = row;
       for (int i = first; i < first + span; ++i) {
         at[i - first][j] = row;
         row += c->chunks[i].expert_counts[j];
-        sum += c->chunks[i].expert_counts[j];
       }
-      XD_CHECK(counts[j] == sum);
+      XD_CHECK(row - expert_first == (size_t)counts[j]);
     }
     XD_CHECK(dout.size() == row * d);
+    for (int i = first; i < first + span; ++i) in_at[i - first] = row_offsets(c->chunks[i].expert_counts);
     std::vector<T> din(dout.size(), T(0));
     for (int i = first; i < first + span; ++i) {
       MoeChunk<T>& ch = c->chunks[i];
-      size_t in_row = 0;
       for (size_t j = 0; j < computed; ++j) {
-        const int n = ch.expert_counts[j];
         const size_t r = at[i - first][j];
-        swiglu_expert_backward_input(din.data() + r * d, dout.data() + r * d, ch.expert_in.data() + in_row * d,
-                                     ch.expert_cache[j], w.computed[j], n, d, dm.expert_ff);
-        in_row += n;
+        swiglu_expert_backward_input(din.data() + r * d, dout.data() + r * d,
+                                     ch.expert_in.data() + in_at[i - first][j] * d, ch.expert_cache[j],
+                                     w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
       }
     }
     exchange->start_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), std::move(din), d);
@@ -219,11 +218,10 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
     for (bool replicas : {true, false}) {
       for (int i = first; i < first + span; ++i) {
         MoeChunk<T>& ch = c->chunks[i];
-        const std::vector<size_t> in_first = row_offsets(ch.expert_counts);
         for (size_t j = 0; j < computed; ++j) {
           if (exchange->is_replica(j) != replicas) continue;
           const T* dy = dout.data() + at[i - first][j] * d;
-          auto weights = [&ch, dy, r = in_first[j], j, d, ff = dm.expert_ff, p = w.computed[j]] {
+          auto weights = [&ch, dy, r = in_at[i - first][j], j, d, ff = dm.expert_ff, p = w.computed[j]] {
             swiglu_expert_backward_weights(dy, ch.expert_in.data() + r * d, ch.expert_cache[j], p,
                                            ch.expert_counts[j], d, ff);
           };

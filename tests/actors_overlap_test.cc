@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 
@@ -182,12 +183,29 @@ INSTANTIATE_TEST_SUITE_P(EpAndHybridWithOneAndFourChunks, SimpleVsOverlapped,
 // The backward in 2 exchanges of 2 forward chunks each: the same rows move,
 // fewer and larger messages, over one level of peers (HybridEP 1 x 2, the
 // compute thread's direct exchanges) and over two (EP, the comm threads'
-// hops). The weights are those of r = 4 both ways, to the bit.
+// hops). A traced step shows each layer's 4 Dispatches and 2 backward
+// exchanges a direction; the weights are those of r = 4 both ways, to the bit.
 TEST(FarSkipOverlap, ABackwardDegreeDividingRMovesTheSameRowsInFewerExchanges) {
   for (const auto& [mode, args] : {std::pair<std::string, std::vector<std::string>>{"ep", {"--mode", "ep"}},
                                    {"hybrid", {"--mode", "hybrid", "--domains", "1,2"}}}) {
     const JobRun both = run_farskip(mode + "_r4_4", true, 4, args);
-    const JobRun halved = run_farskip(mode + "_r4_2", true, 4, args, "0ms", 2);
+    JobRun halved;
+    halved.dir = temp_dir(mode + "_r4_2");
+    auto job = testing::run_job(halved.dir, traced_yaml(halved.dir, cluster_yaml(4, "0ms", 2)), 4, args);
+    ASSERT_TRUE(job.ok()) << mode << "\n" << job.logs();
+    EXPECT_EQ(job.summary.value("backward_pipeline_degree", -1), 2) << mode;
+    for (const auto& l : job.summary["losses"]) halved.losses.push_back(l.get<double>());
+    std::map<std::string, std::map<int, int>> per_layer;  // transfer name -> layer -> count
+    const nlohmann::json trace = step4_trace(halved.dir, 0);
+    for (const auto& e : trace["traceEvents"])
+      if (e.value("ph", "") == "X" && e.value("cat", "") == "comm" && e.contains("args"))
+        per_layer[e["name"].get<std::string>()][e["args"]["layer"].get<int>()]++;
+    ASSERT_FALSE(per_layer["dispatch"].empty()) << mode;
+    for (const auto& [layer, n] : per_layer["dispatch"]) {
+      EXPECT_EQ(n, 4) << mode << ", layer " << layer;
+      EXPECT_EQ(per_layer["combine backward"][layer], 2) << mode << ", layer " << layer;
+      EXPECT_EQ(per_layer["dispatch backward"][layer], 2) << mode << ", layer " << layer;
+    }
     ASSERT_EQ(both.losses.size(), (size_t)kSteps) << mode;
     const double loss = worst_loss_difference(halved, both);
     const double weights = worst_weight_difference(halved, both);
