@@ -11,14 +11,16 @@ HybridEP + SR sends, on the inter-DC link only:
                  any SR spec with --expert-gather, e.g. sr:ef:block_sign:0.5+zstd:1)
   expert_grad:   ef:topk:<grad density>+zstd:1 (replica gradients, error feedback;
                  any spec with --expert-grad, e.g. ef:int8_row+zstd:1)
-with the SR base re-synchronised every --base-every steps.
+with the SR base re-synchronised every --base-every steps. With --farskip all
+three run FarSkip connectivity, overlapped, instead of regular connectivity
+(the same model for each; its transfers hide behind compute where they can).
 
 usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--layouts 2x2,4x2] [--ff 32,64,128,256,512] [--batch 8]
            [--table5-point] [--separate-encode] [--sign] [--density D]
            [--expert-gather SPEC] [--grad-density D] [--expert-grad SPEC] [--base-every N] [--base-codec sign]
            [--dense-grad bf16] [--dc-bandwidth 50mbit] [--dc-latency 10ms]
-           [--out bench/results]
+           [--farskip] [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
 2048 tokens per worker, ff 64) to compare HybridEP + SR with EP there.
 Writes <out>/sr_end_to_end.csv, .txt and .png (gnuplot). Step times are the
@@ -67,6 +69,7 @@ cluster:
     base_sync_every: {base_every}
     base_codec: {base_codec}
     fused_encode: {fused}
+farskip: {{enabled: {farskip}, overlapped: true}}
 """
 
 
@@ -83,7 +86,7 @@ def run(args, name, layout, ff, batch, mode, codecs):
     with open(cfg, "w") as f:
         f.write(MODEL.format(ff=ff, steps=args.steps, batch=batch, dcs=dcs, per_dc=per_dc, dc_bw=args.dc_bandwidth,
                              dc_lat=args.dc_latency, codecs=codecs, mode=mode, base_every=args.base_every,
-                             base_codec=args.base_codec,
+                             base_codec=args.base_codec, farskip="true" if args.farskip else "false",
                              fused="false" if args.separate_encode else "true"))
     p = subprocess.run([args.xdmoe, "launch", "--config", cfg, "--run-dir", work, "--cli-bind", "tcp://127.0.0.1:*"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -139,6 +142,9 @@ def main():
     ap.add_argument("--dense-grad", choices=["raw", "bf16"], default="raw",
                     help="HybridEP + SR also sends the dense-gradient all-reduce in bf16 across the DCs "
                          "(MegaScale-MoE Sec. 5; codecs.dense_grad)")
+    ap.add_argument("--farskip", action="store_true",
+                    help="every variant runs FarSkip connectivity, overlapped (farskip: {enabled: true}): "
+                         "the same model for all three, communication hidden where it can be")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_end_to_end")
     a = ap.parse_args()

@@ -102,6 +102,17 @@ RUNS = {
     # (int4_row, about 14x with zstd), with feedback.
     "e2e-sign-int4grad": {"expert_gather": "sr:ef:topk_sign:1+zstd:1", "expert_grad": "ef:int4_row+zstd:1",
                           "base_codec": "sign"},
+    # Every entry of the SR residual as a 4-bit integer on a scale per 128
+    # entries (int4_row:128, about 9x with zstd), with feedback; the replica
+    # gradients in int8 rows with feedback, the dense gradients in bf16 and
+    # the base (bf16) every 4 steps: bench/sr_end_to_end.py's --expert-gather
+    # 'sr:ef:int4_row:128+zstd:1' --expert-grad 'ef:int8_row+zstd:1'
+    # --dense-grad bf16 --base-every 4.
+    "e2e-int4-int8grad": {"expert_gather": "sr:ef:int4_row:128+zstd:1", "expert_grad": "ef:int8_row+zstd:1",
+                          "dense_grad": "bf16", "base_every": "4"},
+    # The same with the base every 10 steps (--base-every 10).
+    "e2e-int4-int8grad-base10": {"expert_gather": "sr:ef:int4_row:128+zstd:1", "expert_grad": "ef:int8_row+zstd:1",
+                                 "dense_grad": "bf16", "base_every": "10"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }

@@ -11,7 +11,7 @@ compression").
 usage: python3 bench/sr_loss_seeds.py --seeds 1-6
            --csv 'bench/results/sr_loss_heldout_seed{S}.csv'
            --csv 'bench/results/sr_loss_block16_seed{S}.csv' [--runs a,b]
-           [--out bench/results/NAME.csv]
+           [--out bench/results/NAME.csv] [--png bench/results/NAME.png]
 Each --csv is a pattern with {S} for the seed. For each seed, the rows of all
 its files are pooled; the seed's "raw" row (from any of them) is the
 reference, and a seed without one is an error. A run missing on some seeds is
@@ -23,6 +23,7 @@ import argparse
 import csv
 import math
 import os
+import subprocess
 import sys
 
 
@@ -47,6 +48,9 @@ def main():
     ap.add_argument("--csv", action="append", required=True, help="a per-seed CSV pattern with {S}")
     ap.add_argument("--runs", default=None, help="only these runs, in this order")
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
+    ap.add_argument("--png", default=None,
+                    help="also plot each run's loss curve, averaged over the seeds, beside raw's (gnuplot), from "
+                         "the <csv>_curves.csv beside each per-seed CSV")
     a = ap.parse_args()
     gaps = {}  # run -> list of (seed, last-50 %, held-out %)
     order = []
@@ -95,6 +99,51 @@ def main():
                         "held_out_vs_raw_se", "per_seed"])
             w.writerows(out_rows)
         print("wrote " + a.out)
+    if a.png:
+        plot_mean_curves(a, ["raw"] + names)
+
+
+def plot_mean_curves(a, names):
+    """The seeds' mean loss at every step (10-step running mean), per run."""
+    sums, counts = {}, {}
+    for seed in parse_seeds(a.seeds):
+        seen = set()
+        for pattern in a.csv:
+            path = pattern.replace("{S}", str(seed))[:-4] + "_curves.csv"
+            if not os.path.exists(path):
+                continue
+            reader = csv.DictReader(open(path))
+            new = [n for n in names if n in reader.fieldnames and n not in seen]  # a run once per seed
+            for r in reader:
+                for name in new:
+                    step = int(r["step"])
+                    sums[(name, step)] = sums.get((name, step), 0.0) + float(r[name])
+                    counts[(name, step)] = counts.get((name, step), 0) + 1
+            seen.update(new)
+    steps = sorted({k[1] for k in sums})
+    dat = a.png[:-4] + ".dat"
+    with open(dat, "w") as f:
+        for i, step in enumerate(steps):
+            cols = []
+            for name in names:
+                window = [sums[(name, s)] / counts[(name, s)] for s in steps[max(0, i - 9):i + 1] if (name, s) in sums]
+                cols.append("%.5f" % (sum(window) / len(window)) if window else "NaN")
+            f.write("%d %s\n" % (step, " ".join(cols)))
+    n = len(parse_seeds(a.seeds))
+    plots = ", ".join("'%s' using 1:%d with lines lw 2 title '%s'" % (dat, j + 2, name) for j, name in enumerate(names))
+    script = """set terminal pngcairo size 1400,600
+set output '%s'
+set multiplot layout 1,2 title 'Training loss, mean of %d seeds (10-step running mean), 2 DC x 2 workers, HybridEP [2,2]'
+set xlabel 'step'
+set ylabel 'loss'
+set grid
+plot %s
+set xrange [%d:*]
+plot %s
+unset multiplot
+""" % (a.png, n, plots, steps[len(steps) // 2] if steps else 0, plots)
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    print("wrote " + a.png)
 
 
 if __name__ == "__main__":
