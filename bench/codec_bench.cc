@@ -3,7 +3,8 @@
 // of a trained model:
 //   expert weights   every routed expert's w1, w3, w2 (the HybridEP AG traffic),
 //                    plain codecs and the SR codec (residual vs the layer's
-//                    mean expert) at several densities;
+//                    mean expert) at several densities, and in int8 and int4
+//                    rows;
 //   activations      the rows Dispatch sends (the token A2A traffic);
 //   output grads     the rows the backward of Combine sends;
 //   expert grads     the routed experts' weight gradients (the replica-gradient
@@ -236,7 +237,8 @@ int main(int argc, char** argv) {
     rows.push_back(measure(experts, spec, false, reps));
   for (const char* spec : {"bf16+zstd:1", "topk:0.1+zstd:1", "topk:0.05+zstd:1", "topk:0.02+zstd:1",
                            "topk:0.01+zstd:1", "topk:0.005+zstd:1", "topk_sign:0.1+zstd:1", "topk_sign:0.05+zstd:1",
-                           "topk_sign:1+zstd:1", "block_sign:0.5+zstd:1", "block_sign:0.5:8+zstd:1"})
+                           "topk_sign:1+zstd:1", "block_sign:0.5+zstd:1", "block_sign:0.5:8+zstd:1",
+                           "int8_row+zstd:1", "int4_row:128+zstd:1"})
     rows.push_back(measure(experts, spec, true, reps));
   for (Dataset* ds : {&acts, &ograds})
     for (const char* spec : {"raw+zstd:1", "bf16", "bf16+zstd:1", "fp16", "int8_row", "int8_row+zstd:1"})
