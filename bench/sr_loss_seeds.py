@@ -23,8 +23,9 @@ import argparse
 import csv
 import math
 import os
-import subprocess
 import sys
+
+from sr_loss_bench import plot_curves  # one seed's curves CSV -> PNG
 
 
 def parse_seeds(text):
@@ -50,7 +51,7 @@ def main():
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
     ap.add_argument("--png", default=None,
                     help="also plot each run's loss curve, averaged over the seeds, beside raw's (gnuplot), from "
-                         "the <csv>_curves.csv beside each per-seed CSV")
+                         "the <csv>_curves.csv beside each per-seed CSV; the mean curves go to <png>_curves.csv")
     a = ap.parse_args()
     gaps = {}  # run -> list of (seed, last-50 %, held-out %)
     order = []
@@ -104,7 +105,8 @@ def main():
 
 
 def plot_mean_curves(a, names):
-    """The seeds' mean loss at every step (10-step running mean), per run."""
+    """The seeds' mean loss at every step, per run, as a curves CSV beside the
+    PNG, drawn as bench/sr_loss_bench.py draws one seed's."""
     sums, counts = {}, {}
     for seed in parse_seeds(a.seeds):
         seen = set()
@@ -116,35 +118,19 @@ def plot_mean_curves(a, names):
             new = [n for n in names if n in reader.fieldnames and n not in seen]  # a run once per seed
             for r in reader:
                 for name in new:
-                    step = int(r["step"])
-                    sums[(name, step)] = sums.get((name, step), 0.0) + float(r[name])
-                    counts[(name, step)] = counts.get((name, step), 0) + 1
+                    key = (name, int(r["step"]))
+                    sums[key] = sums.get(key, 0.0) + float(r[name])
+                    counts[key] = counts.get(key, 0) + 1
             seen.update(new)
-    steps = sorted({k[1] for k in sums})
-    dat = a.png[:-4] + ".dat"
-    with open(dat, "w") as f:
-        for i, step in enumerate(steps):
-            cols = []
-            for name in names:
-                window = [sums[(name, s)] / counts[(name, s)] for s in steps[max(0, i - 9):i + 1] if (name, s) in sums]
-                cols.append("%.5f" % (sum(window) / len(window)) if window else "NaN")
-            f.write("%d %s\n" % (step, " ".join(cols)))
-    n = len(parse_seeds(a.seeds))
-    plots = ", ".join("'%s' using 1:%d with lines lw 2 title '%s'" % (dat, j + 2, name) for j, name in enumerate(names))
-    script = """set terminal pngcairo size 1400,600
-set output '%s'
-set multiplot layout 1,2 title 'Training loss, mean of %d seeds (10-step running mean), 2 DC x 2 workers, HybridEP [2,2]'
-set xlabel 'step'
-set ylabel 'loss'
-set grid
-plot %s
-set xrange [%d:*]
-plot %s
-unset multiplot
-""" % (a.png, n, plots, steps[len(steps) // 2] if steps else 0, plots)
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    print("wrote " + a.png)
-
+    names = [n for n in names if any(k[0] == n for k in sums)]
+    steps = sorted({k[1] for k in sums if all((n, k[1]) in sums for n in names)})
+    curve_path = a.png[:-4] + "_curves.csv"
+    with open(curve_path, "w") as f:
+        f.write("step," + ",".join(names) + "\n")
+        for step in steps:
+            f.write("%d,%s\n" % (step, ",".join("%.6f" % (sums[(n, step)] / counts[(n, step)]) for n in names)))
+    plot_curves(curve_path, a.png, names)
+    print("wrote %s and %s (the mean of %d seeds)" % (curve_path, a.png, len(parse_seeds(a.seeds))))
 
 if __name__ == "__main__":
     main()
