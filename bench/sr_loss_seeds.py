@@ -132,5 +132,6 @@ def plot_mean_curves(a, names):
     plot_curves(curve_path, a.png, names)
     print("wrote %s and %s (the mean of %d seeds)" % (curve_path, a.png, len(parse_seeds(a.seeds))))
 
+
 if __name__ == "__main__":
     main()
