@@ -113,6 +113,10 @@ RUNS = {
     # The same with the base every 10 steps (--base-every 10).
     "e2e-int4-int8grad-base10": {"expert_gather": "sr:ef:int4_row:128+zstd:1", "expert_grad": "ef:int8_row+zstd:1",
                                  "dense_grad": "bf16", "base_every": "10"},
+    # The same with the replica gradients also as 4-bit integers on a scale
+    # per 128 entries (ef:int4_row:128+zstd:1, about 10x against int8's 7x).
+    "e2e-int4-int4grad-base10": {"expert_gather": "sr:ef:int4_row:128+zstd:1",
+                                 "expert_grad": "ef:int4_row:128+zstd:1", "dense_grad": "bf16", "base_every": "10"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }
