@@ -226,7 +226,9 @@ class HybridExpertExchange final : public ExpertExchange<float> {
 
   mutable std::mutex mu_;          // guards what follows
   std::condition_variable done_;
-  // By (layer, chunk, span); each route stays put while hops point into it.
+  // By (layer, chunk, span); each route stays put while hops point into it
+  // (held by pointer: ExchangeRoute is only declared here, its header being
+  // an internal one).
   std::map<std::tuple<int, int, int>, std::unique_ptr<Route>> routes_;
   std::map<ExchangeTag, Result> results_;       // finished, not yet taken
   Status status_;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/check.h"
+
 namespace xd {
 
 Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
@@ -102,7 +104,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   const int fixed_r = inputs_.expert_parallel.pipeline_degree;
   c.new_pipeline_degree = fixed_r > 0 ? fixed_r : std::max(1, best.pipeline_degree);
   c.new_backward_pipeline_degree = std::max(1, best.backward_pipeline_degree);
-  if (c.new_pipeline_degree % c.new_backward_pipeline_degree != 0) c.new_backward_pipeline_degree = 1;
+  XD_CHECK(c.new_pipeline_degree % c.new_backward_pipeline_degree == 0);  // the planner's pair, or r it was given
   c.new_predicted_s = best.iteration_s;
   char what[200];
   std::snprintf(what, sizeof what, "link class '%s' measured %.3g Mbit/s, the plan assumed %.3g Mbit/s",
