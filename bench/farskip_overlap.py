@@ -20,6 +20,13 @@ the first run and printed):
           inter-DC 100 Mbit/s, 10 ms
   hybridfit  the same at 200 Mbit/s, 10 ms: the link's busy time comes to
           about the compute's (not in the default --settings)
+  hybrid2x1  2 DCs x 1 worker (one worker per core, as in the EP settings),
+          HybridEP with one domain of both workers: each gathers the
+          other's experts over the DC link and returns their gradients, and
+          no token crosses it; 2048 tokens a step, inter-DC 400 Mbit/s, 1 ms
+          (not in the default --settings)
+  hybrid2x1dc  the same with a DC's 10 ms of latency (not in the default
+          --settings)
 Every run is a real `xdmoe launch`: a coordinator and worker processes over
 loopback. Figures are means over the steps after two warm-up steps: step
 time, speedup over the first run, overlap % per direction, step / bound, and
@@ -108,6 +115,28 @@ SETTINGS["hybridfit"] = {
     "batch": 16,
     "runs": SETTINGS["hybrid"]["runs"],
 }
+
+
+def hybrid_per_core_setting(latency):
+    """2 DCs x 1 worker, HybridEP with domain_sizes [2]: every expert is
+    gathered across the DC link, 2048 tokens a step, 400 Mbit/s."""
+    return {
+        "yaml": MODEL.format(seq=64) + """cluster:
+  levels:
+    - name: dc
+      size: 2
+      link: {{bandwidth: 400mbit, latency: %s, shape: true}}
+  expert_parallel:
+    mode: hybrid
+    domain_sizes: [2]
+""" % latency,
+        "batch": 32,
+        "runs": SETTINGS["hybrid"]["runs"],
+    }
+
+
+SETTINGS["hybrid2x1"] = hybrid_per_core_setting("1ms")
+SETTINGS["hybrid2x1dc"] = hybrid_per_core_setting("10ms")
 
 LABELS = {
     "simple": "regular, simple",
@@ -198,12 +227,12 @@ def main():
         w.writeheader()
         w.writerows(rows)
     lines = []
-    header = (f"{'setting':9} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
+    header = (f"{'setting':11} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
               f"{'bwd ovl%':>8} {'slowest':>11} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'step/flr':>8} {'step/cpu':>8} {'pred ms':>8} {'live ms':>8} "
               f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
-        lines.append(f"{r['setting']:9} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
+        lines.append(f"{r['setting']:11} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
                      f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
                      f"{'%.0f/%.0f' % (r['critical_fwd_overlap_pct'], r['critical_bwd_overlap_pct']):>11} "
                      f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
