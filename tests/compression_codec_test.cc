@@ -223,6 +223,33 @@ TEST(Int4Row, EachEntryIsItsValueOverTheRowsScaleRoundedToNearestTiesToEvenTwoTo
   }
 }
 
+// Long rows take the encoders' 16-at-a-time paths (compression/detail/
+// int_rows.cc) wherever a block allows; they must give the reference's
+// values in every block, whether it starts mid-byte, ends in a short tail,
+// holds ties, or has a subnormal largest magnitude (an infinite inverse)
+// beside zeros of either sign.
+TEST(IntRows, LongRowsGiveTheReferenceValuesWhateverTheBlocksAndWhereTheyStart) {
+  for (const size_t cols : {31, 1000, 4097}) {
+    const TensorShape shape{3, cols};
+    for (const bool ties : {false, true}) {
+      std::vector<float> x = random_tensor(shape.elements(), static_cast<uint32_t>(cols + ties), ties);
+      for (size_t c = 0; c < std::min<size_t>(cols, 40); ++c)  // row 2 begins subnormal
+        x[2 * cols + c] = c % 3 == 0 ? 0.0f : c % 3 == 1 ? -0.0f : (c % 2 ? 1e-39f : -7e-40f);
+      for (const size_t block : {0, 7, 16, 33, 128}) {
+        for (const auto& [name, levels] : {std::pair<const char*, float>{"int4_row", 7.0f}, {"int8_row", 127.0f}}) {
+          const std::string spec = block == 0 ? name : std::string(name) + ":" + std::to_string(block);
+          const std::vector<float> y = round_trip(pipeline(spec), x, shape);
+          const std::vector<float> want = naive_scale_blocks(x, shape, block == 0 ? cols : block, levels);
+          // The reference's 0 * inf is NaN; a zero stays 0 (int_rows.h).
+          for (size_t i = 0; i < x.size(); ++i)
+            ASSERT_EQ(std::isnan(want[i]) && x[i] == 0 ? 0.0f : want[i], y[i])
+                << spec << ", " << cols << " columns, ties " << ties << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(Int4Row, AZeroNibbleSetPaddingOrABadScaleIsCorruption) {
   const TensorShape shape{2, 5};
   const std::vector<float> x = random_tensor(shape.elements(), 9);
