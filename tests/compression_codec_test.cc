@@ -274,6 +274,21 @@ TEST(Int4Row, AZeroNibbleSetPaddingOrABadScaleIsCorruption) {
   refused(p, "bad scale in row 1");
   std::memcpy(p.data() + 4, &negative, 4);
   refused(p, "bad scale in row 1");
+  // In a long row, where the decoder takes 16 entries at a time, a zero
+  // nibble at either place of a byte is refused too.
+  const TensorShape wide{2, 1000};
+  const std::vector<float> w = random_tensor(wide.elements(), 19);
+  EncodedTensor we;
+  ASSERT_TRUE(pipeline("int4_row:128").encode(w.data(), wide, &we).is_ok());
+  const size_t values = 4 * 2 * 8;  // 8 scales a row
+  std::vector<float> wy(w.size());
+  for (const auto& [at, keep] : {std::pair<size_t, uint8_t>{values + 500 + 250, 0xf0}, {values + 500 + 37, 0x0f}}) {
+    std::vector<uint8_t> q = we.payload;
+    q[at] &= keep;
+    const Status st = decode_tensor(we.metadata, q.data(), q.size(), wy.data(), wy.size());
+    EXPECT_FALSE(st.is_ok()) << "byte " << at;
+    EXPECT_NE(st.message().find("nibble of 0 in row 1"), std::string::npos) << st.message();
+  }
 }
 
 TEST(IntRows, EachScaleBlockHasItsOwnScaleSoOneLargeEntryCoarsensOnlyItsBlock) {

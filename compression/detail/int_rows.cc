@@ -79,6 +79,22 @@ inline void int4_nibbles16(const float* x, float inverse, uint8_t* out) {
   const __m128i pairs = _mm_and_si128(_mm_or_si128(codes, _mm_srli_epi16(codes, 4)), _mm_set1_epi16(0x00ff));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(pairs, pairs));
 }
+
+// The inverse: 8 bytes' 16 nibbles to (nibble - 8) * scale in out[0..16),
+// as the scalar loop converts and multiplies. Returns whether a nibble was 0.
+inline bool int4_values16(const uint8_t* in, float scale, float* out) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in));
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask));
+  const bool zero = _mm_movemask_epi8(_mm_cmpeq_epi8(codes, _mm_setzero_si128())) != 0;
+  const __m128i none = _mm_setzero_si128(), eight = _mm_set1_epi32(8);
+  const __m128i low = _mm_unpacklo_epi8(codes, none), high = _mm_unpackhi_epi8(codes, none);
+  const __m128i q[4] = {_mm_unpacklo_epi16(low, none), _mm_unpackhi_epi16(low, none), _mm_unpacklo_epi16(high, none),
+                        _mm_unpackhi_epi16(high, none)};
+  const __m128 s = _mm_set1_ps(scale);
+  for (int k = 0; k < 4; ++k) _mm_storeu_ps(out + 4 * k, _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], eight)), s));
+  return zero;
+}
 #endif
 
 // Calls block_fn(row, first, end, scale_slot) for each scale block [first,
@@ -170,7 +186,12 @@ Status decode_int4_rows(const uint8_t* in, uint64_t rows, uint64_t cols, uint64_
   return decode_blocks(in, rows, cols, block, "int4_row", [&](uint64_t r, uint64_t first, uint64_t end, float scale) {
     const uint8_t* b = q + r * row_bytes;
     bool zero_nibble = false;
-    for (uint64_t c = first; c < end; ++c) {
+    uint64_t c = first;
+#ifdef __SSE2__
+    if ((c & 1) == 0)
+      for (; c + 16 <= end; c += 16) zero_nibble |= int4_values16(b + c / 2, scale, out + r * cols + c);
+#endif
+    for (; c < end; ++c) {
       const int v = (b[c / 2] >> (4 * (c & 1))) & 15;
       zero_nibble |= v == 0;
       out[r * cols + c] = static_cast<float>(v - 8) * scale;

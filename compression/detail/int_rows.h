@@ -18,9 +18,9 @@
 //     holds q + 8 with q in [-7, 7] (so 1..15), x = q * scale. The unused
 //     high nibble of an odd row's last byte is 0.
 // On x86-64 the encoders find each block's largest magnitude, and int4_row
-// its nibbles, 16 entries at a time (SSE2), with the bytes of the scalar
-// loops they fall back to elsewhere and in tails (the tests compare both
-// with a reference).
+// encodes and decodes its nibbles, 16 entries at a time (SSE2), with the
+// bytes and floats of the scalar loops they fall back to elsewhere and in
+// tails (the tests compare both with a reference).
 // Pure functions; thread-safe.
 #pragma once
 
