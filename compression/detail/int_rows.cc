@@ -56,17 +56,28 @@ inline float largest_magnitude(const float* x, uint64_t n) {
 }
 
 #ifdef __SSE2__
-// Four entries' q + 8 as quantize() gives them, lane by lane: the same
-// clamp for every value but NaN (which comes out 0 by the mask), then the
-// same rounding, exact conversion.
-inline __m128i int4_codes4(const float* x, __m128 inverse) {
+// Four entries' q as quantize(x * inverse, levels) gives them, lane by
+// lane: the same clamp for every value but NaN (which comes out 0 by the
+// mask), then the same rounding, exact conversion.
+inline __m128i quantize4(const float* x, __m128 inverse, float levels) {
   const __m128 v = _mm_mul_ps(_mm_loadu_ps(x), inverse);
   const __m128 not_nan = _mm_cmpeq_ps(v, v);
-  const __m128 clamped = _mm_min_ps(_mm_max_ps(v, _mm_set1_ps(-7.0f)), _mm_set1_ps(7.0f));
+  const __m128 clamped = _mm_min_ps(_mm_max_ps(v, _mm_set1_ps(-levels)), _mm_set1_ps(levels));
   const __m128 rounder = _mm_set1_ps(12582912.0f);
   const __m128 rounded = _mm_sub_ps(_mm_add_ps(clamped, rounder), rounder);
-  const __m128i q = _mm_and_si128(_mm_cvttps_epi32(rounded), _mm_castps_si128(not_nan));
-  return _mm_add_epi32(q, _mm_set1_epi32(8));
+  return _mm_and_si128(_mm_cvttps_epi32(rounded), _mm_castps_si128(not_nan));
+}
+
+inline __m128i int4_codes4(const float* x, __m128 inverse) {
+  return _mm_add_epi32(quantize4(x, inverse, 7.0f), _mm_set1_epi32(8));
+}
+
+// 16 entries' int8 values into out[0..16).
+inline void int8_values16(const float* x, float inverse, int8_t* out) {
+  const __m128 inv = _mm_set1_ps(inverse);
+  const __m128i low = _mm_packs_epi32(quantize4(x, inv, 127.0f), quantize4(x + 4, inv, 127.0f));
+  const __m128i high = _mm_packs_epi32(quantize4(x + 8, inv, 127.0f), quantize4(x + 12, inv, 127.0f));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(low, high));
 }
 
 // 16 entries' nibbles, two a byte (the even entry low), into out[0..8).
@@ -147,7 +158,11 @@ Status decode_blocks(const uint8_t* scales, uint64_t rows, uint64_t cols, uint64
 void encode_int8_rows(const float* x, uint64_t rows, uint64_t cols, uint64_t block, uint8_t* out) {
   int8_t* q = reinterpret_cast<int8_t*>(out + 4 * rows * scale_blocks(cols, block));
   encode_blocks(x, rows, cols, block, 127.0f, out, [&](uint64_t r, uint64_t first, uint64_t end, float inverse) {
-    for (uint64_t c = first; c < end; ++c)
+    uint64_t c = first;
+#ifdef __SSE2__
+    for (; c + 16 <= end; c += 16) int8_values16(x + r * cols + c, inverse, q + r * cols + c);
+#endif
+    for (; c < end; ++c)
       q[r * cols + c] = static_cast<int8_t>(quantize(x[r * cols + c] * inverse, 127.0f));
   });
 }

@@ -17,10 +17,10 @@
 //     nibble of byte c / 2 when c is even, the high nibble when odd. A nibble
 //     holds q + 8 with q in [-7, 7] (so 1..15), x = q * scale. The unused
 //     high nibble of an odd row's last byte is 0.
-// On x86-64 the encoders find each block's largest magnitude, and int4_row
-// encodes and decodes its nibbles, 16 entries at a time (SSE2), with the
-// bytes and floats of the scalar loops they fall back to elsewhere and in
-// tails (the tests compare both with a reference).
+// On x86-64 the encoders find each block's largest magnitude and quantize,
+// and int4_row decodes, 16 entries at a time (SSE2), with the bytes and
+// floats of the scalar loops they fall back to elsewhere and in tails (the
+// tests compare both with a reference).
 // Pure functions; thread-safe.
 #pragma once
 
