@@ -5,7 +5,7 @@ overlapped, what every step did before overlap existed), FarSkip simple (the
 same math, nothing overlapped), FarSkip overlapped with r = 1 and with the
 planner's r, and regular connectivity overlapped -- in EP and in HybridEP.
 
-Six settings, each on shaped links where communication is comparable to
+The settings, each on shaped links where communication is comparable to
 compute (the ratio, busiest link's transmit time / compute, is measured on
 the first run and printed):
   ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
