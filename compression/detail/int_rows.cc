@@ -16,11 +16,9 @@ namespace {
 // Round to nearest, ties to even, as lrint does in the default rounding
 // mode, without its library call: past 2^23 a float's step is 1, so adding
 // and taking away 1.5 * 2^23 rounds a value of magnitude below 2^22 to an
-// integer. NaN stays NaN.
-inline float round_ties_to_even(float v) {
-  constexpr float kRounder = 12582912.0f;
-  return (v + kRounder) - kRounder;
-}
+// integer. NaN stays NaN. (quantize4 below adds and takes away the same.)
+constexpr float kRounder = 12582912.0f;
+inline float round_ties_to_even(float v) { return (v + kRounder) - kRounder; }
 
 // q of v = x / scale in [-levels, levels]. A block whose scale is so small
 // that its inverse overflows gives 0 * inf, NaN, for its zeros: they stay 0.
@@ -63,13 +61,9 @@ inline __m128i quantize4(const float* x, __m128 inverse, float levels) {
   const __m128 v = _mm_mul_ps(_mm_loadu_ps(x), inverse);
   const __m128 not_nan = _mm_cmpeq_ps(v, v);
   const __m128 clamped = _mm_min_ps(_mm_max_ps(v, _mm_set1_ps(-levels)), _mm_set1_ps(levels));
-  const __m128 rounder = _mm_set1_ps(12582912.0f);
+  const __m128 rounder = _mm_set1_ps(kRounder);
   const __m128 rounded = _mm_sub_ps(_mm_add_ps(clamped, rounder), rounder);
   return _mm_and_si128(_mm_cvttps_epi32(rounded), _mm_castps_si128(not_nan));
-}
-
-inline __m128i int4_codes4(const float* x, __m128 inverse) {
-  return _mm_add_epi32(quantize4(x, inverse, 7.0f), _mm_set1_epi32(8));
 }
 
 // 16 entries' int8 values into out[0..16).
@@ -80,11 +74,13 @@ inline void int8_values16(const float* x, float inverse, int8_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(low, high));
 }
 
-// 16 entries' nibbles, two a byte (the even entry low), into out[0..8).
+// 16 entries' nibbles (q + 8), two a byte (the even entry low), into out[0..8).
 inline void int4_nibbles16(const float* x, float inverse, uint8_t* out) {
   const __m128 inv = _mm_set1_ps(inverse);
-  const __m128i low = _mm_packs_epi32(int4_codes4(x, inv), int4_codes4(x + 4, inv));
-  const __m128i high = _mm_packs_epi32(int4_codes4(x + 8, inv), int4_codes4(x + 12, inv));
+  const __m128i eight = _mm_set1_epi32(8);
+  auto codes4 = [&](const float* at) { return _mm_add_epi32(quantize4(at, inv, 7.0f), eight); };
+  const __m128i low = _mm_packs_epi32(codes4(x), codes4(x + 4));
+  const __m128i high = _mm_packs_epi32(codes4(x + 8), codes4(x + 12));
   const __m128i codes = _mm_packus_epi16(low, high);  // one code (1..15) a byte, in order
   // Each 16-bit pair (even | odd << 8) to even | odd << 4 in its low byte.
   const __m128i pairs = _mm_and_si128(_mm_or_si128(codes, _mm_srli_epi16(codes, 4)), _mm_set1_epi16(0x00ff));
