@@ -516,7 +516,7 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
   ReconstructionError err;
   {
     std::lock_guard<std::mutex> lock(codec_mu_);
-    XD_RETURN_IF_ERROR(gather_codecs_[l]->encode(mine, &packed, &encoded, &err, rows ? &rows->sums : nullptr)
+    XD_RETURN_IF_ERROR(gather_codecs_[l]->encode(mine, &packed, &encoded, &err, rows ? &rows->sums : nullptr, step)
                            .with_context("expert all-gather"));
   }
   x->error += err.error;
@@ -589,7 +589,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
     ReconstructionError err;
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
-      XD_RETURN_IF_ERROR(grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err)
+      XD_RETURN_IF_ERROR(grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err, nullptr, step)
                              .with_context("expert gradient reduce"));
     }
     x->error += err.error;

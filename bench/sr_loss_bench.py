@@ -65,6 +65,9 @@ RUNS = {
     # (~32x: one bit each; the index gaps are all 1 and zstd removes them).
     "sr-ef-sign-half": {"expert_gather": "sr:ef:topk_sign:0.5+zstd:1"},
     "sr-ef-sign-all": {"expert_gather": "sr:ef:topk_sign:1+zstd:1"},
+    # A schedule: every sign while the learning rate is high (steps 0-130 of
+    # 300), the largest 5% of the signs after; 50x over the 300 steps.
+    "sr-ef-sign-sched50": {"expert_gather": "sr:ef:topk_sign:1+zstd:1@131:topk_sign:0.05+zstd:1"},
     # Signs of the larger half of each tensor's blocks of 16 (or 8) entries:
     # the larger entries corrected every step, at a bit per block instead of
     # an index per entry (~57x; ~51x with blocks of 8).

@@ -5,8 +5,12 @@
 namespace xd {
 
 Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
+  const std::string form =
+      " (the form is [sr:][ef:][pred:]PIPELINE[@STEP:PIPELINE]..., e.g. sr:topk:0.02+zstd;"
+      " pred: needs ef: before it)";
   ExpertCodecSpec out;
-  std::string rest = spec;
+  const size_t at = spec.find('@');
+  std::string rest = spec.substr(0, at);
   for (;;) {
     if (rest.rfind("sr:", 0) == 0 && !out.against_base && !out.feedback) {
       out.against_base = true;
@@ -22,16 +26,50 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
     }
   }
   auto p = CodecPipeline::parse(rest);
-  if (!p) return Status::invalid_argument("expert codec '" + spec + "': " + p.status().message() +
-                                          " (the form is [sr:][ef:][pred:]PIPELINE, e.g. sr:topk:0.02+zstd;"
-                                          " pred: needs ef: before it)");
+  if (!p) return Status::invalid_argument("expert codec '" + spec + "': " + p.status().message() + form);
   out.pipeline = std::move(*p);
+  // The schedule: "@STEP:PIPELINE" after the first pipeline, steps increasing.
+  for (size_t from = at; from != std::string::npos;) {
+    const size_t next = spec.find('@', from + 1);
+    const std::string part = spec.substr(from + 1, next == std::string::npos ? std::string::npos : next - from - 1);
+    from = next;
+    const size_t colon = part.find(':');
+    const std::string step = part.substr(0, colon);
+    const bool digits = !step.empty() && step.size() <= 12 &&
+                        std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const uint64_t previous = out.later.empty() ? 0 : out.later.back().from_step;
+    if (!digits || colon == std::string::npos || std::stoull(step) <= previous)
+      return Status::invalid_argument("expert codec '" + spec + "': '@" + part +
+                                      "' must be @STEP:PIPELINE with STEP a training step after the last" + form);
+    auto later = CodecPipeline::parse(part.substr(colon + 1));
+    if (!later)
+      return Status::invalid_argument("expert codec '" + spec + "': from step " + step + ": " +
+                                      later.status().message() + form);
+    out.later.push_back({std::stoull(step), std::move(*later)});
+  }
+  if (out.predict && !out.later.empty())
+    return Status::invalid_argument("expert codec '" + spec +
+                                    "': pred: takes one pipeline (its velocity gain is that pipeline's density)");
   return out;
 }
 
 std::string ExpertCodecSpec::spec() const {
-  return std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + (predict ? "pred:" : "") +
-         pipeline.spec();
+  std::string s = std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + (predict ? "pred:" : "") +
+                  pipeline.spec();
+  for (const Switch& w : later) s += "@" + std::to_string(w.from_step) + ":" + w.pipeline.spec();
+  return s;
+}
+
+bool ExpertCodecSpec::is_raw() const {
+  if (against_base || feedback || !pipeline.is_raw()) return false;
+  return std::all_of(later.begin(), later.end(), [](const Switch& w) { return w.pipeline.is_raw(); });
+}
+
+const CodecPipeline& ExpertCodecSpec::pipeline_at(uint64_t step) const {
+  const CodecPipeline* p = &pipeline;
+  for (const Switch& w : later)
+    if (step >= w.from_step) p = &w.pipeline;
+  return *p;
 }
 
 float ExpertCodecSpec::velocity_gain() const {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,17 +40,32 @@ namespace xd {
 //        dense pipeline. AdamW moves most weights in the same direction for
 //        many steps; the prediction follows that drift between corrections.
 //   PIPELINE: a CodecPipeline spec, e.g. "topk:0.01+zstd:1", "bf16", "raw".
+//   @STEP:PIPELINE (any number, steps increasing): from training step STEP
+//        on, the sender uses that pipeline instead. AdamW moves the weights
+//        most while the learning rate is high, so a schedule can spend bits
+//        there and fewer later. A message's codec record says how it was
+//        coded, so receivers need not know the schedule; sender and
+//        receivers keep the same error-feedback state across a switch.
+//        Not with pred: (its velocity gain is the pipeline's density).
 // "sr:topk:0.02+zstd" is the paper's SR codec; "topk:0.02+zstd" the same
-// top-k without the base.
+// top-k without the base; "sr:ef:topk_sign:1+zstd:1@130:topk_sign:0.05+zstd:1"
+// every residual's sign for steps 0-129, then the largest 5%.
 struct ExpertCodecSpec {
+  struct Switch {
+    uint64_t from_step = 0;
+    CodecPipeline pipeline;
+  };
   bool against_base = false;
   bool feedback = false;
   bool predict = false;  // pred:
-  CodecPipeline pipeline = CodecPipeline::raw();
+  CodecPipeline pipeline = CodecPipeline::raw();  // from step 0
+  std::vector<Switch> later;                      // from_step increasing, > 0
 
   static Expected<ExpertCodecSpec> parse(const std::string& spec);
   std::string spec() const;  // parse(spec()) gives the same
-  bool is_raw() const { return !against_base && !feedback && pipeline.is_raw(); }
+  bool is_raw() const;       // no prefix and every pipeline raw
+  // The pipeline the sender uses at training step `step`.
+  const CodecPipeline& pipeline_at(uint64_t step) const;
   // pred:'s velocity gain: the top-k density (block_sign: the fraction of
   // blocks), or 1 for a dense pipeline.
   float velocity_gain() const;

@@ -73,7 +73,8 @@ void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count
 }
 
 Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
-                                 EncodedTensor* out, ReconstructionError* err, const PackSums* prepacked) {
+                                 EncodedTensor* out, ReconstructionError* err, const PackSums* prepacked,
+                                 uint64_t step) {
   const bool weights = traffic_ == Traffic::kWeights;
   // With feedback, receivers hold nothing yet the first time: that transfer
   // goes raw and exact, so replicas start from the owners' weights and only
@@ -102,7 +103,8 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
       st[i] = state(tensors[i].key).data();
       if (weights) vel[i] = velocity(tensors[i].key);
     }
-  if (spec_.pipeline.is_raw() || first) {
+  const CodecPipeline& pipeline = spec_.pipeline_at(step);
+  if (pipeline.is_raw() || first) {
     // Sent as packed, exactly: the receivers hold it all, nothing is carried.
     for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) {
       const float* row = packed->data() + i * n_;
@@ -117,8 +119,8 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   // reconstruction error is measured here: a top-k pipeline hands back the
   // entries it kept as the receivers will decode them; anything else the
   // sender decodes from what it sent.
-  const bool sparse = spec_.pipeline.is_sparse();
-  XD_RETURN_IF_ERROR(spec_.pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr));
+  const bool sparse = pipeline.is_sparse();
+  XD_RETURN_IF_ERROR(pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr));
   const float* r = packed->data();
   // A message that keeps every entry (every sign) is its own dense decode:
   // the dense bookkeeping below, without an entry-by-entry walk.

@@ -76,8 +76,9 @@ class ExpertStreamCodec {
   // Packs `tensors` into `packed` (raw) or `out` (compressed). With a raw
   // spec the packed floats are the message and `out` is left empty. When
   // `prepacked` is given, `packed` already holds every row, from pack().
+  // `step` picks the pipeline of a scheduled spec (ExpertCodecSpec::later).
   Status encode(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed, EncodedTensor* out,
-                ReconstructionError* err, const PackSums* prepacked = nullptr);
+                ReconstructionError* err, const PackSums* prepacked = nullptr, uint64_t step = 0);
   // A received codec payload of `tensors` (its record's shape already
   // checked against them) into the tensors: weights data = base + decoded
   // (+ held), gradients data += decoded. A top-k message that keeps fewer

@@ -75,12 +75,28 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
   const ModelConfig& mc = job.train.model;
   const int expert_width = mc.expert_intermediate_size * mc.hidden_size;
   std::map<std::string, std::pair<double, double>> measured_experts;
+  auto pipeline_cost = [&](const CodecPipeline& p) -> std::pair<double, double> {
+    if (p.is_raw()) return {1.0, 0.0};
+    const std::string key = p.spec();
+    if (!measured_experts.count(key)) measured_experts[key] = measure_codec(p, 3, expert_width, 2);
+    return measured_experts[key];
+  };
+  // A scheduled spec (pipelines by training step) is priced as its mean over
+  // the job's steps.
   auto expert_cost = [&](const std::string& spec) -> std::pair<double, double> {
     auto e = ExpertCodecSpec::parse(spec);
-    if (!e || e->pipeline.is_raw()) return {1.0, 0.0};
-    const std::string key = e->pipeline.spec();
-    if (!measured_experts.count(key)) measured_experts[key] = measure_codec(e->pipeline, 3, expert_width, 2);
-    return measured_experts[key];
+    if (!e) return {1.0, 0.0};
+    const double steps = std::max(1.0, double(job.train.steps));
+    std::pair<double, double> mean{0.0, 0.0};
+    for (size_t i = 0; i <= e->later.size(); ++i) {
+      const double from = i == 0 ? 0.0 : double(e->later[i - 1].from_step);
+      const double to = i == e->later.size() ? steps : std::min(steps, double(e->later[i].from_step));
+      if (to <= from) continue;
+      const auto [f, s] = pipeline_cost(i == 0 ? e->pipeline : e->later[i - 1].pipeline);
+      mean.first += f * (to - from) / steps;
+      mean.second += s * (to - from) / steps;
+    }
+    return mean;
   };
   std::vector<LinkCodecCost> out;
   for (size_t l = 0; l < job.cluster.levels.size(); ++l) {

@@ -219,6 +219,43 @@ TEST(ExpertStreamCodec, TheSparsePathLeavesEveryTensorAndStateAsTheDenseReferenc
   }
 }
 
+TEST(ExpertStreamCodec, AScheduleChangesTheMessagesAtItsStepAndTheReceiverStillHoldsWhatTheSenderCounts) {
+  // Every residual's sign for steps 0-4 (step 0 goes raw), the largest 5%
+  // from step 5 on; the weights drift a little each step, as under AdamW.
+  const char* spec = "sr:ef:topk_sign:1+zstd:1@5:topk_sign:0.05+zstd:1";
+  const size_t n = 4096;
+  std::vector<float> x = normal(n, 30), base = normal(n, 31, 0.5f), got(n, 0.0f);
+  auto sender = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+  auto receiver = codec(spec, ExpertStreamCodec::Traffic::kWeights, n);
+  std::vector<size_t> bytes;
+  for (uint64_t step = 0; step < 10; ++step) {
+    const std::vector<float> drift = normal(n, 40 + step, 0.01f);
+    for (size_t k = 0; k < n; ++k) x[k] += drift[k];
+    std::vector<float> packed;
+    EncodedTensor enc;
+    ReconstructionError err;
+    ASSERT_TRUE(sender.encode({{7, x.data(), base.data()}}, &packed, &enc, &err, nullptr, step).is_ok());
+    bytes.push_back(enc.payload.size());
+    if (step == 0) {
+      ASSERT_TRUE(enc.payload.empty()) << "the first transfer goes raw";
+      receiver.apply({{7, got.data(), base.data()}}, packed.data());
+      continue;
+    }
+    auto rec = parse_codec_record(enc.metadata);
+    ASSERT_TRUE(rec);
+    // The record says how the message was coded: the receiver needs no step.
+    if (step < 5) EXPECT_EQ(rec->stages.front().kept, n) << "step " << step;
+    else EXPECT_NEAR(double(rec->stages.front().kept), n / 20.0, 1.0) << "step " << step;
+    ASSERT_TRUE(receiver.apply_encoded({{7, got.data(), base.data()}}, *rec, enc.payload.data(), enc.payload.size())
+                    .is_ok());
+    double actual = 0;
+    for (size_t k = 0; k < n; ++k) actual += (double(x[k]) - got[k]) * (double(x[k]) - got[k]);
+    EXPECT_NEAR(err.error, actual, 1e-4 * actual) << "the sender's error is the receiver's, step " << step;
+  }
+  EXPECT_GT(bytes[4], 2 * bytes[5]) << "from step 5 on, a twentieth of the signs and their positions";
+  EXPECT_EQ(ExpertCodecSpec::parse(spec)->pipeline_at(4).spec(), "topk_sign:1+zstd:1");
+}
+
 TEST(ExpertStreamCodec, RowsPackedInPiecesAsTheOptimizerWritesThemMakeTheSameMessageAsPackingAtOnce) {
   for (const char* spec : {"sr:ef:topk:0.02+zstd:1", "sr:ef:pred:topk:0.02+zstd:1"}) {
     SCOPED_TRACE(spec);

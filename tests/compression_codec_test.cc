@@ -824,5 +824,30 @@ TEST(ExpertCodecSpec, ReadsTheBaseAndFeedbackPrefixesAndRefusesTheRestNamingTheF
   }
 }
 
+TEST(ExpertCodecSpec, AScheduleTakesEachPipelineFromItsStepOnAndRefusesStepsOutOfOrder) {
+  auto s = ExpertCodecSpec::parse("sr:ef:topk_sign:1+zstd:1@130:topk_sign:0.05+zstd:1@200:raw");
+  ASSERT_TRUE(s) << s.status().to_string();
+  ASSERT_EQ(s->later.size(), 2u);
+  EXPECT_EQ(s->pipeline_at(0).spec(), "topk_sign:1+zstd:1");
+  EXPECT_EQ(s->pipeline_at(129).spec(), "topk_sign:1+zstd:1");
+  const std::string sparse = CodecPipeline::parse("topk_sign:0.05+zstd:1")->spec();
+  EXPECT_EQ(s->pipeline_at(130).spec(), sparse);
+  EXPECT_EQ(s->pipeline_at(199).spec(), sparse);
+  EXPECT_TRUE(s->pipeline_at(200).is_raw());
+  EXPECT_EQ(ExpertCodecSpec::parse(s->spec())->spec(), s->spec());
+  EXPECT_FALSE(ExpertCodecSpec::parse("raw@10:bf16")->is_raw()) << "a later pipeline still codes";
+  EXPECT_TRUE(ExpertCodecSpec::parse("raw@10:raw")->is_raw());
+  for (const char* bad : {"sr:bf16@0:raw", "sr:bf16@10:raw@10:bf16", "sr:bf16@20:raw@10:bf16", "sr:bf16@x:raw",
+                          "sr:bf16@10", "sr:bf16@", "sr:bf16@-3:raw", "sr:bf16@99999999999999999999:raw",
+                          "sr:bf16@10:nope", "sr:bf16@10:sr:bf16"}) {
+    auto r = ExpertCodecSpec::parse(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.status().message().find("@STEP:PIPELINE"), std::string::npos) << r.status().message();
+  }
+  auto pred = ExpertCodecSpec::parse("sr:ef:pred:topk:0.1@5:bf16");
+  ASSERT_FALSE(pred);
+  EXPECT_NE(pred.status().message().find("pred: takes one pipeline"), std::string::npos) << pred.status().message();
+}
+
 }  // namespace
 }  // namespace xd
