@@ -589,8 +589,9 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
     ReconstructionError err;
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
-      XD_RETURN_IF_ERROR(grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err, nullptr, step)
-                             .with_context("expert gradient reduce"));
+      XD_RETURN_IF_ERROR(
+          grad_codecs_[l]->encode(grad_refs(layer, held_after(p, l)), &packed, &encoded, &err, nullptr, step)
+              .with_context("expert gradient reduce"));
     }
     x->error += err.error;
     x->signal += err.signal;
