@@ -120,6 +120,10 @@ RUNS = {
     # per 128 entries (ef:int4_row:128+zstd:1, about 10x against int8's 7x).
     "e2e-int4-int4grad-base10": {"expert_gather": "sr:ef:int4_row:128+zstd:1",
                                  "expert_grad": "ef:int4_row:128+zstd:1", "dense_grad": "bf16", "base_every": "10"},
+    # The same with a schedule on the all-gather: 4-bit residuals while the
+    # learning rate is high (steps 0-130), every sign after.
+    "e2e-int4-sign-sched": {"expert_gather": "sr:ef:int4_row:128+zstd:1@131:topk_sign:1+zstd:1",
+                            "expert_grad": "ef:int4_row:128+zstd:1", "dense_grad": "bf16", "base_every": "10"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }
