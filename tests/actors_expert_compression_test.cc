@@ -532,6 +532,38 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
   }
 }
 
+TEST(ExpertCompression, AScheduledAllGatherSwitchesOnEveryWorkerAtItsStepAndReplicasStayTheSameAcrossTheDc) {
+  // Every sign for the gathers of steps 0-2 (step 0's goes raw), the largest
+  // 5% of the signs from step 3 on.
+  const JobConfig job = job_for("sr:ef:topk_sign:1+zstd:1@3:topk_sign:0.05+zstd:1");
+  Workers w = start_workers(job);
+  const ModelConfig& mc = job.train.model;
+  const size_t ef = expert_floats(job);
+  std::vector<StepMetrics> metrics;
+  std::vector<std::vector<double>> bytes(4);  // per worker, per step
+  for (int step = 0; step < 6; ++step) {
+    step_all(w, &metrics);
+    for (int r = 0; r < 4; ++r) bytes[r].push_back(metrics[r].bytes.at("dc/expert_gather"));
+    for (int layer = 0; layer < mc.num_layers; ++layer)
+      for (int e = 0; e < mc.num_experts; ++e) {
+        const int across = (e / 2 + 2) % 4;
+        auto w2 = [&](int r) { return w.trainers[r]->expert_communicator().replica(layer, e).w2; };
+        ASSERT_EQ(0, std::memcmp(w2(across), w2(across ^ 1), ef * sizeof(float)))
+            << "layer " << layer << " expert " << e << " after step " << step + 1;
+      }
+  }
+  // A step's metrics count the gather for that step: step 0's raw, then
+  // every sign (one bit an entry), then a twentieth of the signs and their
+  // positions, on every worker at the same step.
+  for (int r = 0; r < 4; ++r)
+    for (int step = 1; step < 6; ++step) {
+      const std::string at = "worker " + std::to_string(r) + " step " + std::to_string(step);
+      EXPECT_GT(bytes[r][0], 10 * bytes[r][step]) << at;
+      if (step < 3) EXPECT_GT(bytes[r][step], 1.5 * bytes[r][3]) << at;
+      else EXPECT_LT(bytes[r][step], 0.67 * bytes[r][2]) << at;
+    }
+}
+
 TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsASeparatePass) {
   for (const char* spec : {"sr:ef:topk:0.05+zstd:1", "sr:ef:pred:topk:0.05+zstd:1"}) {
     SCOPED_TRACE(spec);
