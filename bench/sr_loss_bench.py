@@ -124,6 +124,9 @@ RUNS = {
     # learning rate is high (steps 0-130), every sign after.
     "e2e-int4-sign-sched": {"expert_gather": "sr:ef:int4_row:128+zstd:1@131:topk_sign:1+zstd:1",
                             "expert_grad": "ef:int4_row:128+zstd:1", "dense_grad": "bf16", "base_every": "10"},
+    # The same switching to every sign earlier, from step 61.
+    "e2e-int4-sign-sched61": {"expert_gather": "sr:ef:int4_row:128+zstd:1@61:topk_sign:1+zstd:1",
+                              "expert_grad": "ef:int4_row:128+zstd:1", "dense_grad": "bf16", "base_every": "10"},
     # What bench/sr_end_to_end.py sends across the DCs for HybridEP + SR.
     "e2e-sr": {"expert_gather": "sr:ef:topk:0.04+zstd:1", "expert_grad": "ef:topk:0.1+zstd:1", "base_every": "10"},
 }
