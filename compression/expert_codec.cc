@@ -37,15 +37,15 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
     const std::string step = part.substr(0, colon);
     const bool digits = !step.empty() && step.size() <= 12 &&
                         std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; });
-    const uint64_t previous = out.later.empty() ? 0 : out.later.back().from_step;
-    if (!digits || colon == std::string::npos || std::stoull(step) <= previous)
+    const uint64_t from_step = digits ? std::stoull(step) : 0;
+    if (colon == std::string::npos || from_step <= (out.later.empty() ? 0 : out.later.back().from_step))
       return Status::invalid_argument("expert codec '" + spec + "': '@" + part +
                                       "' must be @STEP:PIPELINE with STEP a training step after the last" + form);
     auto later = CodecPipeline::parse(part.substr(colon + 1));
     if (!later)
       return Status::invalid_argument("expert codec '" + spec + "': from step " + step + ": " +
                                       later.status().message() + form);
-    out.later.push_back({std::stoull(step), std::move(*later)});
+    out.later.push_back({from_step, std::move(*later)});
   }
   if (out.predict && !out.later.empty())
     return Status::invalid_argument("expert codec '" + spec +
