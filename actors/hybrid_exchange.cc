@@ -208,7 +208,9 @@ HybridExpertExchange::Pass HybridExpertExchange::begin_pass(const ExchangeTag& t
       p.status = Status::internal("MoE exchange: rows sent back without a Dispatch");
     if (p.status.is_ok() && rows.size() != r.final_order.size() * (size_t)width)
       p.status = Status::internal("MoE exchange: rows do not match the route");
-    if (p.status.is_ok()) p.data = detail::rows_scattered(rows.data(), r.final_order, width);
+    if (p.status.is_ok())
+      p.data = detail::is_identity(r.final_order) ? std::move(rows)
+                                                  : detail::rows_scattered(rows.data(), r.final_order, width);
     else p.data.assign(r.final_order.size() * (size_t)width, 0.0f);
   }
   return p;
@@ -288,7 +290,8 @@ HybridExpertExchange::Result HybridExpertExchange::conclude(Pass* p) {
     const size_t rows_out = std::accumulate(r.out_counts.begin(), r.out_counts.end(), size_t{0});
     result.rows.assign((p->to_experts ? rows_out : (size_t)r.rows_in) * width, 0.0f);
   } else if (p->to_experts) {
-    result.rows = detail::rows_gathered(p->data.data(), r.final_order, width);
+    result.rows = detail::is_identity(r.final_order) ? std::move(p->data)
+                                                     : detail::rows_gathered(p->data.data(), r.final_order, width);
   } else {
     result.rows = std::move(p->data);
   }

@@ -133,6 +133,9 @@ class HybridExpertExchange final : public ExpertExchange<float> {
     int level = 0;
     Hop* hop = nullptr;
     bool forward = true, discover = false;
+    // No A2A peer at this level and the rows keep their order: the hop hands
+    // its rows on untouched (every expert of the level is held here).
+    bool passthrough = false;
     int width = 0;
     std::vector<int> group, in_counts, out_off;
     int me = 0, members = 0;

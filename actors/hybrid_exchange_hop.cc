@@ -45,24 +45,11 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
   std::vector<int>& out_off = h->out_off;
   for (int i = 0; i < members; ++i) out_off[i + 1] = out_off[i] + out_counts[i];
 
-  // Outgoing rows grouped by member: forward permutes into send order, reverse
-  // already holds the received layout.
-  h->staged = std::make_shared<std::vector<float>>(
-      forward ? detail::rows_gathered(data->data(), hop->send_order, width) : std::move(*data));
-  h->staged_ids = std::make_shared<std::vector<int32_t>>();
-  const auto& staged_buffer = h->staged;
-  const auto& staged_ids_buffer = h->staged_ids;
-  std::vector<float>& staged = *staged_buffer;
-  std::vector<int32_t>& staged_ids = *staged_ids_buffer;
-  if (forward && ids) {
-    staged_ids.reserve(hop->send_order.size());
-    for (int k : hop->send_order) staged_ids.push_back((*ids)[k]);
-  }
-
   // Rows move only between A2A pairs of this level; every A2A peer gets a
   // message, empty or not, so nobody waits for a message that never comes.
   std::vector<std::shared_ptr<RecvSlot>>& slots = h->slots;
   slots.assign(members, nullptr);
+  bool any_peer = false;
   for (int i = 0; i < members; ++i) {
     if (i == me) continue;
     if (topology_.pair_type(rank_, group[i], h->level) != PairType::kAllToAll) {
@@ -70,6 +57,23 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
       continue;
     }
     slots[i] = transport_->recv(group[i], tag);
+    any_peer = true;
+  }
+  h->passthrough = !any_peer && detail::is_identity(hop->send_order);
+
+  // Outgoing rows grouped by member: forward permutes into send order, reverse
+  // already holds the received layout. A pass-through hop keeps the rows (and
+  // the expert ids) as they are.
+  h->staged = std::make_shared<std::vector<float>>(
+      forward && !h->passthrough ? detail::rows_gathered(data->data(), hop->send_order, width) : std::move(*data));
+  h->staged_ids = std::make_shared<std::vector<int32_t>>();
+  const auto& staged_buffer = h->staged;
+  const auto& staged_ids_buffer = h->staged_ids;
+  std::vector<float>& staged = *staged_buffer;
+  std::vector<int32_t>& staged_ids = *staged_ids_buffer;
+  if (forward && ids && !h->passthrough) {
+    staged_ids.reserve(hop->send_order.size());
+    for (int k : hop->send_order) staged_ids.push_back((*ids)[k]);
   }
   const bool toward_experts = tag.kind == MessageKind::kMoeDispatch;
   const std::vector<CodecPipeline>& codecs = toward_experts ? codec_to_experts_ : codec_to_sources_;
@@ -172,6 +176,11 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     peak_bytes_[level] += double(std::max(rows_out, rows_in)) * width * sizeof(float);
   }
   in_counts[me] = out_counts[me];
+  if (h->passthrough) {  // nothing was sent or received; the rows stay in order
+    if (forward && discover) h->hop->recv_counts = in_counts;
+    *data = std::move(*h->staged);
+    return Status::ok();
+  }
   std::vector<int> in_off(members + 1, 0);
   for (int i = 0; i < members; ++i) in_off[i + 1] = in_off[i] + in_counts[i];
   // Members in order, each at in_off[i]: forward, appended (not copied over

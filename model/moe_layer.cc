@@ -152,19 +152,22 @@ void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange
       rows += c->chunks[i].plan_rows.size();
       counts.insert(counts.end(), c->chunks[i].counts.begin(), c->chunks[i].counts.end());
     }
-    std::vector<T> send(rows * (size_t)d);
-    T* dy = send.data();
+    // Each row appended as g, then scaled in place: no zero fill first.
+    std::vector<T> send;
+    send.reserve(rows * (size_t)d);
     for (int i = first; i < first + span; ++i)
       for (const int a : c->chunks[i].plan_rows) {
         const T* g = drouted + (size_t)c->plan.token[a] * d;
         const T* y = c->routed_rows.data() + (size_t)a * d;
+        send.insert(send.end(), g, g + d);
+        T* dy = send.data() + send.size() - d;
+        const T weight = c->plan.weight[a];
         double dot = 0;
         for (int j = 0; j < d; ++j) {
           dot += (double)g[j] * y[j];
-          dy[j] = c->plan.weight[a] * g[j];
+          dy[j] *= weight;
         }
         c->dweight[a] = static_cast<T>(dot);
-        dy += d;
       }
     exchange->start_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), std::move(send), counts, d);
   }

@@ -160,7 +160,10 @@ LossStats MoeTransformer<T>::forward(const int32_t* inputs, const int32_t* targe
   inputs_.assign(inputs, inputs + N);
   if (targets) targets_.assign(targets, targets + N); else targets_.clear();
 
-  residual_.assign(L + 1, std::vector<T>(Nd));
+  // Every o_k is written whole below (the embedding, then each Combine's
+  // sum), so the buffers of the last forward are reused as they are.
+  residual_.resize(L + 1);
+  for (std::vector<T>& o : residual_) o.resize(Nd);
   layers_.resize(L);
   embedding_forward(residual_[0].data(), inputs, w_.embed_tokens, N, d);
   LossStats stats;
@@ -347,12 +350,17 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   const int H = cfg.num_heads, KVH = cfg.num_kv_heads, hd = cfg.head_dim();
   const size_t Nd = (size_t)N * d;
 
-  std::vector<T> dout(Nd, T(0));  // d loss / d o_k, walking k down
+  // The buffers summed into start at zero; the others are written whole
+  // before they are read (dp, da, dlogits), or zeroed where they are used.
+  std::vector<T>& dout = bw_.dout;  // d loss / d o_k, walking k down
+  dout.assign(Nd, T(0));
   {
     ScopedSpan span(timeline_, "head backward");
-    std::vector<T> dlogits((size_t)N * V);
+    std::vector<T>& dlogits = bw_.dlogits;
+    dlogits.resize((size_t)N * V);
     cross_entropy_forward_backward<T>(dlogits.data(), logits_.data(), targets_.data(), N, V, 1.0);
-    std::vector<T> dnormed(Nd, T(0));
+    std::vector<T>& dnormed = bw_.dnormed;
+    dnormed.assign(Nd, T(0));
     linear_backward(dnormed.data(), g_.lm_head, dlogits.data(), final_normed_.data(), w_.lm_head, N, d, V);
     rmsnorm_backward(dout.data(), g_.final_norm, dnormed.data(), residual_[L].data(), w_.final_norm,
                      final_rstd_.data(), N, d);
@@ -361,8 +369,21 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
 
   // p_k feeds o_k and, under FarSkip attention, layer k+1's attention input:
   // d p_k = d o_k + dp_extra, while d r_k = d o_k.
-  std::vector<T> dp_extra(Nd, T(0)), dp(Nd), dnorm2(Nd), dshared_xn(Nd), dmoe_in(Nd), da(Nd), dctx, dq, dk, dv,
-      dnorm1(Nd), dattn_in(Nd);
+  std::vector<T>& dp_extra = bw_.dp_extra;
+  dp_extra.assign(Nd, T(0));
+  for (std::vector<T>* b : {&bw_.dp, &bw_.dnorm2, &bw_.dshared_xn, &bw_.dmoe_in, &bw_.da, &bw_.dnorm1, &bw_.dattn_in})
+    b->resize(Nd);
+  std::vector<T>& dp = bw_.dp;
+  std::vector<T>& dnorm2 = bw_.dnorm2;
+  std::vector<T>& dshared_xn = bw_.dshared_xn;
+  std::vector<T>& dmoe_in = bw_.dmoe_in;
+  std::vector<T>& da = bw_.da;
+  std::vector<T>& dnorm1 = bw_.dnorm1;
+  std::vector<T>& dattn_in = bw_.dattn_in;
+  std::vector<T>& dctx = bw_.dctx;  // these four are zeroed per layer, at their own sizes
+  std::vector<T>& dq = bw_.dq;
+  std::vector<T>& dk = bw_.dk;
+  std::vector<T>& dv = bw_.dv;
   const bool replicas = computes_replicas(*exchange);
   const bool defer = hooks_.defer_owned_expert_weights && replicas;
   std::vector<std::function<void()>> deferred;  // the owned experts' weight gradients, in order

@@ -117,6 +117,13 @@ class MoeTransformer {
   std::vector<LayerCache> layers_;
   std::vector<T> final_normed_, final_rstd_, logits_;
   ExpertExchange<T>* last_exchange_ = nullptr;
+  // backward()'s (N, d) and (N, V) buffers, kept from step to step: a step
+  // then allocates none, and fills with zeros only those it sums into.
+  struct BackwardBuffers {
+    std::vector<T> dout, dlogits, dnormed, dp_extra, dp, dnorm2, dshared_xn, dmoe_in, da, dctx, dq, dk, dv, dnorm1,
+        dattn_in;
+  };
+  BackwardBuffers bw_;
 };
 
 }  // namespace xd

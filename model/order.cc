@@ -1,7 +1,6 @@
 #include "model/order.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/check.h"
 
@@ -34,9 +33,13 @@ void order_plan(DispatchPlan<T>* plan, const std::vector<RouteAssignment<T>>& as
 template <typename T>
 void order_gather(std::vector<T>* out, const T* source, const DispatchPlan<T>& plan, const std::vector<int>& entries,
                   int d) {
-  out->resize(entries.size() * (size_t)d);
-  for (size_t k = 0; k < entries.size(); ++k)
-    std::memcpy(out->data() + k * d, source + (size_t)plan.source_row[entries[k]] * d, sizeof(T) * d);
+  // Appended row by row into reserved space: no zero fill before the copy.
+  out->clear();
+  out->reserve(entries.size() * (size_t)d);
+  for (const int a : entries) {
+    const T* row = source + (size_t)plan.source_row[a] * d;
+    out->insert(out->end(), row, row + d);
+  }
 }
 
 template <typename T>

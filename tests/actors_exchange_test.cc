@@ -170,6 +170,36 @@ TEST(HybridExchange, WorkersComputeExactlyTheExpertsOfTheirDomains) {
   EXPECT_EQ(all.computed_experts().size(), 8u);
 }
 
+TEST(HybridExchange, WhenEveryExpertIsHeldHereTheRowsArriveInTheirOwnBufferUncopied) {
+  // Domains spanning both levels: no row leaves, and every hop, the grouping
+  // by expert and the way back hand the caller's buffer on.
+  Cluster cluster(8);
+  HybridExpertExchange ex(cluster.transports[5].get(), Topology({4, 2}, {4, 2}), 16);
+  const int width = 3;
+  std::vector<int> counts(16, 0);
+  counts[2] = 2, counts[9] = 1, counts[15] = 3;
+  std::vector<float> rows;
+  for (int e = 0; e < 16; ++e)
+    for (int k = 0; k < counts[e]; ++k) rows.insert(rows.end(), {(float)e, (float)k, 0.5f});
+  const std::vector<float> sent = rows;
+  const float* buffer = rows.data();
+  const ExchangeTag dispatch{1, (int)ExchangePhase::kDispatch}, combine{1, (int)ExchangePhase::kCombine};
+  ex.start_to_experts(dispatch, std::move(rows), counts, width);
+  std::vector<float> at_experts;
+  std::vector<int> out_counts;
+  ex.finish_to_experts(dispatch, &at_experts, &out_counts);
+  ASSERT_TRUE(ex.status().is_ok()) << ex.status().to_string();
+  EXPECT_EQ(at_experts, sent);
+  EXPECT_EQ(out_counts, counts);
+  EXPECT_EQ(at_experts.data(), buffer);
+  ex.start_to_sources(combine, std::move(at_experts), width);
+  std::vector<float> back;
+  ex.finish_to_sources(combine, &back);
+  ASSERT_TRUE(ex.status().is_ok()) << ex.status().to_string();
+  EXPECT_EQ(back, sent);
+  EXPECT_EQ(back.data(), buffer);
+}
+
 TEST(HybridExchange, ASilentPeerFailsTheExchangeWithAStatusNotAHang) {
   Cluster cluster(2);
   HybridExpertExchange ex(cluster.transports[0].get(), Topology({2}, {1}), 4, std::chrono::milliseconds(300));

@@ -18,6 +18,14 @@ inline std::vector<float> rows_gathered(const float* src, const std::vector<int>
   return out;
 }
 
+// Whether `order` leaves every row where it is (0, 1, 2, ...): then a
+// permutation can hand its buffer on instead of copying it.
+inline bool is_identity(const std::vector<int>& order) {
+  for (size_t k = 0; k < order.size(); ++k)
+    if (order[k] != static_cast<int>(k)) return false;
+  return true;
+}
+
 // The inverse permutation of `order`: inverse[order[k]] = k.
 inline std::vector<int> inverse_order(const std::vector<int>& order) {
   std::vector<int> inverse(order.size(), -1);
