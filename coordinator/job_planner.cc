@@ -88,11 +88,13 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
     if (!e) return {1.0, 0.0};
     const double steps = std::max(1.0, double(job.train.steps));
     std::pair<double, double> mean{0.0, 0.0};
+    // Segment i runs from the i-th switch (step 0 first) to the next one.
     for (size_t i = 0; i <= e->later.size(); ++i) {
-      const double from = i == 0 ? 0.0 : double(e->later[i - 1].from_step);
+      const uint64_t first = i == 0 ? 0 : e->later[i - 1].from_step;
+      const double from = double(first);
       const double to = i == e->later.size() ? steps : std::min(steps, double(e->later[i].from_step));
       if (to <= from) continue;
-      const auto [f, s] = pipeline_cost(i == 0 ? e->pipeline : e->later[i - 1].pipeline);
+      const auto [f, s] = pipeline_cost(e->pipeline_at(first));
       mean.first += f * (to - from) / steps;
       mean.second += s * (to - from) / steps;
     }

@@ -371,8 +371,6 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   // d p_k = d o_k + dp_extra, while d r_k = d o_k.
   std::vector<T>& dp_extra = bw_.dp_extra;
   dp_extra.assign(Nd, T(0));
-  for (std::vector<T>* b : {&bw_.dp, &bw_.dnorm2, &bw_.dshared_xn, &bw_.dmoe_in, &bw_.da, &bw_.dnorm1, &bw_.dattn_in})
-    b->resize(Nd);
   std::vector<T>& dp = bw_.dp;
   std::vector<T>& dnorm2 = bw_.dnorm2;
   std::vector<T>& dshared_xn = bw_.dshared_xn;
@@ -380,6 +378,7 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   std::vector<T>& da = bw_.da;
   std::vector<T>& dnorm1 = bw_.dnorm1;
   std::vector<T>& dattn_in = bw_.dattn_in;
+  for (std::vector<T>* b : {&dp, &dnorm2, &dshared_xn, &dmoe_in, &da, &dnorm1, &dattn_in}) b->resize(Nd);
   std::vector<T>& dctx = bw_.dctx;  // these four are zeroed per layer, at their own sizes
   std::vector<T>& dq = bw_.dq;
   std::vector<T>& dk = bw_.dk;
