@@ -204,6 +204,9 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   // gradients leave without them too: an inner level's share of the owned
   // experts' is held back until they are final (detail::HeldBackGradients).
   hooks.defer_owned_expert_weights = job_.train.farskip.overlapped;
+  // (auto here: a job run without a coordinator takes early)
+  hooks.defer_replica_expert_weights =
+      job_.cluster.expert_parallel.replica_weight_gradients == ReplicaWeightGradients::kLate;
   const int layers = mc.num_layers;
   const bool norm_in_backward = !c->holds_replicas() && job_.train.farskip.overlapped;
   hooks.experts_done = [this, c, norm_in_backward](int layer) {
@@ -227,15 +230,17 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
 Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   auto topo = Topology::create(opts_.level_sizes, plan.domain_sizes);
   if (!topo) return topo.status().with_context("plan update");
+  job_.cluster.expert_parallel.replica_weight_gradients =
+      plan.replica_weights_late ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
   XD_RETURN_IF_ERROR(wire_experts(*topo));
   opts_.domain_sizes = plan.domain_sizes;
   opts_.predicted_step_s = plan.predicted_step_s;
   model_->set_pipeline_degree(plan.pipeline_degree, plan.backward_pipeline_degree);
   std::string domains;
   for (int s : plan.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
-  XD_LOG_INFO("trainer", "rank %d: from step %lld, domains %s, r = %d, backward r = %d (%s)", opts_.rank,
-              (long long)plan.step, domains.c_str(), plan.pipeline_degree, plan.backward_pipeline_degree,
-              plan.reason.c_str());
+  XD_LOG_INFO("trainer", "rank %d: from step %lld, domains %s, r = %d, backward r = %d, replicas' weight gradients %s (%s)",
+              opts_.rank, (long long)plan.step, domains.c_str(), plan.pipeline_degree, plan.backward_pipeline_degree,
+              plan.replica_weights_late ? "late" : "early", plan.reason.c_str());
   return Status::ok();
 }
 

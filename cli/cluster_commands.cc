@@ -92,6 +92,11 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                   "Override cluster.expert_parallel.backward_pipeline_degree: the backward's A2A exchanges, a "
                   "divisor of r (0: the planner's choice; -1: r when r is set, else the planner's)")
       ->check(CLI::Range(-1, 64));
+  cmd->add_option("--replica-weight-gradients", o->replica_weight_gradients,
+                  "Override cluster.expert_parallel.replica_weight_gradients: when an overlapped HybridEP backward "
+                  "computes the replicas' weight gradients: early (with each layer's experts), late (after the "
+                  "embedding's, so the last dense buckets leave sooner) or auto (the planner's choice)")
+      ->check(CLI::IsMember({"auto", "early", "late"}));
   cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
       ->delimiter(',');
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");

@@ -151,6 +151,7 @@ int run_plan(const PlanOptions& o) {
     j["chosen_domain_sizes"] = choice.domain_sizes;
     j["chosen_pipeline_degree"] = choice.pipeline_degree;
     j["chosen_backward_pipeline_degree"] = choice.backward_pipeline_degree;
+    j["chosen_replica_weight_gradients"] = choice.replica_weights_late ? "late" : "early";
     j["overlapped"] = w.overlapped;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)
@@ -162,6 +163,7 @@ int run_plan(const PlanOptions& o) {
                                  {"exposed_a2a_s", c.exposed_a2a_s},
                                  {"pipeline_degree", c.pipeline_degree},
                                  {"backward_pipeline_degree", c.backward_pipeline_degree},
+                                 {"replica_weights_late", c.replica_weights_late},
                                  {"exposed_allreduce_s", c.exposed_allreduce_s},
                                  {"ag_s", c.ag_s},
                                  {"rs_s", c.rs_s},
@@ -229,10 +231,12 @@ int run_plan(const PlanOptions& o) {
     const std::string backward = w.backward_pipeline_degree > 0   ? std::to_string(w.backward_pipeline_degree)
                                  : w.backward_pipeline_degree == 0 ? "auto (the best divisor of r)"
                                                                    : "r";
-    std::printf("schedule: %s (farskip.overlapped), pipeline degree r %s, backward %s, connectivity %s\n",
+    std::printf("schedule: %s (farskip.overlapped), pipeline degree r %s, backward %s, connectivity %s, "
+                "replica weight gradients %s\n",
                 w.overlapped ? "overlapped" : "simple, nothing overlapped",
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
-                backward.c_str(), connectivity_name(in.model.layer_connectivity(0)));
+                backward.c_str(), connectivity_name(in.model.layer_connectivity(0)),
+                replica_weight_gradients_name(w.replica_weight_gradients));
     std::printf("\n  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
                 "compute", "a2a", "exp.a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "exp.ar", "iteration");
     std::printf("  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "", "", "f/b", "ms", "ms", "ms", "ms",
@@ -245,7 +249,7 @@ int run_plan(const PlanOptions& o) {
                   pipeline_degrees_text(c.pipeline_degree, c.backward_pipeline_degree).c_str(), c.compute_s * 1e3, c.a2a_s * 1e3,
                   c.exposed_a2a_s * 1e3, c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
                   c.allreduce_s * 1e3, c.exposed_allreduce_s * 1e3, c.iteration_s * 1e3,
-                  c.feasible ? "" : "  (over the cap)");
+                  c.feasible ? (c.replica_weights_late ? "  late" : "") : "  (over the cap)");
     }
     double fastest = choice.iteration_s;
     for (const PlanCandidate& c : plan.candidates)
@@ -260,6 +264,9 @@ int run_plan(const PlanOptions& o) {
     std::printf("\nchosen: domains %s (%s), pipeline degree %d forward, %d backward, predicted %s per iteration\n",
                 fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree, choice.backward_pipeline_degree,
                 fmt_seconds(choice.iteration_s).c_str());
+    if (choice.replica_weights_late)
+      std::printf("the replicas' weight gradients come late (\"late\" above): after the embedding's, so the last "
+                  "dense buckets leave sooner\n");
   }
   if (!choice.feasible) {
     std::fprintf(stderr, "xdmoe plan: the configured hybrid domain sizes %s are infeasible: %s\n",

@@ -170,6 +170,9 @@ int run_simulate(const SimulateOptions& o) {
   if (!o.imbalances.empty()) in.a2a_imbalance = *imbalance;
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
   Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
+  // The recorded schedule computes the replicas' weight gradients early:
+  // the planner beside it prices that order too.
+  workload.replica_weight_gradients = ReplicaWeightGradients::kEarly;
   // The schedule of a plan's choice (its r, whether it gathers experts).
   auto shape_of = [&](const PlanCandidate& c) {
     ScheduleShape shape{job.train.model, c.pipeline_degree, job.train.farskip.overlapped, false};

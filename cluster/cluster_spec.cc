@@ -38,6 +38,22 @@ Expected<EpMode> parse_ep_mode(const std::string& s) {
   return Status::invalid_argument("unknown mode '" + s + "' (use ep, hybrid or auto)");
 }
 
+const char* replica_weight_gradients_name(ReplicaWeightGradients w) {
+  switch (w) {
+    case ReplicaWeightGradients::kAuto: return "auto";
+    case ReplicaWeightGradients::kEarly: return "early";
+    case ReplicaWeightGradients::kLate: return "late";
+  }
+  return "?";
+}
+
+Expected<ReplicaWeightGradients> parse_replica_weight_gradients(const std::string& s) {
+  if (s == "auto") return ReplicaWeightGradients::kAuto;
+  if (s == "early") return ReplicaWeightGradients::kEarly;
+  if (s == "late") return ReplicaWeightGradients::kLate;
+  return Status::invalid_argument("unknown value '" + s + "' (use auto, early or late)");
+}
+
 int ClusterSpec::world_size() const {
   int g = 1;
   for (const LevelSpec& l : levels) g *= l.size;
@@ -294,7 +310,7 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
       r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "base_codec", "fused_encode",
-                                 "pipeline_degree", "backward_pipeline_degree"}, {},
+                                 "pipeline_degree", "backward_pipeline_degree", "replica_weight_gradients"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -320,6 +336,13 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           r.get(ev, efull, &ep.base_codec);
         } else if (ek == "fused_encode") {
           r.get(ev, efull, &ep.fused_encode);
+        } else if (ek == "replica_weight_gradients") {
+          std::string s;
+          r.get(ev, efull, &s);
+          if (!r.ok()) return;
+          auto w = parse_replica_weight_gradients(s);
+          if (!w) return r.fail(ev, efull, w.status().message());
+          ep.replica_weight_gradients = *w;
         } else if (ek == "pipeline_degree") {
           if (ev.IsScalar() && ev.Scalar() == "auto") ep.pipeline_degree = 0;
           else r.get(ev, efull, &ep.pipeline_degree);

@@ -60,6 +60,16 @@ enum class EpMode : int { kEp = 0, kHybrid = 1, kAuto = 2 };
 const char* ep_mode_name(EpMode m);  // "ep", "hybrid", "auto"
 Expected<EpMode> parse_ep_mode(const std::string& s);
 
+// When an overlapped HybridEP backward computes the weight gradients of the
+// gathered replicas (docs/overlap.md, "The backward's tail"): early, with
+// each layer's experts, so their gradients start home at once; late, after
+// the embedding's gradients, so the last dense buckets leave sooner and the
+// replicas' gradients cross beside them. auto: the planner picks whichever
+// it predicts faster (early unless late is clearly so).
+enum class ReplicaWeightGradients : int { kAuto = 0, kEarly = 1, kLate = 2 };
+const char* replica_weight_gradients_name(ReplicaWeightGradients w);  // "auto", "early", "late"
+Expected<ReplicaWeightGradients> parse_replica_weight_gradients(const std::string& s);
+
 struct ExpertParallelSpec {
   EpMode mode = EpMode::kAuto;
   // S^l per level; S^l divides SF^l. Only hybrid uses them; ep means all 1s and
@@ -92,6 +102,9 @@ struct ExpertParallelSpec {
   // -1 (not given): the forward's when that is set by hand, else chosen;
   // 0: the planner chooses (YAML `auto`).
   int backward_pipeline_degree = -1;
+  // A worker given auto (a job run without a coordinator) takes early; the
+  // coordinator assigns its plan's choice.
+  ReplicaWeightGradients replica_weight_gradients = ReplicaWeightGradients::kAuto;
 };
 
 struct HostSpec {

@@ -83,6 +83,8 @@ json cluster_to_json(const ClusterSpec& c) {
                                {"fused_encode", ep.fused_encode},
                                {"pipeline_degree", ep.pipeline_degree},
                                {"backward_pipeline_degree", ep.backward_pipeline_degree},
+                               {"replica_weight_gradients",
+                                replica_weight_gradients_name(ep.replica_weight_gradients)},
                                // JSON has no infinity: null means no cap.
                                {"memory_cap_bytes", std::isinf(ep.memory_cap_bytes)
                                                         ? json(nullptr) : json(ep.memory_cap_bytes)}}}};
@@ -153,6 +155,13 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   e.get("fused_encode", &c->expert_parallel.fused_encode);
   e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
   e.get("backward_pipeline_degree", &c->expert_parallel.backward_pipeline_degree);
+  std::string replicas;
+  e.get("replica_weight_gradients", &replicas);
+  if (e.ok()) {
+    auto w = parse_replica_weight_gradients(replicas);
+    if (!w) e.fail(e.name("replica_weight_gradients"), w.status().message());
+    else c->expert_parallel.replica_weight_gradients = *w;
+  }
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
   f.fail(e.finish());
 }
@@ -274,6 +283,11 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
   if (o.pipeline_degree >= 0) job->cluster.expert_parallel.pipeline_degree = o.pipeline_degree;
   if (o.backward_pipeline_degree >= -1)
     job->cluster.expert_parallel.backward_pipeline_degree = o.backward_pipeline_degree;
+  if (!o.replica_weight_gradients.empty()) {
+    auto w = parse_replica_weight_gradients(o.replica_weight_gradients);
+    if (!w) return w.status().with_context("--replica-weight-gradients");
+    job->cluster.expert_parallel.replica_weight_gradients = *w;
+  }
   if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
   if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
   return Status::ok();

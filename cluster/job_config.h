@@ -61,6 +61,7 @@ struct ScheduleOverrides {
   bool no_overlap = false;
   int pipeline_degree = -1;  // -1: keep the config's
   int backward_pipeline_degree = -2;  // -2: keep the config's; -1: follow r (a set r, else chosen)
+  std::string replica_weight_gradients;  // auto, early or late; empty: keep the config's
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
 };

@@ -261,7 +261,8 @@ Status from_json(const json& j, ThrottleOrder* out) {
 json to_json(const PlanUpdate& m) {
   return {{"op", op::kPlan}, {"step", m.step}, {"domain_sizes", m.domain_sizes},
           {"pipeline_degree", m.pipeline_degree}, {"backward_pipeline_degree", m.backward_pipeline_degree},
-          {"predicted_step_s", m.predicted_step_s}, {"reason", m.reason}};
+          {"predicted_step_s", m.predicted_step_s}, {"reason", m.reason},
+          {"replica_weights_late", m.replica_weights_late}};
 }
 
 Status from_json(const json& j, PlanUpdate* out) {
@@ -273,6 +274,7 @@ Status from_json(const json& j, PlanUpdate* out) {
     f.get("backward_pipeline_degree", &p.backward_pipeline_degree);
     f.get("predicted_step_s", &p.predicted_step_s);
     f.get("reason", &p.reason);
+    f.get("replica_weights_late", &p.replica_weights_late);
   }));
   if (p.step < 1 || p.domain_sizes.empty() || p.pipeline_degree < 1 || p.pipeline_degree > 64)
     return Status::invalid_argument("plan: step >= 1, domain sizes and a pipeline degree in 1..64 are needed");

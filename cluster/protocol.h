@@ -41,8 +41,9 @@ namespace xd {
 // expert_parallel carries fused_encode. 6: ... and base_codec. 7: metrics
 // carry the worker process's CPU time, the CPUs it may run on and its machine.
 // 8: the assigned expert_parallel and plan updates carry the backward's
-// pipeline degree.
-inline constexpr int kProtocolVersion = 8;
+// pipeline degree. 9: the assigned expert_parallel and plan updates carry
+// when the replicas' weight gradients are computed.
+inline constexpr int kProtocolVersion = 9;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -171,6 +172,8 @@ struct PlanUpdate {
   int backward_pipeline_degree = 1;  // divides pipeline_degree
   double predicted_step_s = 0;
   std::string reason;
+  // expert_parallel.replica_weight_gradients from then on: late, else early.
+  bool replica_weights_late = false;
 };
 
 struct Done {};

@@ -126,6 +126,12 @@ class Coordinator::Impl {
     const int given = job.cluster.expert_parallel.pipeline_degree;
     return given > 0 ? given : std::max(1, plan.choice().pipeline_degree);
   }
+  // Whether the workers compute the replicas' weight gradients late: the
+  // plan's choice (expert_parallel.replica_weight_gradients; never without
+  // replicas or overlap).
+  bool replica_weights_late() const {
+    return replanner ? replanner->replica_weights_late() : plan.choice().replica_weights_late;
+  }
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
@@ -235,10 +241,11 @@ Status Coordinator::Impl::run() {
   const PlanCandidate& choice = plan.choice();
   std::string domains;
   for (int s : choice.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
-  XD_LOG_INFO("coordinator", "job %s (id %u): %d workers, levels %s; plan %s, domains %s, predicted %.1f ms/step",
+  XD_LOG_INFO("coordinator", "job %s (id %u): %d workers, levels %s; plan %s, domains %s, predicted %.1f ms/step%s",
               opts.job_name.c_str(), job_id, registry.world_size(),
               [&] { std::string s; for (int v : job.cluster.level_sizes()) s += (s.empty() ? "" : "x") + std::to_string(v); return s; }().c_str(),
-              ep_mode_name(plan.mode), domains.c_str(), choice.iteration_s * 1e3);
+              ep_mode_name(plan.mode), domains.c_str(), choice.iteration_s * 1e3,
+              replica_weights_late() ? "; the replicas' weight gradients late" : "");
   const std::string metrics_url =
       http_port > 0 ? "http://127.0.0.1:" + std::to_string(http_port) + "/metrics" : "off";
   XD_LOG_INFO("coordinator", "workers connect to %s; CLI at %s; Prometheus metrics %s",
@@ -423,6 +430,8 @@ void Coordinator::Impl::assign_all() {
   // domains (its backward r follows a forward r set by hand).
   a.job.cluster.expert_parallel.pipeline_degree = forward_degree();
   a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
+  a.job.cluster.expert_parallel.replica_weight_gradients =
+      replica_weights_late() ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -475,6 +484,10 @@ void Coordinator::Impl::fail(const Status& st) {
 }
 
 namespace {
+// "4/2", and " (replicas' weight gradients late)" when they are.
+std::string schedule_text(int forward, int backward, bool replicas_late) {
+  return pipeline_degrees_text(forward, backward) + (replicas_late ? " (replicas' weight gradients late)" : "");
+}
 std::string domains_text(const std::vector<int>& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
@@ -503,7 +516,7 @@ void Coordinator::Impl::consider_replan() {
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
+                schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late).c_str(),
                 c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
     std::fflush(stdout);
     return;
@@ -511,19 +524,19 @@ void Coordinator::Impl::consider_replan() {
   if (c->reverted)
     std::printf("re-plan after step %lld: %s: %s r=%s from step %lld\n", (long long)c->at_step, c->reason.c_str(),
                 domains_text(c->new_domains).c_str(),
-                pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(),
+                schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late).c_str(),
                 (long long)c->from_step);
   else
     std::printf("re-plan after step %lld: %s: domains %s r=%s (predicted %.1f ms before, %.1f ms now) -> %s r=%s "
                 "(predicted %.1f ms) from step %lld\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree).c_str(),
+                schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late).c_str(),
                 c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
-                pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree).c_str(), c->new_predicted_s * 1e3,
+                schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late).c_str(), c->new_predicted_s * 1e3,
                 (long long)c->from_step);
   std::fflush(stdout);
-  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree, c->new_backward_pipeline_degree,
-                          c->new_predicted_s, c->reason};
+  const PlanUpdate update{c->from_step,       c->new_domains, c->new_pipeline_degree, c->new_backward_pipeline_degree,
+                          c->new_predicted_s, c->reason,      c->new_replica_weights_late};
   for (const auto& e : registry.workers())
     if (e && e->state == WorkerState::kRunning) workers->send(e->peer_id, MessageKind::kControl, to_json(update));
 }
@@ -538,7 +551,9 @@ nlohmann::json Coordinator::Impl::plan_changes_json() const {
                        {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_pipeline_degree},
                        {"new_pipeline_degree", c.new_pipeline_degree},
                        {"old_backward_pipeline_degree", c.old_backward_pipeline_degree},
-                       {"new_backward_pipeline_degree", c.new_backward_pipeline_degree}, {"reverted", c.reverted},
+                       {"new_backward_pipeline_degree", c.new_backward_pipeline_degree},
+                       {"old_replica_weights_late", c.old_replica_weights_late},
+                       {"new_replica_weights_late", c.new_replica_weights_late}, {"reverted", c.reverted},
                        {"old_predicted_s", c.old_predicted_s},
                        {"old_now_predicted_s", c.old_now_predicted_s}, {"new_predicted_s", c.new_predicted_s},
                        {"reason", c.reason}});
@@ -720,6 +735,7 @@ void Coordinator::Impl::write_summary() {
                       {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
+                      {"replica_weight_gradients", replica_weights_late() ? "late" : "early"},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
@@ -786,6 +802,8 @@ void Coordinator::Impl::write_summary() {
       w.transport_cpu_s_per_byte = 0;
       w.pipeline_degree = choice.pipeline_degree;
       w.backward_pipeline_degree = choice.backward_pipeline_degree;
+      w.replica_weight_gradients =
+          replica_weights_late() ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
       const std::vector<int> levels = job.cluster.level_sizes();
       const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,
                                                      plan_inputs.link_codecs);

@@ -145,6 +145,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.pipeline_degree = in.expert_parallel.pipeline_degree;
   w.backward_pipeline_degree = in.expert_parallel.backward_pipeline_degree;
   if (w.backward_pipeline_degree < 0) w.backward_pipeline_degree = w.pipeline_degree;  // auto follows auto
+  w.replica_weight_gradients = in.expert_parallel.replica_weight_gradients;
   w.connectivity = m.connectivity;
   w.expert_fwd_s = f * expert_flops / rate;
   w.expert_bwd_s = f * 2 * expert_flops / rate;
@@ -227,7 +228,7 @@ namespace {
 PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& level_sizes,
                                    const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                    double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
-                                   int rb) {
+                                   int rb, bool late) {
   XD_CHECK(Topology::check(level_sizes, domain_sizes).is_ok());
   XD_CHECK(r >= 1 && rb >= 1 && r % rb == 0);
   const int span = r / rb;  // forward chunks per backward exchange
@@ -292,6 +293,12 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   };
   const Route to_experts_span = spanned(to_experts_chunk), to_sources_span = spanned(to_sources_chunk);
   const double held = n * gathered_per_layer_experts;  // experts per layer incl. own
+  // Late replica weight gradients need replicas and the overlapped backward
+  // (MoeTransformer::BackwardHooks): their share of the weight gradients
+  // moves after the embedding's bucket, each layer's sent when done.
+  late = late && w.overlapped && !rs_layer.empty();
+  c.replica_weights_late = late;
+  const double kept_weights = late ? n / held : 1.0;  // of each layer's weight gradients
   c.gathered_bytes = (held - n) * w.expert_bytes * layers;
   c.feasible = c.gathered_bytes <= memory_cap_bytes * (1 + 1e-12);
   if (!c.feasible)
@@ -513,10 +520,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       wait_for(to_experts[i]);
       compute(span * expert_bwd / 2);    // input gradients, chunk by chunk
       returned = a2a(to_sources_span, span * to_sources_chunk_bytes, &to_sources_free);  // backward of Dispatch
-      compute(span * expert_bwd / 2);    // weight gradients
+      compute(span * expert_bwd / 2 * kept_weights);  // weight gradients
     }
     // This layer's replica gradients go home.
-    if (!rs_layer.empty()) rs_done = std::max(rs_done, send(t, rs_layer));
+    if (!rs_layer.empty() && !late) rs_done = std::max(rs_done, send(t, rs_layer));
     if (k == 0 && norm_in_backward) norm_done = send(t, norm_sum);
     if (attention_after_experts) compute(attention_fwd * bwd_scale);
     if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
@@ -525,6 +532,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     release_bucket(k);
   }
   release_bucket(-1);  // the embedding's
+  for (int k = layers - 1; k >= 0 && late; --k) {
+    compute(r * expert_bwd / 2 * (1 - kept_weights));
+    rs_done = std::max(rs_done, send(t, rs_layer));
+  }
   // Every replica gradient home, then the norm's sum beside the buckets:
   // those in flight (overlapped) or, simple, each in turn, each paying its
   // own latency.
@@ -553,14 +564,15 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_sizes,
                                const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
-                               int rb) {
-  PlanCandidate c = evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb);
+                               int rb, bool late) {
+  PlanCandidate c =
+      evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
   if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0) || !(c.compute_s > 0)) return c;
   double bytes = 0;
   for (double b : c.level_bytes) bytes += b;
   const double cpu = w.transport_cpu_s_per_byte * bytes;
   c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
-                           memory_cap_bytes, link_codecs, r, rb);
+                           memory_cap_bytes, link_codecs, r, rb, late);
   c.transport_cpu_s = cpu;
   return c;
 }
@@ -590,10 +602,22 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
       for (int rb : {1, 2, 4, 8, r})
         if (rb <= r && r % rb == 0 && (backward.empty() || rb > backward.back())) backward.push_back(rb);
     for (int rb : backward) {  // evaluate_with_degree checks that rb divides r
-      PlanCandidate c = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb);
+      const bool late = w.replica_weight_gradients == ReplicaWeightGradients::kLate;
+      PlanCandidate c =
+          evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
       if (first || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
       first = false;
     }
+  }
+  // auto: late at the chosen degrees when clearly faster. Early stays the
+  // default: late holds every replica gradient back until backward ends,
+  // which costs a step whose link is busy all backward (the README demo's,
+  // +12% measured) what it gains one whose tail is the dense buckets'
+  // latency (bench/README.md).
+  if (w.replica_weight_gradients == ReplicaWeightGradients::kAuto) {
+    PlanCandidate late = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs,
+                                          best.pipeline_degree, best.backward_pipeline_degree, true);
+    if (late.replica_weights_late && late.iteration_s < best.iteration_s * (1 - kPlanTieMargin)) best = std::move(late);
   }
   return best;
 }

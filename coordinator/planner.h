@@ -156,6 +156,10 @@ struct Workload {
   // The backward's r, a divisor of the forward's; 0: each candidate takes
   // the best divisor (of 1, 2, 4, 8 and r); -1: the forward's.
   int backward_pipeline_degree = -1;
+  // Overlapped with replicas: when backward computes their weight gradients
+  // (auto: each candidate takes late where it is predicted faster by more
+  // than kPlanTieMargin, else early).
+  ReplicaWeightGradients replica_weight_gradients = ReplicaWeightGradients::kEarly;
   std::vector<Connectivity> connectivity;  // per MoE layer; empty: all regular
 };
 Workload workload_of(const PlannerInputs& in);
@@ -180,6 +184,7 @@ struct PlanCandidate {
   double exchange_cpu_s = 0;  // not overlapped: the exchanges' CPU time compute waited out (in the exposed times)
   int pipeline_degree = 1;    // r of this candidate
   int backward_pipeline_degree = 1;  // the backward's r, a divisor of r
+  bool replica_weights_late = false;  // the replicas' weight gradients after the embedding's
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration

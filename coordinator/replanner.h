@@ -67,6 +67,7 @@ struct PlanChange {
   std::vector<int> old_domains, new_domains;
   int old_pipeline_degree = 1, new_pipeline_degree = 1;
   int old_backward_pipeline_degree = 1, new_backward_pipeline_degree = 1;
+  bool old_replica_weights_late = false, new_replica_weights_late = false;
   double old_predicted_s = 0;      // the current plan as predicted before
   double old_now_predicted_s = 0;  // the current plan under the fitted link
   double new_predicted_s = 0;      // the best plan under the fitted link
@@ -108,6 +109,10 @@ class Replanner {
   // at others).
   int pipeline_degree() const { return pipeline_degree_; }
   int backward_pipeline_degree() const { return backward_pipeline_degree_; }
+  // Whether they compute the replicas' weight gradients late (at first the
+  // plan's choice; inputs' expert_parallel.replica_weight_gradients is what
+  // a re-plan may choose from).
+  bool replica_weights_late() const { return replica_weights_late_; }
   const PlannerInputs& inputs() const { return inputs_; }
   // Re-plans and switches back, not compute re-fits (those only move the
   // prediction; compute_refits() counts them).
@@ -123,6 +128,7 @@ class Replanner {
   std::vector<std::string> names_;
   std::vector<bool> shaped_;
   int pipeline_degree_, backward_pipeline_degree_;
+  bool replica_weights_late_;
   ReplanOptions options_;
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
   std::vector<double> compute_window_;  // the window's steps' compute
@@ -136,6 +142,7 @@ class Replanner {
     int64_t from_step = 0;
     Plan old_plan;
     int old_pipeline_degree = 1, old_backward_pipeline_degree = 1;
+    bool old_replica_weights_late = false;
     double before_s = 0;  // the old plan's mean step under the fitted link
   };
   std::optional<Switch> switch_;

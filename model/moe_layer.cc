@@ -181,7 +181,8 @@ void moe_router_backward(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T
 
 template <typename T>
 void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm,
-                          std::vector<std::function<void()>>* deferred) {
+                          std::vector<std::function<void()>>* deferred,
+                          std::vector<std::function<void()>>* deferred_replicas) {
   const int d = dm.hidden, span = dm.backward_span();
   for (int first = 0; first < dm.chunks; first += span) {
     // One exchange's rows: grouped by computed expert, and within an expert
@@ -229,10 +230,16 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
                                            ch.expert_counts[j], d, ff);
           };
           if (deferred && !replicas) deferred->push_back(std::move(weights));
+          else if (deferred_replicas && replicas) deferred_replicas->push_back(std::move(weights));
           else weights();
         }
       }
-      if (replicas && first + span == dm.chunks) exchange->replicas_backward_done(dm.layer);
+      if (replicas && first + span == dm.chunks) {
+        if (deferred_replicas)
+          deferred_replicas->push_back([exchange, layer = dm.layer] { exchange->replicas_backward_done(layer); });
+        else
+          exchange->replicas_backward_done(dm.layer);
+      }
     }
   }
 }
@@ -291,7 +298,8 @@ void moe_forward(T* shared_out, T* routed_out, MoeCache<T>* c, const T* xn, cons
   template void moe_router_backward<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&, const ModelConfig&,  \
                                        const MoeDims&, double);                                               \
   template void moe_experts_backward<T>(MoeCache<T>*, const MoeWeights<T>&, ExpertExchange<T>*,               \
-                                        const MoeDims&, std::vector<std::function<void()>>*);                 \
+                                        const MoeDims&, std::vector<std::function<void()>>*,                  \
+                                        std::vector<std::function<void()>>*);                                 \
   template void moe_shared_backward<T>(T*, const T*, MoeCache<T>*, const T*, const MoeWeights<T>&,            \
                                        const MoeDims&);                                                       \
   template void moe_dispatch_backward_finish<T>(T*, MoeCache<T>*, const T*, const MoeWeights<T>&,             \

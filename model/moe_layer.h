@@ -105,12 +105,16 @@ void moe_router_backward(T* dxn, MoeCache<T>* cache, const T* xn, const MoeWeigh
                          const MoeDims& dims, double loss_scale);
 // Per backward exchange (dims.backward_span() chunks each): finishes its
 // Combine backward, computes its chunks' input gradients, starts the backward
-// of Dispatch, then the weight gradients (which overlap it), replicas' first. With `deferred`, the weight gradients of the experts this
-// worker owns are appended there instead, to run (in order) before the next
-// forward: nothing waits for them but the optimizer.
+// of Dispatch, then the weight gradients (which overlap it), replicas' first.
+// With `deferred`, the weight gradients of the experts this worker owns are
+// appended there instead, to run (in order) before the next forward: nothing
+// waits for them but the optimizer. With `deferred_replicas`, so are the
+// replicas' (their exchange's replicas_backward_done last), to run before
+// the owned ones.
 template <typename T>
 void moe_experts_backward(MoeCache<T>* cache, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
-                          const MoeDims& dims, std::vector<std::function<void()>>* deferred = nullptr);
+                          const MoeDims& dims, std::vector<std::function<void()>>* deferred = nullptr,
+                          std::vector<std::function<void()>>* deferred_replicas = nullptr);
 template <typename T>
 void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* cache, const T* xn, const MoeWeights<T>& w,
                          const MoeDims& dims);

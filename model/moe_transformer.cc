@@ -385,7 +385,9 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   std::vector<T>& dv = bw_.dv;
   const bool replicas = computes_replicas(*exchange);
   const bool defer = hooks_.defer_owned_expert_weights && replicas;
+  const bool defer_replicas = defer && hooks_.defer_replica_expert_weights;
   std::vector<std::function<void()>> deferred;  // the owned experts' weight gradients, in order
+  std::vector<std::function<void()>> deferred_replicas;  // the replicas', each layer's then its send
   for (int l = L - 1; l >= 0; --l) {
     LayerCache& c = layers_[l];
     const LayerWeights<T>& W = w_.layers[l];
@@ -441,7 +443,8 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     if (shared_first) shared_backward();
     {
       ScopedSpan span(timeline_, "routed experts backward", l);
-      moe_experts_backward(&c.moe, mw, exchange, dm, defer ? &deferred : nullptr);
+      moe_experts_backward(&c.moe, mw, exchange, dm, defer ? &deferred : nullptr,
+                           defer_replicas ? &deferred_replicas : nullptr);
     }
     if (hooks_.experts_done && !defer) hooks_.experts_done(l);
     if (attention_after_experts) attention_backward_pass(dp.data());
@@ -468,6 +471,10 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   for (size_t j = 0; j < Nd; ++j) dout[j] += dp_extra[j];
   embedding_backward(g_.embed_tokens, dout.data(), inputs_.data(), N, d);
   if (hooks_.grads_ready) hooks_.grads_ready(-1);
+  if (defer_replicas) {
+    ScopedSpan span(timeline_, "replicas' weight gradients");
+    for (auto& weights : deferred_replicas) weights();
+  }
   if (defer) {
     ScopedSpan span(timeline_, "owned experts' weight gradients");
     for (auto& weights : deferred) weights();

@@ -50,11 +50,18 @@ class MoeTransformer {
   // the weight gradients of the experts this worker owns wait until after
   // the embedding's (nothing else needs them before the optimizer, and the
   // replicas' gradients then leave sooner); experts_done then comes for
-  // every layer after them, from the last down. The sums are the same bits.
+  // every layer after them, from the last down. With
+  // `defer_replica_expert_weights` too, the replicas' weight gradients wait
+  // there as well and run first, layer by layer from the last down, each
+  // layer's leaving when they are done (ExpertExchange::replicas_backward_done):
+  // the dense buckets of the first layers and the embedding then leave
+  // sooner, at the cost of the replicas' gradients leaving later. The sums
+  // are the same bits.
   struct BackwardHooks {
     std::function<void(int layer)> experts_done;
     std::function<void(int group)> grads_ready;
     bool defer_owned_expert_weights = false;
+    bool defer_replica_expert_weights = false;  // only with defer_owned_expert_weights
   };
 
   explicit MoeTransformer(const ParamLayout& layout);

@@ -291,6 +291,39 @@ TEST(FarSkipOverlap, ExpertsGatheredOverADelayedLinkMoveWorkIntoTheWaitAndChange
   EXPECT_EQ(deferred, 4) << "every worker computes its owned experts' weight gradients after the embedding's";
 }
 
+// Late replica weight gradients (expert_parallel.replica_weight_gradients:
+// late): every worker computes them after the embedding's gradients, and its
+// replicas' gradients then cross the delayed link at the very end of
+// backward. The owners still sum them before their update: the weights are
+// those of the undelayed run with them early, to the bit.
+TEST(FarSkipOverlap, LateReplicaWeightGradientsOverADelayedLinkChangeNoWeight) {
+  const std::vector<std::string> args = {"--mode", "hybrid", "--domains", "2,1", "--replica-weight-gradients"};
+  std::vector<std::string> early_args = args, late_args = args;
+  early_args.push_back("early");
+  late_args.push_back("late");
+  const JobRun early = run_farskip("replicas_early", true, 1, early_args);
+  JobRun late;
+  late.dir = temp_dir("replicas_late");
+  auto job = testing::run_job(late.dir, traced_yaml(late.dir, cluster_yaml(1, "40ms")), 4, late_args);
+  ASSERT_TRUE(job.ok()) << job.logs();
+  EXPECT_EQ(job.summary.value("replica_weight_gradients", ""), "late");
+  for (const auto& l : job.summary["losses"]) late.losses.push_back(l.get<double>());
+  EXPECT_LT(worst_loss_difference(late, early), 1e-12);
+  EXPECT_EQ(worst_weight_difference(late, early), 0.0);
+  for (int rank = 0; rank < 4; ++rank) {
+    double replicas_begin = -1, last_attention_end = 0;
+    const nlohmann::json trace = step4_trace(late.dir, rank);
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e["cat"] != "compute") continue;
+      const double ts = e["ts"].get<double>();
+      if (e["name"] == "replicas' weight gradients") replicas_begin = ts;
+      if (e["name"] == "attention backward") last_attention_end = std::max(last_attention_end, ts + e["dur"].get<double>());
+    }
+    EXPECT_GE(replicas_begin, last_attention_end)
+        << "rank " << rank << " computed its replicas' weight gradients before its last attention backward";
+  }
+}
+
 // With two levels of replicas (domains 2 x 2) too, overlapped, the owned
 // experts' weight gradients wait until the end of backward; what the inner
 // level's peers send for them is held back until they are final, so each

@@ -37,6 +37,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   job.train.model.expert_init_spread = 0.25;
   job.cluster.expert_parallel.pipeline_degree = 3;
   job.cluster.expert_parallel.backward_pipeline_degree = 1;
+  job.cluster.expert_parallel.replica_weight_gradients = ReplicaWeightGradients::kLate;
   job.train.farskip = {true, false, false, true};
   job.train.model.connectivity.assign(job.train.model.num_layers, Connectivity::kFarSkipMoe);
   job.train.trace_steps = {2, 5};
@@ -56,6 +57,7 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_FALSE(back->cluster.expert_parallel.fused_encode);
   EXPECT_EQ(back->cluster.expert_parallel.pipeline_degree, 3);
   EXPECT_EQ(back->cluster.expert_parallel.backward_pipeline_degree, 1);
+  EXPECT_EQ(back->cluster.expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kLate);
   EXPECT_TRUE(back->train.farskip.enabled);
   EXPECT_FALSE(back->train.farskip.overlapped);
   EXPECT_TRUE(back->train.farskip.moe_only);
@@ -228,13 +230,15 @@ TEST(ControlProtocol, MalformedMessagesAreErrorsNamingTheField) {
   EXPECT_FALSE(op_of(json{{"no_op", 1}}));
 }
 
-// A plan update names the pipeline degree of each direction; a backward one
-// that does not divide the forward one would split a chunk, and is refused.
+// A plan update names the pipeline degree of each direction and when the
+// replicas' weight gradients come; a backward degree that does not divide
+// the forward one would split a chunk, and is refused.
 TEST(ControlProtocol, APlanUpdateCarriesBothPipelineDegreesAndRefusesABackwardOneThatDoesNotDivide) {
-  PlanUpdate p{12, {2, 1}, 4, 2, 0.45, "link dc re-fitted"}, back;
+  PlanUpdate p{12, {2, 1}, 4, 2, 0.45, "link dc re-fitted", true}, back;
   ASSERT_TRUE(from_json(json::parse(to_json(p).dump()), &back).is_ok());
   EXPECT_EQ(back.pipeline_degree, 4);
   EXPECT_EQ(back.backward_pipeline_degree, 2);
+  EXPECT_TRUE(back.replica_weights_late);
   EXPECT_EQ(back.domain_sizes, p.domain_sizes);
   json bad = to_json(p);
   bad["backward_pipeline_degree"] = 3;

@@ -324,6 +324,7 @@ cluster:
     base_codec: sign
     fused_encode: false
     pipeline_degree: 4
+    replica_weight_gradients: late
 )";
   auto c = parse_cluster_spec(yaml, "job.yaml");
   ASSERT_TRUE(c) << c.status().message();
@@ -340,10 +341,13 @@ cluster:
   EXPECT_EQ(c->expert_parallel.base_codec, "sign");
   EXPECT_FALSE(c->expert_parallel.fused_encode);
   EXPECT_EQ(c->expert_parallel.pipeline_degree, 4);
+  EXPECT_EQ(c->expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kLate);
   auto automatic = parse_cluster_spec("cluster:\n  expert_parallel: {pipeline_degree: auto}\n", "job.yaml");
   ASSERT_TRUE(automatic) << automatic.status().message();
   EXPECT_TRUE(automatic->expert_parallel.fused_encode) << "fused unless the config says otherwise";
   EXPECT_EQ(automatic->expert_parallel.pipeline_degree, 0) << "auto: the planner chooses";
+  EXPECT_EQ(automatic->expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kAuto)
+      << "the planner chooses unless the config says otherwise";
   EXPECT_EQ(automatic->expert_parallel.backward_pipeline_degree, -1) << "not given: follows the forward's";
   auto per_direction = parse_cluster_spec(
       "cluster:\n  expert_parallel: {pipeline_degree: 4, backward_pipeline_degree: 2}\n", "job.yaml");
@@ -449,6 +453,8 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
        "cluster.expert_parallel.base_sync_every: must be >= 0"},
       {"cluster:\n  expert_parallel: {fused_encode: sometimes}\n", "cluster.expert_parallel.fused_encode"},
+      {"cluster:\n  expert_parallel: {replica_weight_gradients: soon}\n",
+       "cluster.expert_parallel.replica_weight_gradients: unknown value 'soon' (use auto, early or late)"},
       {"cluster:\n  expert_parallel: {base_codec: int8}\n",
        "cluster.expert_parallel.base_codec: must be bf16 or sign, not 'int8'"},
       {"cluster:\n  expert_parallel: {pipeline_degree: 0}\n",

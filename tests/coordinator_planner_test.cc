@@ -403,6 +403,57 @@ TEST(Planner, TheBackwardDegreeIsChosenOnItsOwnAmongTheDivisorsOfR) {
   EXPECT_LE(pair.iteration_s, chosen.iteration_s + 1e-12);
 }
 
+// Late replica weight gradients move that compute (3 of the 4 held experts'
+// weight gradients here) after the embedding's bucket, and the replicas'
+// gradients with it. Where the step ends on the last dense buckets'
+// all-reduce (small replicas, large dense buckets), those leave that much
+// sooner and the replicas' gradients cross beside them: the step is shorter; where the replicas' gradients fill the link all backward
+// long (large ones on a slow link), holding them back lengthens it. Auto
+// takes late only in the first case.
+TEST(Planner, ReplicaWeightGradientsGoLateWhereTheDenseBucketsEndTheStepNotWhereTheyFillTheLink) {
+  auto workload = [](double expert_bytes, ReplicaWeightGradients when) {
+    Workload w = one_layer(expert_bytes, 0, 1.0);
+    w.num_moe_layers = 2;
+    w.expert_fwd_s = 2.0;
+    w.expert_bwd_s = 4.0;
+    w.dense_param_bytes = 2e6;
+    w.overlapped = true;
+    w.replica_weight_gradients = when;
+    return w;
+  };
+  const std::vector<LinkModel> dense_tail = {{0.1, 1e-6}}, slow = {{0.01, 1e-6}};
+  struct Case {
+    const char* name;
+    double expert_bytes;
+    std::vector<LinkModel> links;
+    bool late_wins;
+  };
+  for (const Case& k : {Case{"the last dense buckets ending the step", 1e3, dense_tail, true},
+                        Case{"replica gradients filling the link", 1e6, slow, false}}) {
+    const PlanCandidate early =
+        evaluate_candidate(workload(k.expert_bytes, ReplicaWeightGradients::kEarly), {4}, k.links, {4}, 1e300);
+    const PlanCandidate late =
+        evaluate_candidate(workload(k.expert_bytes, ReplicaWeightGradients::kLate), {4}, k.links, {4}, 1e300);
+    const PlanCandidate chosen =
+        evaluate_candidate(workload(k.expert_bytes, ReplicaWeightGradients::kAuto), {4}, k.links, {4}, 1e300);
+    std::printf("[planner] %s: early %.3f s, late %.3f s, auto takes %s\n", k.name, early.iteration_s,
+                late.iteration_s, chosen.replica_weights_late ? "late" : "early");
+    EXPECT_FALSE(early.replica_weights_late);
+    EXPECT_TRUE(late.replica_weights_late);
+    EXPECT_NEAR(late.compute_s, early.compute_s, 1e-9) << k.name << ": the same compute, moved";
+    if (k.late_wins) EXPECT_LT(late.iteration_s, early.iteration_s * (1 - kPlanTieMargin)) << k.name;
+    else EXPECT_GT(late.iteration_s, early.iteration_s) << k.name;
+    EXPECT_EQ(chosen.replica_weights_late, k.late_wins) << k.name;
+    EXPECT_DOUBLE_EQ(chosen.iteration_s, k.late_wins ? late.iteration_s : early.iteration_s) << k.name;
+  }
+  // Without replicas (EP) or overlap there is nothing to hold back.
+  EXPECT_FALSE(evaluate_candidate(workload(1e3, ReplicaWeightGradients::kLate), {4}, dense_tail, {1}, 1e300)
+                   .replica_weights_late);
+  Workload simple = workload(1e3, ReplicaWeightGradients::kLate);
+  simple.overlapped = false;
+  EXPECT_FALSE(evaluate_candidate(simple, {4}, dense_tail, {4}, 1e300).replica_weights_late);
+}
+
 // Overlapped, with one level of peers and raw rows, the runtime queues every
 // chunk of an A2A on the link as it starts (actors/hybrid_exchange.h), so
 // their latencies overlap; with a token codec a comm thread sends one chunk

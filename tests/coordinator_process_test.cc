@@ -243,9 +243,14 @@ TEST(Cluster, AWorkerGetsTheEffectiveConfigurationAndOneOfAnotherVersionIsRefuse
     EXPECT_GE(forward_r, 1);
     EXPECT_GE(backward_r, 1);
     EXPECT_EQ(forward_r % std::max(1, backward_r), 0) << "the backward's degree divides the forward's";
+    // So does replica_weight_gradients auto: early or late, never auto.
+    ASSERT_EQ(expected.cluster.expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kAuto);
+    const ReplicaWeightGradients replicas = a.job.cluster.expert_parallel.replica_weight_gradients;
+    EXPECT_NE(replicas, ReplicaWeightGradients::kAuto);
     JobConfig resolved = expected;
     resolved.cluster.expert_parallel.pipeline_degree = forward_r;
     resolved.cluster.expert_parallel.backward_pipeline_degree = backward_r;
+    resolved.cluster.expert_parallel.replica_weight_gradients = replicas;
     EXPECT_EQ(job_config_to_json(a.job), job_config_to_json(resolved)) << "the overrides must reach the worker";
     EXPECT_NE(a.job_id, 0u);
     if (r == 0) job_id = a.job_id;

@@ -105,6 +105,42 @@ TEST(Replanner, TheDegreesAloneCanSwitchAndAKeptPlanKeepsTheRunningDegrees) {
   EXPECT_NEAR(kept->old_now_predicted_s, c->new_predicted_s, 1e-9);
 }
 
+// When the replicas' weight gradients come is part of the plan the workers
+// run: a FarSkip job started with them late (HybridEP 2 x 1 over a 10 Gbit/s
+// DC link) whose DC link then measures at 100 Mbit/s, where those gradients
+// fill the link all backward, switches them to early; the replanner prices
+// the running plan late and reports both.
+TEST(Replanner, ASlowLinkMovesTheReplicasWeightGradientsBackToEarly) {
+  auto parsed = parse_job_config(example_with({{"bandwidth: 100mbit, latency: 10ms", "bandwidth: 10gbit, latency: 10ms"},
+                                               {"# farskip: {enabled: true}", "farskip: {enabled: true}"}}),
+                                 "<test>");
+  ASSERT_TRUE(parsed.has_value()) << parsed.status().to_string();
+  const JobConfig& job = *parsed;
+  PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  in.expert_parallel.mode = EpMode::kHybrid;
+  in.expert_parallel.domain_sizes = {2, 1};
+  in.overlapped = true;
+  PlannerInputs started_late = in;
+  started_late.expert_parallel.replica_weight_gradients = ReplicaWeightGradients::kLate;
+  const Plan start = plan_iteration(started_late);
+  ASSERT_TRUE(start.choice().replica_weights_late);
+  const int r = start.choice().pipeline_degree, rb = start.choice().backward_pipeline_degree;
+  Replanner replanner(in, start, {"dc", "worker"}, {true, true}, r, rb);
+  EXPECT_TRUE(replanner.replica_weights_late());
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 6 && !c; ++step)
+    c = replanner.on_step(step, {{"dc", bursts_at(12.5e6, 10e-3, 40, 8e6)}}, step, 100);  // 100 Mbit/s
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->switched()) << c->reason;
+  EXPECT_TRUE(c->old_replica_weights_late);
+  EXPECT_FALSE(c->new_replica_weights_late);
+  EXPECT_FALSE(replanner.replica_weights_late());
+  EXPECT_EQ(c->new_domains, c->old_domains);
+  EXPECT_LT(c->new_predicted_s, c->old_now_predicted_s);
+  std::printf("[replan] HybridEP 2 x 1, replicas' weight gradients late, the DC link at 100 Mbit/s: early "
+              "(predicted %.1f -> %.1f ms)\n", c->old_now_predicted_s * 1e3, c->new_predicted_s * 1e3);
+}
+
 TEST(Replanner, AThrottledLinkIsReFittedAndTheBetterDomainsStartTwoStepsAhead) {
   // At 10 Gbit/s gathering every expert ([2,2]) is best; at 100 Mbit/s the
   // experts gathered inside each DC only ([1,2]) are.

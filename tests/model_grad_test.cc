@@ -262,6 +262,64 @@ TEST(MoeTransformer, BackwardHooksFireAsGradientsBecomeFinal) {
   EXPECT_EQ(plain.grads(), grads);
 }
 
+// Deferred (the overlapped schedule), the owned experts' weight gradients
+// come after the embedding's; late, the replicas' do too, just before them,
+// each layer's sent home (replicas_backward_done) once computed, so every
+// dense bucket is reported first. Neither moves a sum: the same bits.
+TEST(MoeTransformer, LateReplicaWeightGradientsComeAfterEveryDenseBucketAndChangeNoBit) {
+  ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, Connectivity::kFarSkip);
+  ParamLayout layout(cfg);
+  auto in = random_tokens(12, cfg.vocab_size, 1), tg = random_tokens(12, cfg.vocab_size, 2);
+  MoeTransformer<double> plain(layout);
+  plain.init(7);
+  plain.set_pipeline_degree(2);
+  plain.forward(in.data(), tg.data(), 2, 6);
+  plain.backward();
+  for (const bool late : {false, true}) {
+    MoeTransformer<double> model(layout);
+    model.init(7);
+    model.set_pipeline_degree(2);
+    std::vector<std::string> order;
+    // How much of the replicas' (odd experts') and the owned experts' weight
+    // gradients exists when the embedding's bucket is reported.
+    double replicas_then = -1, owned_then = -1;
+    auto expert_grad_sum = [&](bool odd) {
+      double sum = 0;
+      for (const TensorSlot& t : layout.slots())
+        if (t.is_routed_expert() && (t.expert % 2 == 1) == odd)
+          for (size_t i = t.offset; i < t.offset + t.numel(); ++i) sum += std::abs(model.grads()[i]);
+      return sum;
+    };
+    MoeTransformer<double>::BackwardHooks hooks;
+    hooks.experts_done = [&](int l) { order.push_back("owned " + std::to_string(l)); };
+    hooks.grads_ready = [&](int g) {
+      order.push_back("dense " + std::to_string(g));
+      if (g == -1) {
+        replicas_then = expert_grad_sum(true);
+        owned_then = expert_grad_sum(false);
+      }
+    };
+    hooks.defer_owned_expert_weights = true;
+    hooks.defer_replica_expert_weights = late;
+    model.set_backward_hooks(hooks);
+    ReplicaRecordingExchange exchange(cfg.num_experts, &order);
+    model.zero_grad();
+    model.forward(in.data(), tg.data(), 2, 6, &exchange);
+    order.clear();
+    model.backward(&exchange);
+    const std::vector<std::string> expected =
+        late ? std::vector<std::string>{"dense 3", "dense 2", "dense 1", "dense 0", "dense -1", "experts 2",
+                                        "experts 1", "experts 0", "owned 2", "owned 1", "owned 0"}
+             : std::vector<std::string>{"dense 3", "experts 2", "dense 2", "experts 1", "dense 1", "experts 0",
+                                        "dense 0", "dense -1", "owned 2", "owned 1", "owned 0"};
+    EXPECT_EQ(order, expected) << (late ? "late" : "deferred owned only");
+    EXPECT_EQ(owned_then, 0.0) << "the owned experts' weight gradients come after the embedding's";
+    if (late) EXPECT_EQ(replicas_then, 0.0) << "late: the replicas' weight gradients come after the embedding's";
+    else EXPECT_GT(replicas_then, 0.0) << "the replicas' weight gradients come with their layer";
+    EXPECT_EQ(model.grads(), plain.grads()) << (late ? "late" : "deferred owned only");
+  }
+}
+
 // Each dense bucket is handed to the all-reduce when backward reports it
 // complete (grads_ready), so nothing may write to it afterwards: a copy taken
 // at the report equals the final gradients, in every connectivity, with
