@@ -25,7 +25,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   if (step_s > 0) step_times_[step] = step_s;
   step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
-  if (step < quiet_until_) return std::nullopt;
+  if (step < quiet_until_ || step < options_.first_fitted_step) return std::nullopt;
   auto keep_last = [this](auto* window, auto value) {
     window->push_back(std::move(value));
     if (static_cast<int>(window->size()) > options_.window_steps) window->erase(window->begin());

@@ -62,6 +62,23 @@ TEST(Replanner, ALinkMeasuredCloseToThePlansAssumptionChangesNothing) {
   EXPECT_NEAR(r.measured().at("dc"), 0.8 * 125e6, 1e3);  // the fit: (seconds - bursts * alpha) / bytes
 }
 
+// A run's first steps are not fitted (ReplanOptions::first_fitted_step; the
+// coordinator's: 4): the same far measurement changes nothing over steps
+// 1-3 and re-fits once steps 4-6 have filled a window.
+TEST(Replanner, TheFirstStepsOfARunAreNotFitted) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  const PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  ReplanOptions options;
+  options.first_fitted_step = 4;
+  Replanner r(in, plan_iteration(in), {"dc", "worker"}, {true, true}, 2, 2, options);
+  std::optional<PlanChange> c;
+  int64_t step = 1;
+  for (; step <= 10 && !c; ++step) c = r.on_step(step, {{"dc", bursts_at(0.1 * 125e6, 1e-3, 40, 8e6)}}, step, 100);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->at_step, 6) << "the first window is steps 4-6";
+  EXPECT_EQ(c->link, "dc");
+}
+
 // The replanner prices and reports the degrees the workers run. EP on a
 // DC link measured at 40 Mbit/s: from degrees 8/1 it switches to the pair
 // the fitted plan picks for the same domains, having priced 8/1 itself; from
