@@ -618,6 +618,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
+                      {"replica_weight_gradients", replica_weights_late() ? "late" : "early"},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
