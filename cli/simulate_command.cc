@@ -170,9 +170,6 @@ int run_simulate(const SimulateOptions& o) {
   if (!o.imbalances.empty()) in.a2a_imbalance = *imbalance;
   if (Status st = in.validate(); !st.is_ok()) return fail(st.message());
   Workload workload = with_compute_scaled(workload_of(in), o.compute_scale);
-  // The recorded schedule computes the replicas' weight gradients early:
-  // the planner beside it prices that order too.
-  workload.replica_weight_gradients = ReplicaWeightGradients::kEarly;
   // The schedule of a plan's choice (its r, whether it gathers experts).
   auto shape_of = [&](const PlanCandidate& c) {
     ScheduleShape shape{job.train.model, c.pipeline_degree, job.train.farskip.overlapped, false};
@@ -181,6 +178,7 @@ int run_simulate(const SimulateOptions& o) {
     for (int s : c.domain_sizes) levels += s > 1 ? 1 : 0;
     shape.gathers_experts = levels > 0;
     shape.defers_owned_expert_weights = shape.overlapped && levels > 0;
+    shape.defers_replica_expert_weights = c.replica_weights_late;
     return shape;
   };
   Plan plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
@@ -202,7 +200,8 @@ int run_simulate(const SimulateOptions& o) {
     if (again.pipeline_degree != shape.pipeline_degree ||
         again.backward_pipeline_degree != shape.backward_pipeline_degree ||
         again.gathers_experts != shape.gathers_experts ||
-        again.defers_owned_expert_weights != shape.defers_owned_expert_weights) {
+        again.defers_owned_expert_weights != shape.defers_owned_expert_weights ||
+        again.defers_replica_expert_weights != shape.defers_replica_expert_weights) {
       shape = again;
       schedule = record_step_schedule(shape);
       if (!schedule) return fail(schedule.status().message());

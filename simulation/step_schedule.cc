@@ -41,6 +41,7 @@ const char* compute_kind_name(ComputeKind k) {
     case ComputeKind::kHeadBackward: return "head backward";
     case ComputeKind::kOptimizer: return "optimizer";
     case ComputeKind::kOwnedExpertsWeightBackward: return "owned experts' weight gradients";
+    case ComputeKind::kReplicaExpertsWeightBackward: return "replicas' weight gradients";
     case ComputeKind::kAttentionBackward: return "attention backward";
     case ComputeKind::kRouterBackward: return "router backward";
     case ComputeKind::kExpertsInputBackward: return "routed experts backward (inputs)";
@@ -200,6 +201,7 @@ struct SpanRule {
   const char* name;
   ComputeKind at_begin;  // the span's compute, unless split below
   bool split_by_chunks;  // routed experts: compute after each chunk's events
+  bool per_replica_send = false;  // late replica weights: a layer's compute before each layer's send
 };
 constexpr SpanRule kSpans[] = {
     {"attention (a)", ComputeKind::kAttentionA, false},
@@ -214,6 +216,7 @@ constexpr SpanRule kSpans[] = {
     {"routed experts backward", ComputeKind::kExpertsInputBackward, true},
     {"shared experts backward", ComputeKind::kSharedBackward, false},
     {"owned experts' weight gradients", ComputeKind::kOwnedExpertsWeightBackward, false},
+    {"replicas' weight gradients", ComputeKind::kReplicaExpertsWeightBackward, false, true},
 };
 
 ModelConfig miniature(const ModelConfig& m) {
@@ -245,6 +248,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   s.overlapped = shape.overlapped;
   s.gathers_experts = shape.gathers_experts;
   s.defers_owned_expert_weights = shape.defers_owned_expert_weights && shape.gathers_experts;
+  s.defers_replica_expert_weights = s.defers_owned_expert_weights && shape.defers_replica_expert_weights;
   Recorder rec(&s);
   const int L = cfg.num_layers;
 
@@ -260,6 +264,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   // backward has finished it (group -1: the embedding's, the last).
   MoeTransformer<float>::BackwardHooks hooks;
   hooks.defer_owned_expert_weights = shape.defers_owned_expert_weights;
+  hooks.defer_replica_expert_weights = s.defers_replica_expert_weights;
   hooks.grads_ready = [&](int group) {
     if (shape.overlapped) rec.start(CommKind::kDenseBucket, -1, dense_bucket_of_group(L, group));
   };
@@ -319,13 +324,18 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
           if (std::strcmp(r.name, m.span) == 0) open = &r;
         XD_CHECK_MSG(open, "a model span the schedule does not know; add it to kSpans");
         open_layer = m.layer;
-        if (!open->split_by_chunks) s.ops.push_back({StepOp::Type::kCompute, open->at_begin, -1, m.layer});
+        if (!open->split_by_chunks && !open->per_replica_send)
+          s.ops.push_back({StepOp::Type::kCompute, open->at_begin, -1, m.layer});
         break;
       }
       case Mark::kSpanEnd: open = nullptr; break;
       case Mark::kStart:
       case Mark::kWait:
       case Mark::kFinish: {
+        // Late replica weights: each layer's, then that layer's send.
+        if (open && open->per_replica_send && m.kind == Mark::kStart &&
+            s.comms[m.comm].kind == CommKind::kReplicaGradients)
+          s.ops.push_back({StepOp::Type::kCompute, open->at_begin, -1, m.layer});
         if (m.kind != Mark::kFinish)
           s.ops.push_back({m.kind == Mark::kStart ? StepOp::Type::kStart : StepOp::Type::kWait,
                            ComputeKind::kAttentionA, m.comm, m.layer});

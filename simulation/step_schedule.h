@@ -68,6 +68,8 @@ enum class ComputeKind : int {
   kOptimizer = 12,             // the update, once every gradient is in
   kOwnedExpertsWeightBackward = 13,  // overlapped HybridEP: every layer's owned experts'
                                      // weight gradients, after the embedding's
+  kReplicaExpertsWeightBackward = 14,  // late replica weight gradients: one layer's (before
+                                       // its send), after the embedding's, before the owned ones
 };
 const char* compute_kind_name(ComputeKind k);
 
@@ -95,6 +97,7 @@ struct StepSchedule {
   bool overlapped = false;
   bool gathers_experts = false;
   bool defers_owned_expert_weights = false;  // kOwnedExpertsWeightBackward at the end of backward
+  bool defers_replica_expert_weights = false;  // kReplicaExpertsWeightBackward before it
   std::string describe() const;  // one op per line, for `xdmoe simulate --show-schedule`
 };
 
@@ -106,6 +109,9 @@ struct ScheduleShape {
   // Overlapped with replicas (a domain size > 1), the runtime computes the
   // owned experts' weight gradients after the embedding's (DistributedTrainer).
   bool defers_owned_expert_weights = false;
+  // expert_parallel.replica_weight_gradients: late (with the above): the
+  // replicas' weight gradients too, before the owned ones.
+  bool defers_replica_expert_weights = false;
   int backward_pipeline_degree = 0;  // a divisor of r; 0: r
 };
 

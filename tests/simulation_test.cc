@@ -71,6 +71,38 @@ TEST(StepSchedule, EveryCommunicationStartsOnceAndIsWaitedForOnceAfterwards) {
         }
 }
 
+// Late replica weight gradients (overlapped, with replicas): every layer's
+// replicas' share comes after the embedding's bucket has left, one layer at
+// a time from the last, each right before that layer's replica gradients
+// leave; early, none of it is there.
+TEST(StepSchedule, LateReplicaWeightsComeLayerByLayerBeforeTheirSendAfterTheEmbeddingsBucket) {
+  for (const bool late : {false, true}) {
+    ScheduleShape sh = shape(Connectivity::kFarSkip, true, 2, true);
+    sh.defers_owned_expert_weights = true;
+    sh.defers_replica_expert_weights = late;
+    auto s = record_step_schedule(sh);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    EXPECT_EQ(s->defers_replica_expert_weights, late);
+    int embedding_bucket = -1;  // the last dense bucket to start
+    std::vector<int> replica_compute;  // layers, in order
+    for (size_t i = 0; i < s->ops.size(); ++i) {
+      const StepOp& op = s->ops[i];
+      if (op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kDenseBucket)
+        embedding_bucket = static_cast<int>(i);
+      if (op.type != StepOp::Type::kCompute || op.compute != ComputeKind::kReplicaExpertsWeightBackward) continue;
+      replica_compute.push_back(op.layer);
+      EXPECT_GT(static_cast<int>(i), embedding_bucket) << s->describe();
+      ASSERT_LT(i + 1, s->ops.size());
+      const StepOp& next = s->ops[i + 1];
+      EXPECT_EQ(next.type, StepOp::Type::kStart) << s->describe();
+      EXPECT_EQ(s->comms[next.comm].kind, CommKind::kReplicaGradients) << s->describe();
+      EXPECT_EQ(next.layer, op.layer) << s->describe();
+    }
+    const std::vector<int> layers = late ? std::vector<int>({2, 1, 0}) : std::vector<int>();
+    EXPECT_EQ(replica_compute, layers) << s->describe();
+  }
+}
+
 TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
   auto s = record_step_schedule(shape(Connectivity::kFarSkip, false, 2, true));
   ASSERT_TRUE(s.has_value());
@@ -275,57 +307,70 @@ TEST(StepSchedule, WaitingMovesAreUndoneAndNothingElse) {
 }
 
 // The compute spans a traced real run makes, in order, are the schedule's:
-// the schedule is the runtime's, not a copy of it.
+// the schedule is the runtime's, not a copy of it. With the replicas' weight
+// gradients early and late.
 TEST(StepSchedule, IsTheOrderOfATracedRealRun) {
-  const std::string dir = (fs::temp_directory_path() / ("xdmoe_schedule_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  std::string yaml = testing::model_yaml();
-  yaml.replace(yaml.find("  steps: 20\n"), 12, "  steps: 3\n");
-  yaml.replace(yaml.find("  eval_every: 0\n"), 16,
-               "  eval_every: 0\n  trace_steps: [2]\n  trace_dir: " + dir + "/trace\n");
-  yaml += "farskip:\n  enabled: true\n  overlapped: true\n"
-          "cluster:\n  levels:\n    - name: dc\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: true}\n"
-          "    - name: worker\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
-          "  expert_parallel:\n    mode: hybrid\n    domain_sizes: [1, 2]\n    memory_cap: unlimited\n"
-          "    pipeline_degree: 2\n";
-  auto job = testing::run_job(dir, yaml, 4, {});
-  ASSERT_TRUE(job.ok()) << job.logs();
-  auto cfg = parse_job_config(yaml, "<test>");
-  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
-  // Domains 1 x 2: one level of replicas, so the owned experts' weight
-  // gradients come after the embedding's.
-  auto s = record_step_schedule(ScheduleShape{cfg->train.model, 2, true, true, true});
-  ASSERT_TRUE(s.has_value());
-  // The schedule's compute, chunks of one span merged into one.
-  auto span_of = [](ComputeKind k) -> std::string {
-    if (k == ComputeKind::kExpertsInputBackward || k == ComputeKind::kExpertsWeightBackward)
-      return "routed experts backward";
-    return compute_kind_name(k);
-  };
-  std::vector<std::string> expected;
-  for (const StepOp& op : s->ops) {
-    // The traced step's optimizer span is the previous step's update.
-    if (op.type != StepOp::Type::kCompute || op.compute == ComputeKind::kOptimizer) continue;
-    const std::string e = span_of(op.compute) + " " + std::to_string(op.layer);
-    if (expected.empty() || expected.back() != e || e.rfind("routed experts", 0) != 0) expected.push_back(e);
-  }
-  for (int rank = 0; rank < 4; ++rank) {
-    std::ifstream in(dir + "/trace/trace-step2-rank" + std::to_string(rank) + ".json");
-    ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
-    const nlohmann::json trace = nlohmann::json::parse(in);
-    std::vector<std::pair<double, std::string>> spans;
-    for (const auto& e : trace["traceEvents"]) {
-      if (e["ph"] != "X" || e["cat"] != "compute" || e["name"] == "optimizer") continue;
-      const int layer = e.contains("args") ? e["args"]["layer"].get<int>() : -1;
-      spans.emplace_back(e["ts"].get<double>(), e["name"].get<std::string>() + " " + std::to_string(layer));
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "late" : "early");
+    const std::string dir = (fs::temp_directory_path() / ("xdmoe_schedule_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    std::string yaml = testing::model_yaml();
+    yaml.replace(yaml.find("  steps: 20\n"), 12, "  steps: 3\n");
+    yaml.replace(yaml.find("  eval_every: 0\n"), 16,
+                 "  eval_every: 0\n  trace_steps: [2]\n  trace_dir: " + dir + "/trace\n");
+    yaml += "farskip:\n  enabled: true\n  overlapped: true\n"
+            "cluster:\n  levels:\n    - name: dc\n      size: 2\n"
+            "      link: {bandwidth: 10gbit, latency: 0ms, shape: true}\n"
+            "    - name: worker\n      size: 2\n      link: {bandwidth: 10gbit, latency: 0ms, shape: false}\n"
+            "  expert_parallel:\n    mode: hybrid\n    domain_sizes: [1, 2]\n    memory_cap: unlimited\n"
+            "    pipeline_degree: 2\n    replica_weight_gradients: " + std::string(late ? "late" : "early") + "\n";
+    auto job = testing::run_job(dir, yaml, 4, {});
+    ASSERT_TRUE(job.ok()) << job.logs();
+    auto cfg = parse_job_config(yaml, "<test>");
+    ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
+    // Domains 1 x 2: one level of replicas, so the owned experts' weight
+    // gradients come after the embedding's (late, the replicas' too).
+    ScheduleShape shape{cfg->train.model, 2, true, true, true};
+    shape.defers_replica_expert_weights = late;
+    auto s = record_step_schedule(shape);
+    ASSERT_TRUE(s.has_value());
+    // The schedule's compute, chunks of one span merged into one, and the
+    // late replicas' layers into the one span the runtime traces.
+    auto span_of = [](ComputeKind k) -> std::string {
+      if (k == ComputeKind::kExpertsInputBackward || k == ComputeKind::kExpertsWeightBackward)
+        return "routed experts backward";
+      return compute_kind_name(k);
+    };
+    std::vector<std::string> expected;
+    int replica_layers = 0;
+    for (const StepOp& op : s->ops) {
+      // The traced step's optimizer span is the previous step's update.
+      if (op.type != StepOp::Type::kCompute || op.compute == ComputeKind::kOptimizer) continue;
+      const bool replicas = op.compute == ComputeKind::kReplicaExpertsWeightBackward;
+      replica_layers += replicas;
+      const std::string e = span_of(op.compute) + " " + std::to_string(replicas ? -1 : op.layer);
+      const bool merged = e.rfind("routed experts", 0) == 0 || replicas;
+      if (expected.empty() || expected.back() != e || !merged) expected.push_back(e);
     }
-    std::sort(spans.begin(), spans.end());
-    std::vector<std::string> got;
-    for (auto& [t, name] : spans) got.push_back(name);
-    got = without_waiting_moves(got);
-    EXPECT_EQ(got, expected) << "rank " << rank << "\nschedule:\n" << s->describe();
+    EXPECT_EQ(replica_layers, late ? cfg->train.model.num_layers : 0) << "late: one per layer, before its send";
+    for (int rank = 0; rank < 4; ++rank) {
+      std::ifstream in(dir + "/trace/trace-step2-rank" + std::to_string(rank) + ".json");
+      ASSERT_TRUE(in) << "rank " << rank << " wrote no trace";
+      const nlohmann::json trace = nlohmann::json::parse(in);
+      std::vector<std::pair<double, std::string>> spans;
+      for (const auto& e : trace["traceEvents"]) {
+        if (e["ph"] != "X" || e["cat"] != "compute" || e["name"] == "optimizer") continue;
+        const int layer = e.contains("args") ? e["args"]["layer"].get<int>() : -1;
+        spans.emplace_back(e["ts"].get<double>(), e["name"].get<std::string>() + " " + std::to_string(layer));
+      }
+      std::sort(spans.begin(), spans.end());
+      std::vector<std::string> got;
+      for (auto& [t, name] : spans) got.push_back(name);
+      got = without_waiting_moves(got);
+      EXPECT_EQ(got, expected) << "rank " << rank << "\nschedule:\n" << s->describe();
+    }
+    fs::remove_all(dir);
   }
-  fs::remove_all(dir);
 }
 
 nlohmann::json simulate(const std::string& args);

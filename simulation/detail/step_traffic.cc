@@ -13,6 +13,7 @@ StepTraffic::StepTraffic(const SimulationInputs& in, const StepSchedule& schedul
   held_ = in.workload.experts_per_worker * gathered;
   gathered_ = gathered;
   defers_owned_ = schedule.defers_owned_expert_weights;
+  defers_replicas_ = schedule.defers_replica_expert_weights;
 }
 
 double StepTraffic::compute_seconds(ComputeKind kind) const {
@@ -39,10 +40,14 @@ double StepTraffic::compute_seconds(ComputeKind kind) const {
     case ComputeKind::kExpertsInputBackward: return expert_bwd / 2;
     // Deferring, a layer's chunk keeps the replicas' share of its weight
     // half (the owned experts are 1 / gathered of those held), and the
-    // owned share of every layer's chunks runs at the end.
-    case ComputeKind::kExpertsWeightBackward: return expert_bwd / 2 * (defers_owned_ ? 1 - 1 / gathered_ : 1);
+    // owned share of every layer's chunks runs at the end; late, the
+    // replicas' share of every layer's chunks runs there too, first.
+    case ComputeKind::kExpertsWeightBackward:
+      return defers_replicas_ ? 0.0 : expert_bwd / 2 * (defers_owned_ ? 1 - 1 / gathered_ : 1);
     case ComputeKind::kOwnedExpertsWeightBackward:
       return defers_owned_ ? w.num_moe_layers * r_ * expert_bwd / 2 / gathered_ : 0;
+    case ComputeKind::kReplicaExpertsWeightBackward:  // one layer's, before its send
+      return defers_replicas_ ? r_ * expert_bwd / 2 * (1 - 1 / gathered_) : 0;
     case ComputeKind::kSharedBackward: return w.shared_fwd_s * bwd_scale;
     case ComputeKind::kOptimizer: return w.optimizer_s;
   }

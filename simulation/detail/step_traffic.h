@@ -57,6 +57,7 @@ class StepTraffic {
   double held_ = 1;
   double gathered_ = 1;        // experts held per owned one (the domain sizes' product)
   bool defers_owned_ = false;  // owned experts' weight gradients at the end (StepSchedule)
+  bool defers_replicas_ = false;  // the replicas' too, before them
 };
 
 }  // namespace xd::detail
