@@ -515,30 +515,30 @@ void Coordinator::Impl::consider_replan() {
     return;
   }
   progress.clear();
+  const std::string old_schedule =
+      schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late);
+  const std::string new_schedule =
+      schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late);
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
-                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late).c_str(),
+                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), old_schedule.c_str(),
                 c->old_now_predicted_s * 1e3, c->old_predicted_s * 1e3);
     std::fflush(stdout);
     return;
   }
   if (c->reverted)
     std::printf("re-plan after step %lld: %s: %s r=%s from step %lld\n", (long long)c->at_step, c->reason.c_str(),
-                domains_text(c->new_domains).c_str(),
-                schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late).c_str(),
-                (long long)c->from_step);
+                domains_text(c->new_domains).c_str(), new_schedule.c_str(), (long long)c->from_step);
   else
     std::printf("re-plan after step %lld: %s: domains %s r=%s (predicted %.1f ms before, %.1f ms now) -> %s r=%s "
                 "(predicted %.1f ms) from step %lld\n",
-                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(),
-                schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late).c_str(),
+                (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), old_schedule.c_str(),
                 c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
-                schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late).c_str(), c->new_predicted_s * 1e3,
-                (long long)c->from_step);
+                new_schedule.c_str(), c->new_predicted_s * 1e3, (long long)c->from_step);
   std::fflush(stdout);
-  const PlanUpdate update{c->from_step,       c->new_domains, c->new_pipeline_degree, c->new_backward_pipeline_degree,
-                          c->new_predicted_s, c->reason,      c->new_replica_weights_late};
+  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree,
+                          c->new_backward_pipeline_degree, c->new_predicted_s, c->reason,
+                          c->new_replica_weights_late};
   for (const auto& e : registry.workers())
     if (e && e->state == WorkerState::kRunning) workers->send(e->peer_id, MessageKind::kControl, to_json(update));
 }

@@ -43,7 +43,7 @@ struct ReplanOptions {
   // first steps are not its steady state: the SR codec's first all-gather
   // sends whole experts, the allocator and caches warm up. On the SR
   // benchmark's Table V job the worker link fitted at 145-155 Mbit/s over
-  // steps 1-3, at 330-350 Mbit/s later in the same runs.
+  // steps 1-3, at 320-340 Mbit/s later.
   int first_fitted_step = 1;
   int window_steps = 3;        // complete steps per fit
   double far_factor = 2.0;     // how far the fitted bandwidth must move
