@@ -465,8 +465,9 @@ void Coordinator::Impl::start_replanner() {
       if (level >= 0 && ha != hb && !(is_loopback_host(ha) && is_loopback_host(hb))) measured[level] = true;
     }
   const int r = forward_degree(), backward_r = backward_degree();  // before the replanner exists
+  // The run's first three steps are warm-up (a resumed run's too).
   ReplanOptions options;
-  options.first_fitted_step = 4;
+  options.first_fitted_step = resume_step + 4;
   replanner = std::make_unique<Replanner>(plan_inputs, plan, names, measured, r, backward_r, options);
 }
 

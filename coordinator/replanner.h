@@ -39,7 +39,8 @@
 namespace xd {
 
 struct ReplanOptions {
-  // Steps before this one are not fitted (the coordinator's: 4). A run's
+  // Steps before this one are not fitted (the coordinator's: the run's
+  // fourth, 4 or a resumed run's checkpoint step + 4). A run's
   // first steps are not its steady state: the SR codec's first all-gather
   // sends whole experts, the allocator and caches warm up. On the SR
   // benchmark's Table V job the worker link fitted at 145-155 Mbit/s over
