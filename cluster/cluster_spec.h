@@ -61,7 +61,7 @@ const char* ep_mode_name(EpMode m);  // "ep", "hybrid", "auto"
 Expected<EpMode> parse_ep_mode(const std::string& s);
 
 // When an overlapped HybridEP backward computes the weight gradients of the
-// gathered replicas (docs/overlap.md, "The backward's tail"): early, with
+// gathered replicas (docs/overlap.md, "The backward schedule"): early, with
 // each layer's experts, so their gradients start home at once; late, after
 // the embedding's gradients, so the last dense buckets leave sooner and the
 // replicas' gradients cross beside them. auto: the planner picks whichever
