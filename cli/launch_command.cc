@@ -350,10 +350,12 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", f->modes,
-                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB] with MODE ep, ep_flat, hybrid or "
-                  "auto; +farskip turns FarSkip connectivity on, +simple runs nothing overlapped, +r4 splits each "
-                  "A2A into 4 chunks (r0: the planner's choice), +r4/2 the forward's into 4 and the backward's into "
-                  "2 (r4/0: the planner's backward), +d2x1 runs hybrid with domains 2 x 1 (repeatable)");
+                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB][+late|+early] with MODE ep, "
+                  "ep_flat, hybrid or auto; +farskip turns FarSkip connectivity on, +simple runs nothing overlapped, "
+                  "+r4 splits each A2A into 4 chunks (r0: the planner's choice), +r4/2 the forward's into 4 and the "
+                  "backward's into 2 (r4/0: the planner's backward), +d2x1 runs hybrid with domains 2 x 1, +late "
+                  "computes the replicas' weight gradients after the embedding's (+early with their layer; neither: "
+                  "the config's, auto by default) (repeatable)");
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                   "scripts/trace_png.py draws them)")

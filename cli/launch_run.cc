@@ -132,6 +132,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
   while (std::getline(in, part, '+')) {
     if (part == "farskip") spec.farskip = true;
     else if (part == "simple") spec.simple = true;
+    else if (part == "late" || part == "early") spec.replica_weight_gradients = part;
     else if (part.size() > 1 && part[0] == 'r' && isdigit((unsigned char)part[1]) &&
              part.find_first_not_of("0123456789/", 1) == std::string::npos) {
       // rN: r = N both ways; rN/M: forward N, backward M.
@@ -157,7 +158,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
       if (spec.mode != "hybrid") return Status::invalid_argument("domain sizes (" + part + ") need mode hybrid");
     } else {
       return Status::invalid_argument("unknown run option '" + part + "' in '" + run +
-                                      "' (farskip, simple, rN, dAxB)");
+                                      "' (farskip, simple, rN, dAxB, late, early)");
     }
   }
   return spec;
@@ -206,6 +207,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   if (spec.pipeline_degree >= 0) args.insert(args.end(), {"--pipeline-degree", std::to_string(spec.pipeline_degree)});
   if (spec.backward_pipeline_degree >= -1)
     args.insert(args.end(), {"--backward-pipeline-degree", std::to_string(spec.backward_pipeline_degree)});
+  if (!spec.replica_weight_gradients.empty())
+    args.insert(args.end(), {"--replica-weight-gradients", spec.replica_weight_gradients});
   if (!run.trace_steps.empty()) {
     std::string list;
     for (int64_t s : run.trace_steps) list += (list.empty() ? "" : ",") + std::to_string(s);

@@ -106,6 +106,30 @@ TEST_F(Launch, AHostfileJobOverSshTrainsExactlyAsTheSameJobLaunchedHere) {
   EXPECT_GT(local["step_over_cpu_floor"].get<double>(), 0.8) << local.dump();
 }
 
+// A run's +late and +early reach the workers: the summaries say which ran,
+// and the table marks the late one. The losses are the same bits; an
+// unknown run option is refused by name.
+TEST_F(Launch, PlusLateAndPlusEarlyChooseWhenTheReplicasWeightGradientsRun) {
+  auto [code, out] = run(xdmoe_binary() + " launch --config " + config +
+                         " --mode hybrid+farskip+d2x1+late --mode hybrid+farskip+d2x1+early --steps 3 --run-dir " +
+                         dir + "/run --cli-bind 'tcp://127.0.0.1:*'");
+  ASSERT_EQ(code, 0) << out;
+  nlohmann::json late, early;
+  std::ifstream(dir + "/run/hybrid+farskip+d2x1+late/summary.json") >> late;
+  std::ifstream(dir + "/run/hybrid+farskip+d2x1+early/summary.json") >> early;
+  EXPECT_EQ(late.value("replica_weight_gradients", ""), "late");
+  EXPECT_EQ(early.value("replica_weight_gradients", ""), "early");
+  ASSERT_EQ(late["losses"].size(), 3u);
+  EXPECT_EQ(late["losses"], early["losses"]);
+  EXPECT_NE(out.find(", late)"), std::string::npos) << out;
+  auto [bad, why] = run(xdmoe_binary() + " launch --config " + config + " --mode hybrid+soon --steps 1 --run-dir " +
+                        dir + "/bad");
+  EXPECT_NE(bad, 0);
+  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early)"),
+            std::string::npos)
+      << why;
+}
+
 TEST_F(Launch, AWorkerThatCannotStartStopsTheWholeJob) {
   const std::string hostfile = write("hosts", "127.0.0.1 slots=3\nnode.invalid slots=1\n");
   auto [code, out] = launch("ssh", "--hostfile " + hostfile + " --ssh 'sh " + fake_ssh() + "'");
