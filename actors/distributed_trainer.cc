@@ -231,7 +231,7 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   auto topo = Topology::create(opts_.level_sizes, plan.domain_sizes);
   if (!topo) return topo.status().with_context("plan update");
   job_.cluster.expert_parallel.replica_weight_gradients =
-      plan.replica_weights_late ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
+      replica_weight_gradients_of(plan.replica_weights_late);
   XD_RETURN_IF_ERROR(wire_experts(*topo));
   opts_.domain_sizes = plan.domain_sizes;
   opts_.predicted_step_s = plan.predicted_step_s;
@@ -241,7 +241,7 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   XD_LOG_INFO("trainer",
               "rank %d: from step %lld, domains %s, r = %d, backward r = %d, replicas' weight gradients %s (%s)",
               opts_.rank, (long long)plan.step, domains.c_str(), plan.pipeline_degree, plan.backward_pipeline_degree,
-              plan.replica_weights_late ? "late" : "early", plan.reason.c_str());
+              replica_weight_gradients_name(replica_weight_gradients_of(plan.replica_weights_late)), plan.reason.c_str());
   return Status::ok();
 }
 

@@ -72,8 +72,9 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     if (!r.summary.contains("overlapped")) return std::string("-");
     return std::string(r.summary["overlapped"].get<bool>() ? "overlapped" : "simple") + " (" +
            pipeline_degrees_text(r.summary.value("pipeline_degree", 1),
-                                 r.summary.value("backward_pipeline_degree", r.summary.value("pipeline_degree", 1))) +
-           (r.summary.value("replica_weight_gradients", std::string()) == "late" ? ", late" : "") + ")";
+                                 r.summary.value("backward_pipeline_degree", r.summary.value("pipeline_degree", 1)),
+                                 r.summary.value("replica_weight_gradients", std::string()) == "late") +
+           ")";
   });
   row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });
   row("final loss", [](const RunResult& r) { return cell(r.summary, "final_loss", "%.4f"); });

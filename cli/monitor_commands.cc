@@ -93,9 +93,8 @@ void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
               s.value("state", "?").c_str(), list_of(s, "world").c_str());
   const int r = s.value("pipeline_degree", 0);
-  // ", late": the replicas' weight gradients come after the embedding's.
-  const std::string degrees = pipeline_degrees_text(r, s.value("backward_pipeline_degree", r)) +
-                              (s.value("replica_weight_gradients", std::string()) == "late" ? " late" : "");
+  const std::string degrees = pipeline_degrees_text(r, s.value("backward_pipeline_degree", r),
+                                                    s.value("replica_weight_gradients", std::string()) == "late");
   std::printf("mode %s, domains %s, r %s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
               fit(list_of(s, "domain_sizes"), 16).c_str(), degrees.c_str(),
               num(s, "predicted_step_s", "%.1f", 1e3).c_str(), num(s, "uptime_s", "%.0f").c_str());

@@ -151,7 +151,8 @@ int run_plan(const PlanOptions& o) {
     j["chosen_domain_sizes"] = choice.domain_sizes;
     j["chosen_pipeline_degree"] = choice.pipeline_degree;
     j["chosen_backward_pipeline_degree"] = choice.backward_pipeline_degree;
-    j["chosen_replica_weight_gradients"] = choice.replica_weights_late ? "late" : "early";
+    j["chosen_replica_weight_gradients"] =
+        replica_weight_gradients_name(replica_weight_gradients_of(choice.replica_weights_late));
     j["overlapped"] = w.overlapped;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)

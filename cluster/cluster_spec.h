@@ -69,6 +69,10 @@ Expected<EpMode> parse_ep_mode(const std::string& s);
 enum class ReplicaWeightGradients : int { kAuto = 0, kEarly = 1, kLate = 2 };
 const char* replica_weight_gradients_name(ReplicaWeightGradients w);  // "auto", "early", "late"
 Expected<ReplicaWeightGradients> parse_replica_weight_gradients(const std::string& s);
+// What a plan resolved: late, else early.
+inline ReplicaWeightGradients replica_weight_gradients_of(bool late) {
+  return late ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
+}
 
 struct ExpertParallelSpec {
   EpMode mode = EpMode::kAuto;

@@ -105,6 +105,17 @@ void read_list(JsonFields& f, const char* key, std::vector<T>* out, F read_one) 
   }
 }
 
+// An enum written by its name: `parse` turns the string into *out.
+template <typename T>
+void get_named(JsonFields& f, const char* key, Expected<T> (*parse)(const std::string&), T* out) {
+  std::string name;
+  f.get(key, &name);
+  if (!f.ok()) return;
+  Expected<T> value = parse(name);
+  if (!value) return f.fail(f.name(key), value.status().message());
+  *out = *value;
+}
+
 void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   read_list(f, "levels", &c->levels, [](JsonFields& lf, LevelSpec* l) {
     lf.get("name", &l->name);
@@ -142,26 +153,15 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   const json* ep = f.object("expert_parallel");
   if (!ep) return;
   JsonFields e(*ep, f.name("expert_parallel"));
-  std::string mode;
-  e.get("mode", &mode);
-  if (e.ok()) {
-    auto m = parse_ep_mode(mode);
-    if (!m) e.fail(e.name("mode"), m.status().message());
-    else c->expert_parallel.mode = *m;
-  }
+  get_named(e, "mode", parse_ep_mode, &c->expert_parallel.mode);
   e.get("domain_sizes", &c->expert_parallel.domain_sizes);
   e.get("base_sync_every", &c->expert_parallel.base_sync_every);
   e.get("base_codec", &c->expert_parallel.base_codec);
   e.get("fused_encode", &c->expert_parallel.fused_encode);
   e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
   e.get("backward_pipeline_degree", &c->expert_parallel.backward_pipeline_degree);
-  std::string replicas;
-  e.get("replica_weight_gradients", &replicas);
-  if (e.ok()) {
-    auto w = parse_replica_weight_gradients(replicas);
-    if (!w) e.fail(e.name("replica_weight_gradients"), w.status().message());
-    else c->expert_parallel.replica_weight_gradients = *w;
-  }
+  get_named(e, "replica_weight_gradients", parse_replica_weight_gradients,
+            &c->expert_parallel.replica_weight_gradients);
   e.get_or_infinity("memory_cap_bytes", &c->expert_parallel.memory_cap_bytes);
   f.fail(e.finish());
 }

@@ -431,7 +431,7 @@ void Coordinator::Impl::assign_all() {
   a.job.cluster.expert_parallel.pipeline_degree = forward_degree();
   a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
   a.job.cluster.expert_parallel.replica_weight_gradients =
-      replica_weights_late() ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
+      replica_weight_gradients_of(replica_weights_late());
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -487,10 +487,6 @@ void Coordinator::Impl::fail(const Status& st) {
 }
 
 namespace {
-// "4/2", and " (replicas' weight gradients late)" when they are.
-std::string schedule_text(int forward, int backward, bool replicas_late) {
-  return pipeline_degrees_text(forward, backward) + (replicas_late ? " (replicas' weight gradients late)" : "");
-}
 std::string domains_text(const std::vector<int>& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
@@ -517,9 +513,9 @@ void Coordinator::Impl::consider_replan() {
   }
   progress.clear();
   const std::string old_schedule =
-      schedule_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late);
+      pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late);
   const std::string new_schedule =
-      schedule_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late);
+      pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late);
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), old_schedule.c_str(),
@@ -619,7 +615,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
-                      {"replica_weight_gradients", replica_weights_late() ? "late" : "early"},
+                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients_of(replica_weights_late()))},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
@@ -739,7 +735,7 @@ void Coordinator::Impl::write_summary() {
                       {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
-                      {"replica_weight_gradients", replica_weights_late() ? "late" : "early"},
+                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients_of(replica_weights_late()))},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
@@ -807,7 +803,7 @@ void Coordinator::Impl::write_summary() {
       w.pipeline_degree = choice.pipeline_degree;
       w.backward_pipeline_degree = choice.backward_pipeline_degree;
       w.replica_weight_gradients =
-          replica_weights_late() ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
+          replica_weight_gradients_of(replica_weights_late());
       const std::vector<int> levels = job.cluster.level_sizes();
       const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,
                                                      plan_inputs.link_codecs);

@@ -594,6 +594,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   if (forward.empty()) forward = {w.backward_pipeline_degree};
   PlanCandidate best;
   bool first = true;
+  const bool late = w.replica_weight_gradients == ReplicaWeightGradients::kLate;
   for (int r : forward) {
     std::vector<int> backward;
     if (w.backward_pipeline_degree > 0) backward = {w.backward_pipeline_degree};
@@ -602,7 +603,6 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
       for (int rb : {1, 2, 4, 8, r})
         if (rb <= r && r % rb == 0 && (backward.empty() || rb > backward.back())) backward.push_back(rb);
     for (int rb : backward) {  // evaluate_with_degree checks that rb divides r
-      const bool late = w.replica_weight_gradients == ReplicaWeightGradients::kLate;
       PlanCandidate c =
           evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
       if (first || c.iteration_s < best.iteration_s * (1 - 1e-9)) best = std::move(c);
@@ -622,8 +622,9 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   return best;
 }
 
-std::string pipeline_degrees_text(int forward, int backward) {
-  return forward == backward ? std::to_string(forward) : std::to_string(forward) + "/" + std::to_string(backward);
+std::string pipeline_degrees_text(int forward, int backward, bool replicas_late) {
+  return (forward == backward ? std::to_string(forward) : std::to_string(forward) + "/" + std::to_string(backward)) +
+         (replicas_late ? ", late" : "");
 }
 
 int choose_candidate(const std::vector<PlanCandidate>& candidates) {

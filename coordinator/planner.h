@@ -208,7 +208,9 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                                  const std::vector<int>& domain_sizes, double memory_cap_bytes,
                                  const std::vector<LinkCodecCost>& link_codecs = {});
 // "4" when both directions run r = 4, "4/2" for forward 4, backward 2.
-std::string pipeline_degrees_text(int forward, int backward);
+// With `replicas_late`, ", late" after: the replicas' weight gradients
+// after the embedding's.
+std::string pipeline_degrees_text(int forward, int backward, bool replicas_late = false);
 
 // Two predictions closer than this fraction are a tie: the model's own error
 // is larger (its live prediction is off by a few percent). Measured, a

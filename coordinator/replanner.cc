@@ -276,7 +276,7 @@ std::optional<Plan> Replanner::predict_current(PlannerInputs fitted) const {
   fitted.expert_parallel.pipeline_degree = pipeline_degree_;
   fitted.expert_parallel.backward_pipeline_degree = backward_pipeline_degree_;
   fitted.expert_parallel.replica_weight_gradients =
-      replica_weights_late_ ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
+      replica_weight_gradients_of(replica_weights_late_);
   Plan next = plan_iteration(fitted);
   for (size_t i = 0; i < next.candidates.size(); ++i)
     if (next.candidates[i].domain_sizes == plan_.choice().domain_sizes) {
