@@ -97,6 +97,11 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                   "computes the replicas' weight gradients: early (with each layer's experts), late (after the "
                   "embedding's, so the last dense buckets leave sooner) or auto (the planner's choice)")
       ->check(CLI::IsMember({"auto", "early", "late"}));
+  cmd->add_flag("--sr-codecs", o->sr_codecs,
+                std::string("Compress the outermost link class's expert traffic and dense gradients: expert_gather ") +
+                    kSrCodecs.expert_gather + ", expert_grad " + kSrCodecs.expert_grad + ", dense_grad " +
+                    kSrCodecs.dense_grad + ", the SR base every " + std::to_string(kSrCodecs.base_sync_every) +
+                    " steps (docs/compression.md)");
   cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
       ->delimiter(',');
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");

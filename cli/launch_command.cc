@@ -127,18 +127,22 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
     row(("NMSE " + k).c_str(), [&](const RunResult& r) {
       if (!r.summary.contains("mean_nmse") || !r.summary["mean_nmse"].contains(k)) return std::string("-");
       char buf[32];
-      std::snprintf(buf, sizeof buf, "%.4f", r.summary["mean_nmse"][k].get<double>());
+      std::snprintf(buf, sizeof buf, "%.3g", r.summary["mean_nmse"][k].get<double>());
       return std::string(buf);
     });
   row("restarts", [](const RunResult& r) { return std::to_string(r.restarts.size()); });
   row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
-  // The last run against each earlier one.
+  // Each run against the one before it and against the first.
   std::printf("\n");
-  for (size_t i = 0; i + 1 < runs.size(); ++i)
-    if (runs[i].summary.contains("mean_step_s") && runs.back().summary.contains("mean_step_s")) {
-      const double a = runs[i].summary["mean_step_s"].get<double>(), b = runs.back().summary["mean_step_s"].get<double>();
-      std::printf("%s vs %s: %.2fx step-time speedup\n", runs.back().mode.c_str(), runs[i].mode.c_str(), a / b);
-    }
+  auto speedup = [&](const RunResult& later, const RunResult& earlier) {
+    if (!later.summary.contains("mean_step_s") || !earlier.summary.contains("mean_step_s")) return;
+    const double a = earlier.summary["mean_step_s"].get<double>(), b = later.summary["mean_step_s"].get<double>();
+    std::printf("%s vs %s: %.2fx step-time speedup\n", later.mode.c_str(), earlier.mode.c_str(), a / b);
+  };
+  for (size_t j = 1; j < runs.size(); ++j) {
+    speedup(runs[j], runs[j - 1]);
+    if (j > 1) speedup(runs[j], runs[0]);
+  }
 }
 
 std::vector<std::string> split_words(const std::string& text) {
@@ -256,9 +260,10 @@ int run_launch(const LaunchFlags& f) {
   std::vector<std::string> modes = f.modes;
   int64_t steps = f.steps;
   if (modes.empty()) {
-    // The built-in demo: today's simple schedule, EP and HybridEP, then
-    // HybridEP with FarSkip connectivity, overlapped.
-    if (f.config.empty()) modes = {"ep+simple", "auto+simple", "auto+farskip"};
+    // The built-in demo: the simple schedule, EP and HybridEP, then
+    // HybridEP with FarSkip connectivity, overlapped, with the inter-DC link
+    // raw and then compressed.
+    if (f.config.empty()) modes = {"ep+simple", "auto+simple", "auto+farskip", "auto+farskip+sr"};
     else modes = {ep_mode_name(job.cluster.expert_parallel.mode)};
   }
   if (f.config.empty() && steps == 0) steps = 30;
@@ -348,15 +353,17 @@ void add_launch_command(CLI::App& app, int* exit_code) {
       "launch", "Run a whole job: the coordinator here, workers here (loopback), over ssh (--hostfile), by "
                 "srun or mpirun (--launcher), or in network namespaces (--netns); docs/launch.md");
   cmd->add_option("--config", f->config,
-                  "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip)")
+                  "Job YAML (default: the built-in 2 DC x 2 worker demo: ep+simple, auto+simple, auto+farskip, "
+                  "auto+farskip+sr)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", f->modes,
-                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB][+late|+early] with MODE ep, "
+                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB][+late|+early][+sr] with MODE ep, "
                   "ep_flat, hybrid or auto; +farskip turns FarSkip connectivity on, +simple runs nothing overlapped, "
                   "+r4 splits each A2A into 4 chunks (r0: the planner's choice), +r4/2 the forward's into 4 and the "
                   "backward's into 2 (r4/0: the planner's backward), +d2x1 runs hybrid with domains 2 x 1, +late "
                   "computes the replicas' weight gradients after the embedding's (+early with their layer; neither: "
-                  "the config's, auto by default) (repeatable)");
+                  "the config's, auto by default), +sr compresses the outermost link's expert weights (SR residuals), "
+                  "replica gradients and dense gradients (the coordinator's --sr-codecs) (repeatable)");
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                   "scripts/trace_png.py draws them)")

@@ -27,6 +27,7 @@ struct RunSpec {
   int backward_pipeline_degree = -2;  // +r4/2: 2; +r4: -1 (the forward's); -2: the config's
   std::vector<int> domains;  // +d2x1: these domain sizes (mode hybrid); empty: the plan's
   std::string replica_weight_gradients;  // +late, +early; empty: the config's
+  bool sr_codecs = false;  // +sr: the coordinator's --sr-codecs
 };
 Expected<RunSpec> parse_run(const std::string& run);
 // The run's directory under --run-dir: its name with '/' (as in +r4/2) as '_'.

@@ -288,6 +288,14 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
     if (!w) return w.status().with_context("--replica-weight-gradients");
     job->cluster.expert_parallel.replica_weight_gradients = *w;
   }
+  if (o.sr_codecs) {
+    if (job->cluster.levels.empty()) return Status::invalid_argument("--sr-codecs: the job has no link class");
+    LinkCodecs& outer = job->cluster.levels.front().link.codecs;
+    outer.expert_gather = kSrCodecs.expert_gather;
+    outer.expert_grad = kSrCodecs.expert_grad;
+    outer.dense_grad = kSrCodecs.dense_grad;
+    job->cluster.expert_parallel.base_sync_every = kSrCodecs.base_sync_every;
+  }
   if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
   if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
   return Status::ok();

@@ -52,8 +52,9 @@ Status override_expert_parallel(JobConfig* job, const std::string& mode, const s
 // The command line's schedule overrides (coordinator, `xdmoe plan`):
 // --farskip turns FarSkip connectivity on for every layer, --no-overlap runs
 // the simple schedule, --pipeline-degree sets r (0: the planner's),
-// --backward-pipeline-degree the backward's (0: the planner's), and
-// --trace-steps / --trace-dir ask workers for step traces. It does not
+// --backward-pipeline-degree the backward's (0: the planner's), --sr-codecs
+// compresses the expert and dense-gradient traffic of the outermost link class
+// (kSrCodecs), and --trace-steps / --trace-dir ask workers for step traces. It does not
 // validate the job: callers apply it before override_expert_parallel, which
 // checks the whole job once every override is in.
 struct ScheduleOverrides {
@@ -62,10 +63,24 @@ struct ScheduleOverrides {
   int pipeline_degree = -1;  // -1: keep the config's
   int backward_pipeline_degree = -2;  // -2: keep the config's; -1: follow r (a set r, else chosen)
   std::string replica_weight_gradients;  // auto, early or late; empty: keep the config's
+  bool sr_codecs = false;
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
 };
 Status override_schedule(JobConfig* job, const ScheduleOverrides& o);
+
+// The codec set --sr-codecs (and a launch run's +sr) puts on the outermost
+// link class: SR residuals and replica gradients as 4-bit integers with error
+// feedback, dense gradients in bf16, the SR base re-synchronised every 10
+// steps. Token rows stay as configured. It is the set that kept the loss
+// within 0.1% of uncompressed training (docs/compression.md).
+struct SrCodecSet {
+  const char* expert_gather;
+  const char* expert_grad;
+  const char* dense_grad;
+  int base_sync_every;
+};
+inline constexpr SrCodecSet kSrCodecs{"sr:ef:int4_row:128+zstd:1", "ef:int4_row:128+zstd:1", "bf16", 10};
 
 // The one-process run with the arithmetic of the distributed job: the same
 // model, data and seed, and the global batch (world size x train.batch_size

@@ -125,9 +125,35 @@ TEST_F(Launch, PlusLateAndPlusEarlyChooseWhenTheReplicasWeightGradientsRun) {
   auto [bad, why] = run(xdmoe_binary() + " launch --config " + config + " --mode hybrid+soon --steps 1 --run-dir " +
                         dir + "/bad");
   EXPECT_NE(bad, 0);
-  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early)"),
+  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early, sr)"),
             std::string::npos)
       << why;
+}
+
+TEST_F(Launch, PlusSrCompressesTheExpertAndDenseTrafficOfTheOutermostLinkAndKeepsTheLoss) {
+  auto [code, out] = run(xdmoe_binary() + " launch --config " + config +
+                         " --mode hybrid+farskip+d2x1 --mode hybrid+farskip+d2x1+sr --steps 4 --run-dir " + dir +
+                         "/run --cli-bind 'tcp://127.0.0.1:*'");
+  ASSERT_EQ(code, 0) << out;
+  nlohmann::json raw, sr;
+  std::ifstream(dir + "/run/hybrid+farskip+d2x1/summary.json") >> raw;
+  std::ifstream(dir + "/run/hybrid+farskip+d2x1+sr/summary.json") >> sr;
+  const nlohmann::json& rb = raw["bytes_per_step"];
+  const nlohmann::json& sb = sr["bytes_per_step"];
+  EXPECT_EQ(rb.value("dc/expert_gather", -1.0), rb.value("dc/expert_gather_raw", -2.0));
+  // After the first step's exact all-gather, the SR residuals cross in 4 bits.
+  EXPECT_LT(sb.value("dc/expert_gather", 1e30), sb.value("dc/expert_gather_raw", 0.0) / 2);
+  EXPECT_LT(sb.value("dc/expert_grad", 1e30), sb.value("dc/expert_grad_raw", 0.0) / 4);
+  EXPECT_LT(sb.value("dc/all_reduce", 1e30), rb.value("dc/all_reduce", 0.0) * 0.6);  // bf16 on the wire
+  EXPECT_EQ(sb.value("worker/all_reduce", -1.0), rb.value("worker/all_reduce", -2.0));  // inner links stay raw
+  ASSERT_EQ(sr["losses"].size(), 4u);
+  ASSERT_EQ(raw["losses"].size(), 4u);
+  // The first step reads the replicas as base + exact residual: equal but for rounding.
+  EXPECT_NEAR(sr["losses"][0].get<double>(), raw["losses"][0].get<double>(), 1e-7);
+  const double last_raw = raw["losses"][3].get<double>(), last_sr = sr["losses"][3].get<double>();
+  EXPECT_NE(last_sr, last_raw);
+  EXPECT_NEAR(last_sr, last_raw, 0.01 * last_raw);
+  EXPECT_NE(out.find("hybrid+farskip+d2x1+sr vs hybrid+farskip+d2x1"), std::string::npos) << out;
 }
 
 TEST_F(Launch, AWorkerThatCannotStartStopsTheWholeJob) {

@@ -116,6 +116,31 @@ TEST(JobConfig, CommandLineOverridesOfTheExpertParallelModeAreCheckedAndEpMeansA
   EXPECT_NE(override_expert_parallel(&job, "", {1}).message().find("one entry per level"), std::string::npos);
 }
 
+TEST(JobConfig, SrCodecsCompressTheOutermostLinksExpertAndDenseTrafficAndLeaveTheRestAlone) {
+  JobConfig job = example_job();
+  job.cluster.levels.front().link.codecs.dispatch = "bf16";
+  const JobConfig before = job;
+  ScheduleOverrides o;
+  o.sr_codecs = true;
+  ASSERT_TRUE(override_schedule(&job, o).is_ok());
+  const LinkCodecs& outer = job.cluster.levels.front().link.codecs;
+  EXPECT_EQ(outer.expert_gather, "sr:ef:int4_row:128+zstd:1");
+  EXPECT_EQ(outer.expert_grad, "ef:int4_row:128+zstd:1");
+  EXPECT_EQ(outer.dense_grad, "bf16");
+  EXPECT_EQ(job.cluster.expert_parallel.base_sync_every, 10);
+  // Token rows keep the config's codecs; the inner link classes stay as they were.
+  EXPECT_EQ(outer.dispatch, "bf16");
+  EXPECT_EQ(outer.combine, before.cluster.levels.front().link.codecs.combine);
+  for (size_t l = 1; l < job.cluster.levels.size(); ++l)
+    EXPECT_EQ(link_codecs_to_json(job.cluster.levels[l].link.codecs),
+              link_codecs_to_json(before.cluster.levels[l].link.codecs));
+  EXPECT_TRUE(job.validate().is_ok());
+  // Without the flag nothing changes.
+  JobConfig untouched = before;
+  ASSERT_TRUE(override_schedule(&untouched, ScheduleOverrides{}).is_ok());
+  EXPECT_EQ(job_config_to_json(untouched), job_config_to_json(before));
+}
+
 Assignment example_assignment() {
   Assignment a;
   a.job_id = 0x7abc1234;
