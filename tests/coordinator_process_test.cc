@@ -54,7 +54,8 @@ std::string exposition_error(const std::string& text) {
 }
 
 TEST(Cluster, ALostWorkerIsReportedWithinThreeAndAHalfSecondsAndTheCliShowsIt) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("xdmoe_cluster_" + std::to_string(::getpid()))).string();
+  const std::string dir = testing::remove_after_test(
+      (std::filesystem::temp_directory_path() / ("xdmoe_cluster_" + std::to_string(::getpid()))).string());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string bin = testing::xdmoe_binary();
@@ -184,7 +185,8 @@ std::optional<nlohmann::json> next_message(ControlClient& c, const std::string& 
 }
 
 TEST(Cluster, AWorkerGetsTheEffectiveConfigurationAndOneOfAnotherVersionIsRefused) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("xdmoe_assign_" + std::to_string(::getpid()))).string();
+  const std::string dir = testing::remove_after_test(
+      (std::filesystem::temp_directory_path() / ("xdmoe_assign_" + std::to_string(::getpid()))).string());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string config = std::string(XD_SOURCE_DIR) + "/examples/2dc.yaml";

@@ -1,6 +1,7 @@
 // Runs a whole job from a test: a coordinator and its workers as real
 // processes of the xdmoe binary, over loopback. Returns their exit codes and
-// the coordinator's JSON summary. Also the small model the distributed tests
+// the coordinator's JSON summary; the job's directory goes when the test
+// passes (scratch_dirs.h). Also the small model the distributed tests
 // share.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/subprocess.h"
+#include "scratch_dirs.h"
 
 namespace xd::testing {
 
@@ -104,6 +106,7 @@ inline JobResult run_job(const std::string& dir, const std::string& config_yaml,
                          const std::vector<std::string>& coordinator_args,
                          std::chrono::seconds timeout = std::chrono::seconds(300)) {
   namespace fs = std::filesystem;
+  remove_after_test(dir);
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string config = dir + "/job.yaml";
