@@ -118,6 +118,8 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
       return std::string(buf);
     });
   }
+  // Encoding and decoding, the busiest worker's, mean over steps: what the codecs cost the cores.
+  row("codec time (ms)", [](const RunResult& r) { return cell(r.summary, "mean_codec_s", "%.1f", 1e3); });
   // Lossy expert codecs: the reconstruction error, mean over steps.
   std::set<std::string> lossy;
   for (const auto& r : runs)

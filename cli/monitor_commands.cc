@@ -89,6 +89,14 @@ std::string list_of(const nlohmann::json& s, const char* key) {
 }
 
 // Every line fits 80 columns: long names are cut with "~".
+// The codecs' share of the step: encoding and decoding, on the worker that
+// spent the most on them (nothing when every link is raw).
+void print_codec_time(const nlohmann::json& last_step) {
+  if (last_step.value("codec_s", 0.0) > 0)
+    std::printf("  codecs: %s ms of the step encoding and decoding (the busiest worker)\n",
+                num(last_step, "codec_s", "%.1f", 1e3).c_str());
+}
+
 void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
               s.value("state", "?").c_str(), list_of(s, "world").c_str());
@@ -159,6 +167,7 @@ void print_status(const nlohmann::json& s) {
                 num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_bwd_overlap_percent", "%.0f").c_str(), num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+    print_codec_time(l);
   }
 }
 
@@ -261,6 +270,7 @@ int run_metrics(const MonitorFlags& f) {
                 num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str());
     std::printf("  compute spread %s ms (slowest worker's compute minus the fastest's: exposed time no overlap hides)\n",
                 num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+    print_codec_time(l);
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());

@@ -154,6 +154,10 @@ TEST_F(Launch, PlusSrCompressesTheExpertAndDenseTrafficOfTheOutermostLinkAndKeep
   EXPECT_NE(last_sr, last_raw);
   EXPECT_NEAR(last_sr, last_raw, 0.01 * last_raw);
   EXPECT_NE(out.find("hybrid+farskip+d2x1+sr vs hybrid+farskip+d2x1"), std::string::npos) << out;
+  // The codecs' CPU time is counted, and shown beside the raw run's nothing.
+  EXPECT_EQ(raw.value("mean_codec_s", -1.0), 0.0);
+  EXPECT_GT(sr.value("mean_codec_s", 0.0), 0.0);
+  EXPECT_NE(out.find("codec time (ms)"), std::string::npos) << out;
 }
 
 TEST_F(Launch, AWorkerThatCannotStartStopsTheWholeJob) {
