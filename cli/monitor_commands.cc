@@ -88,15 +88,15 @@ std::string list_of(const nlohmann::json& s, const char* key) {
   return s.contains(key) ? s[key].dump() : "?";
 }
 
-// Every line fits 80 columns: long names are cut with "~".
 // The codecs' share of the step: encoding and decoding, on the worker that
 // spent the most on them (nothing when every link is raw).
 void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) > 0)
-    std::printf("  codecs: %s ms of the step encoding and decoding (the busiest worker)\n",
+    std::printf("  codecs: %s ms of the step encoding and decoding (busiest worker)\n",
                 num(last_step, "codec_s", "%.1f", 1e3).c_str());
 }
 
+// Every line fits 80 columns: long names are cut with "~".
 void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
               s.value("state", "?").c_str(), list_of(s, "world").c_str());
@@ -114,12 +114,12 @@ void print_status(const nlohmann::json& s) {
       std::printf("switched back after step %s: %s -> %s from step %s (measured %s -> %s ms)\n",
                   c["after_step"].dump().c_str(), list_of(c, "old_domain_sizes").c_str(),
                   list_of(c, "new_domain_sizes").c_str(), c["from_step"].dump().c_str(),
-                  num(c, "old_now_predicted_s", "%.1f", 1e3).c_str(), num(c, "new_predicted_s", "%.1f", 1e3).c_str());
+                  num(c, "old_now_predicted_s", "%.0f", 1e3).c_str(), num(c, "new_predicted_s", "%.0f", 1e3).c_str());
     else if (c.value("switched", false))
       std::printf("re-planned after step %s: %s -> %s from step %s (predicted %s -> %s ms)\n",
                   c["after_step"].dump().c_str(), list_of(c, "old_domain_sizes").c_str(),
                   list_of(c, "new_domain_sizes").c_str(), c["from_step"].dump().c_str(),
-                  num(c, "old_now_predicted_s", "%.1f", 1e3).c_str(), num(c, "new_predicted_s", "%.1f", 1e3).c_str());
+                  num(c, "old_now_predicted_s", "%.0f", 1e3).c_str(), num(c, "new_predicted_s", "%.0f", 1e3).c_str());
     else
       std::printf("re-checked after step %s: the plan stays\n", c["after_step"].dump().c_str());
     std::printf("  why: %s\n", fit(c.value("reason", "?"), 73).c_str());
@@ -158,15 +158,16 @@ void print_status(const nlohmann::json& s) {
     std::printf("  step %s ms = compute %s + exposed comm %s ms (overlap %s%%)\n",
                 num(l, "step_s", "%.1f", 1e3).c_str(), num(l, "compute_s", "%.1f", 1e3).c_str(),
                 num(l, "exposed_comm_s", "%.1f", 1e3).c_str(), num(l, "overlap_percent", "%.0f").c_str());
-    std::printf("  bound %s ms (step / bound %s; phase floor %s ms, step / phase floor %s; CPU floor %s ms, step / "
-                "CPU floor %s), overlap forward %s%%, backward %s%% (the slowest worker's %s%%, %s%%), compute spread "
-                "%s ms\n",
-                num(l, "bound_s", "%.1f", 1e3).c_str(), num(l, "step_over_bound", "%.2f").c_str(),
-                num(l, "phase_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_phase_floor", "%.2f").c_str(),
+    std::printf("  bound %s ms, step / bound %s (phase floor %s ms: %s)\n", num(l, "bound_s", "%.1f", 1e3).c_str(),
+                num(l, "step_over_bound", "%.2f").c_str(), num(l, "phase_floor_s", "%.1f", 1e3).c_str(),
+                num(l, "step_over_phase_floor", "%.2f").c_str());
+    std::printf("  CPU floor %s ms, step / CPU floor %s; compute spread %s ms\n",
                 num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str(),
+                num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+    std::printf("  overlap forward %s%%, backward %s%% (the slowest worker's %s%%, %s%%)\n",
                 num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
-                num(l, "critical_bwd_overlap_percent", "%.0f").c_str(), num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+                num(l, "critical_bwd_overlap_percent", "%.0f").c_str());
     print_codec_time(l);
   }
 }

@@ -422,6 +422,9 @@ TEST(Replan, AJobThrottledHardSwitchesDomainsAtAStepBoundaryAndStillTrainsAsOneP
   EXPECT_EQ(summary["domain_sizes"], last["new_domain_sizes"]);
   EXPECT_NE(status.find("re-planned after step"), std::string::npos) << status;
   EXPECT_NE(status.find("why: link class 'dc' measured"), std::string::npos) << status;
+  EXPECT_NE(status.find("step / bound"), std::string::npos) << status;  // the last step's block too
+  std::istringstream status_lines(status);
+  for (std::string line; std::getline(status_lines, line);) EXPECT_LE(line.size(), 80u) << "too wide: " << line;
   // Every worker switched at the same step.
   for (int r = 0; r < 4; ++r)
     EXPECT_NE(subprocess::read_text(workers[r].log_path)
