@@ -116,6 +116,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   for (int l = 0; l < L; ++l)
     if (job.cluster.levels[l].link.codecs.dense_grad == "bf16")
       (l == L - 1 ? precision.inner_bf16 : precision.outer_bf16) = true;
+  for (int l = 0; l < L; ++l) t->dense_bf16_.push_back(l == L - 1 ? precision.inner_bf16 : precision.outer_bf16);
   std::vector<detail::GradientBuckets::Ranges> buckets = dense_gradient_buckets(*t->layout_);
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
@@ -319,6 +320,11 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
     if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
     if (f.gather_signal > 0) m->nmse[name + "/expert_gather"] = f.gather_error / f.gather_signal;
     if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
+  }
+  // The dense gradients before the bf16 cast: the same messages in fp32.
+  for (size_t l = 0; l < dense_bf16_.size() && l < opts_.link_names.size(); ++l) {
+    const auto wire = m->bytes.find(opts_.link_names[l] + "/all_reduce");
+    if (dense_bf16_[l] && wire != m->bytes.end()) m->bytes[opts_.link_names[l] + "/all_reduce_raw"] = 2 * wire->second;
   }
   // The token rows before any codec, beside what crossed each link class.
   const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();

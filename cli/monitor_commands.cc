@@ -173,12 +173,12 @@ void print_status(const nlohmann::json& s) {
 }
 
 // Per link class: its shaping, the bytes of the last step, how much the
-// codecs shrank the token rows and the expert tensors (raw / wire; "-"
-// without such traffic), and the worst reconstruction NMSE of its lossy
-// expert codecs. 80 columns.
+// codecs shrank the token rows, the expert tensors and the dense gradients
+// (raw / wire; "-" without such traffic or codec), and the worst
+// reconstruction NMSE of its lossy expert codecs. 80 columns.
 void print_links(const nlohmann::json& s, const nlohmann::json& last) {
-  std::printf("%-12s %-12s %-10s %-6s %12s %7s %7s %7s\n", "link class", "bandwidth", "latency", "shaped",
-              "bytes/step", "tokens", "experts", "NMSE");
+  std::printf("%-12s %-10s %-9s %-5s %10s %6s %7s %6s %7s\n", "link class", "bandwidth", "latency", "shape",
+              "bytes/step", "tokens", "experts", "dense", "NMSE");
   const nlohmann::json bytes = last.value("bytes", nlohmann::json::object());
   const nlohmann::json nmse = last.value("nmse", nlohmann::json::object());
   auto get = [&](const std::string& key) { return bytes.contains(key) ? bytes[key].get<double>() : 0.0; };
@@ -193,15 +193,16 @@ void print_links(const nlohmann::json& s, const nlohmann::json& last) {
                                      get(name + "/moe_dispatch") + get(name + "/moe_combine"));
     const std::string experts = ratio(get(name + "/expert_gather_raw") + get(name + "/expert_grad_raw"),
                                       get(name + "/expert_gather") + get(name + "/expert_grad"));
+    const std::string dense = ratio(get(name + "/all_reduce_raw"), get(name + "/all_reduce"));
     double worst = -1;
     for (const char* kind : {"/expert_gather", "/expert_grad"})
       if (nmse.contains(name + kind)) worst = std::max(worst, nmse[name + kind].get<double>());
     char error[16] = "-";
     if (worst >= 0) std::snprintf(error, sizeof error, "%.1e", worst);
-    std::printf("%-12s %-12s %-10s %-6s %12.0f %7s %7s %7s\n", fit(name, 12).c_str(),
-                fit(human_rate(l.value("bandwidth_bytes_per_s", 0.0)), 12).c_str(),
-                fit(num(l, "latency_s", "%.2f", 1e3) + " ms", 10).c_str(), l.value("shaped", false) ? "yes" : "no",
-                get(name + "/total"), tokens.c_str(), experts.c_str(), error);
+    std::printf("%-12s %-10s %-9s %-5s %10.0f %6s %7s %6s %7s\n", fit(name, 12).c_str(),
+                fit(human_rate(l.value("bandwidth_bytes_per_s", 0.0)), 10).c_str(),
+                fit(num(l, "latency_s", "%.2f", 1e3) + " ms", 9).c_str(), l.value("shaped", false) ? "yes" : "no",
+                get(name + "/total"), tokens.c_str(), experts.c_str(), dense.c_str(), error);
   }
 }
 

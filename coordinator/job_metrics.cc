@@ -268,13 +268,14 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
           << d.values[f] << "\n";
     }
-    // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the token
-    // rows' fp32 bytes before any codec): two metrics with the same labels.
+    // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the fp32
+    // bytes before any codec): two metrics with the same labels.
     constexpr std::string_view kRaw = "_raw";
     for (const bool raw : {false, true}) {
       const std::string metric = raw ? "xdmoe_step_raw_bytes" : "xdmoe_step_bytes";
       o << "# HELP " << metric
-        << (raw ? " Bytes before any codec (token rows, expert tensors), in the last complete step, per link class and "
+        << (raw ? " Bytes before any codec (token rows, expert tensors, dense gradients), in the last complete step, per link "
+                  "class and "
                   "operation; op moe_peak sums each token A2A hop's larger side, sent or received.\n"
                 : " Bytes sent in the last complete step per link class and operation.\n")
         << "# TYPE " << metric << " gauge\n";

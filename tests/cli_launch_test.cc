@@ -146,6 +146,11 @@ TEST_F(Launch, PlusSrCompressesTheExpertAndDenseTrafficOfTheOutermostLinkAndKeep
   EXPECT_LT(sb.value("dc/expert_grad", 1e30), sb.value("dc/expert_grad_raw", 0.0) / 4);
   EXPECT_LT(sb.value("dc/all_reduce", 1e30), rb.value("dc/all_reduce", 0.0) * 0.6);  // bf16 on the wire
   EXPECT_EQ(sb.value("worker/all_reduce", -1.0), rb.value("worker/all_reduce", -2.0));  // inner links stay raw
+  // The dense gradients' fp32 bytes are counted beside what crossed in bf16.
+  EXPECT_EQ(sb.value("dc/all_reduce_raw", 0.0), 2 * sb.value("dc/all_reduce", -1.0));
+  EXPECT_EQ(sb.value("dc/all_reduce_raw", 0.0), rb.value("dc/all_reduce", -1.0));
+  EXPECT_FALSE(rb.contains("dc/all_reduce_raw"));
+  EXPECT_FALSE(sb.contains("worker/all_reduce_raw"));
   ASSERT_EQ(sr["losses"].size(), 4u);
   ASSERT_EQ(raw["losses"].size(), 4u);
   // The first step reads the replicas as base + exact residual: equal but for rounding.
