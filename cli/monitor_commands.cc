@@ -89,10 +89,11 @@ std::string list_of(const nlohmann::json& s, const char* key) {
 }
 
 // The codecs' share of the step: encoding and decoding, on the worker that
-// spent the most on them (nothing when every link is raw).
+// spent the most on them (nothing when every link is raw). Wall time on the
+// threads that run them: where workers share cores it includes waiting for one.
 void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) > 0)
-    std::printf("  codecs: %s ms of the step encoding and decoding (busiest worker)\n",
+    std::printf("  codecs: %s ms of wall time encoding and decoding (busiest worker)\n",
                 num(last_step, "codec_s", "%.1f", 1e3).c_str());
 }
 
