@@ -274,9 +274,9 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
     for (const bool raw : {false, true}) {
       const std::string metric = raw ? "xdmoe_step_raw_bytes" : "xdmoe_step_bytes";
       o << "# HELP " << metric
-        << (raw ? " Bytes before any codec (token rows, expert tensors, dense gradients), in the last complete step, per link "
-                  "class and "
-                  "operation; op moe_peak sums each token A2A hop's larger side, sent or received.\n"
+        << (raw ? " Bytes before any codec (token rows, expert tensors, dense gradients), in the last complete "
+                  "step, per link class and operation; op moe_peak sums each token A2A hop's larger side, sent or "
+                  "received.\n"
                 : " Bytes sent in the last complete step per link class and operation.\n")
         << "# TYPE " << metric << " gauge\n";
       for (const auto& [key, v] : s->bytes) {
