@@ -116,7 +116,6 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
   for (int l = 0; l < L; ++l)
     if (job.cluster.levels[l].link.codecs.dense_grad == "bf16")
       (l == L - 1 ? precision.inner_bf16 : precision.outer_bf16) = true;
-  for (int l = 0; l < L; ++l) t->dense_bf16_.push_back(l == L - 1 ? precision.inner_bf16 : precision.outer_bf16);
   std::vector<detail::GradientBuckets::Ranges> buckets = dense_gradient_buckets(*t->layout_);
   const bool overlapped = tc.farskip.overlapped;
   t->buckets_ = std::make_unique<detail::GradientBuckets>(t->inner_.get(), t->outer_.get(), precision,
@@ -322,9 +321,12 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
     if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
   }
   // The dense gradients before the bf16 cast: the same messages in fp32.
-  for (size_t l = 0; l < dense_bf16_.size() && l < opts_.link_names.size(); ++l) {
+  // The innermost level is the inner stage's, the others the outer's.
+  const size_t levels = opts_.link_names.size();
+  for (size_t l = 0; l < levels; ++l) {
+    const bool bf16 = l + 1 == levels ? buckets_->precision().inner_bf16 : buckets_->precision().outer_bf16;
     const auto wire = m->bytes.find(opts_.link_names[l] + "/all_reduce");
-    if (dense_bf16_[l] && wire != m->bytes.end()) m->bytes[opts_.link_names[l] + "/all_reduce_raw"] = 2 * wire->second;
+    if (bf16 && wire != m->bytes.end()) m->bytes[opts_.link_names[l] + "/all_reduce_raw"] = 2 * wire->second;
   }
   // The token rows before any codec, beside what crossed each link class.
   const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();

@@ -154,7 +154,6 @@ class DistributedTrainer {
   std::vector<std::pair<size_t, size_t>> dense_ranges_;  // [begin, end) of replicated params
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
   std::unique_ptr<detail::GradientBuckets> buckets_;  // after inner_/outer_: it uses them
-  std::vector<bool> dense_bf16_;  // per level: the dense gradients cross its links in bf16
   int64_t step_ = 0;
   int skipped_in_a_row_ = 0;
   double norm_wait_s_ = 0;  // reduce_dense_gradients' wait for the norm's sum, this step

@@ -132,6 +132,9 @@ class Coordinator::Impl {
   bool replica_weights_late() const {
     return replanner ? replanner->replica_weights_late() : plan.choice().replica_weights_late;
   }
+  ReplicaWeightGradients replica_weight_gradients() const {
+    return replica_weight_gradients_of(replica_weights_late());
+  }
   nlohmann::json plan_changes_json() const;
   nlohmann::json status_json(double now);
   void write_summary();
@@ -430,8 +433,7 @@ void Coordinator::Impl::assign_all() {
   // domains (its backward r follows a forward r set by hand).
   a.job.cluster.expert_parallel.pipeline_degree = forward_degree();
   a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
-  a.job.cluster.expert_parallel.replica_weight_gradients =
-      replica_weight_gradients_of(replica_weights_late());
+  a.job.cluster.expert_parallel.replica_weight_gradients = replica_weight_gradients();
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -512,10 +514,7 @@ void Coordinator::Impl::consider_replan() {
     return;
   }
   progress.clear();
-  const std::string old_schedule =
-      pipeline_degrees_text(c->old_pipeline_degree, c->old_backward_pipeline_degree, c->old_replica_weights_late);
-  const std::string new_schedule =
-      pipeline_degrees_text(c->new_pipeline_degree, c->new_backward_pipeline_degree, c->new_replica_weights_late);
+  const std::string old_schedule = c->old_schedule.text(), new_schedule = c->new_schedule.text();
   if (!c->switched()) {
     std::printf("re-plan after step %lld: %s: %s r=%s stays (predicted %.1f ms, %.1f ms before)\n",
                 (long long)c->at_step, c->reason.c_str(), domains_text(c->old_domains).c_str(), old_schedule.c_str(),
@@ -533,9 +532,9 @@ void Coordinator::Impl::consider_replan() {
                 c->old_predicted_s * 1e3, c->old_now_predicted_s * 1e3, domains_text(c->new_domains).c_str(),
                 new_schedule.c_str(), c->new_predicted_s * 1e3, (long long)c->from_step);
   std::fflush(stdout);
-  const PlanUpdate update{c->from_step, c->new_domains, c->new_pipeline_degree,
-                          c->new_backward_pipeline_degree, c->new_predicted_s, c->reason,
-                          c->new_replica_weights_late};
+  const PlanUpdate update{c->from_step, c->new_domains, c->new_schedule.pipeline_degree,
+                          c->new_schedule.backward_pipeline_degree, c->new_predicted_s, c->reason,
+                          c->new_schedule.replica_weights_late};
   for (const auto& e : registry.workers())
     if (e && e->state == WorkerState::kRunning) workers->send(e->peer_id, MessageKind::kControl, to_json(update));
 }
@@ -547,12 +546,12 @@ nlohmann::json Coordinator::Impl::plan_changes_json() const {
     changes.push_back({{"after_step", c.at_step}, {"from_step", c.from_step}, {"switched", c.switched()},
                        {"link", c.link}, {"assumed_bytes_per_s", c.assumed_bytes_per_s},
                        {"measured_bytes_per_s", c.measured_bytes_per_s}, {"old_domain_sizes", c.old_domains},
-                       {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_pipeline_degree},
-                       {"new_pipeline_degree", c.new_pipeline_degree},
-                       {"old_backward_pipeline_degree", c.old_backward_pipeline_degree},
-                       {"new_backward_pipeline_degree", c.new_backward_pipeline_degree},
-                       {"old_replica_weights_late", c.old_replica_weights_late},
-                       {"new_replica_weights_late", c.new_replica_weights_late}, {"reverted", c.reverted},
+                       {"new_domain_sizes", c.new_domains}, {"old_pipeline_degree", c.old_schedule.pipeline_degree},
+                       {"new_pipeline_degree", c.new_schedule.pipeline_degree},
+                       {"old_backward_pipeline_degree", c.old_schedule.backward_pipeline_degree},
+                       {"new_backward_pipeline_degree", c.new_schedule.backward_pipeline_degree},
+                       {"old_replica_weights_late", c.old_schedule.replica_weights_late},
+                       {"new_replica_weights_late", c.new_schedule.replica_weights_late}, {"reverted", c.reverted},
                        {"old_predicted_s", c.old_predicted_s},
                        {"old_now_predicted_s", c.old_now_predicted_s}, {"new_predicted_s", c.new_predicted_s},
                        {"reason", c.reason}});
@@ -615,7 +614,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"mode", ep_mode_name(plan.mode)}, {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
-                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients_of(replica_weights_late()))},
+                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients())},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
@@ -735,7 +734,7 @@ void Coordinator::Impl::write_summary() {
                       {"domain_sizes", plan.choice().domain_sizes},
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
-                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients_of(replica_weights_late()))},
+                      {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients())},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},
@@ -802,8 +801,7 @@ void Coordinator::Impl::write_summary() {
       w.transport_cpu_s_per_byte = 0;
       w.pipeline_degree = choice.pipeline_degree;
       w.backward_pipeline_degree = choice.backward_pipeline_degree;
-      w.replica_weight_gradients =
-          replica_weight_gradients_of(replica_weights_late());
+      w.replica_weight_gradients = replica_weight_gradients();
       const std::vector<int> levels = job.cluster.level_sizes();
       const PlanCandidate again = evaluate_candidate(w, levels, plan_inputs.links, choice.domain_sizes, 1e300,
                                                      plan_inputs.link_codecs);

@@ -615,9 +615,10 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   // +12% measured) what it gains one whose tail is the dense buckets'
   // latency (bench/README.md).
   if (w.replica_weight_gradients == ReplicaWeightGradients::kAuto) {
-    PlanCandidate late = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs,
-                                          best.pipeline_degree, best.backward_pipeline_degree, true);
-    if (late.replica_weights_late && late.iteration_s < best.iteration_s * (1 - kPlanTieMargin)) best = std::move(late);
+    PlanCandidate held_back = evaluate_dilated(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs,
+                                               best.pipeline_degree, best.backward_pipeline_degree, true);
+    if (held_back.replica_weights_late && held_back.iteration_s < best.iteration_s * (1 - kPlanTieMargin))
+      best = std::move(held_back);
   }
   return best;
 }

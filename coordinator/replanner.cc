@@ -8,15 +8,17 @@
 
 namespace xd {
 
+std::string RunSchedule::text() const {
+  return pipeline_degrees_text(pipeline_degree, backward_pipeline_degree, replica_weights_late);
+}
+
 Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> link_names, std::vector<bool> shaped,
                      int pipeline_degree, int backward_pipeline_degree, ReplanOptions options)
     : inputs_(std::move(inputs)),
       plan_(std::move(plan)),
       names_(std::move(link_names)),
       shaped_(std::move(shaped)),
-      pipeline_degree_(pipeline_degree),
-      backward_pipeline_degree_(backward_pipeline_degree),
-      replica_weights_late_(plan_.choice().replica_weights_late),
+      schedule_{pipeline_degree, backward_pipeline_degree, plan_.choice().replica_weights_late},
       options_(options) {}
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
@@ -89,9 +91,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   c.assumed_bytes_per_s = 1.0 / inputs_.links[far_level].beta_s_per_byte;
   c.measured_bytes_per_s = 1.0 / far_beta;
   c.old_domains = plan_.choice().domain_sizes;
-  c.old_pipeline_degree = pipeline_degree_;
-  c.old_backward_pipeline_degree = backward_pipeline_degree_;
-  c.old_replica_weights_late = replica_weights_late_;
+  c.old_schedule = schedule_;
   c.old_predicted_s = plan_.choice().iteration_s;
   PlannerInputs fitted = inputs_;
   fitted.links[far_level].beta_s_per_byte = far_beta;
@@ -104,17 +104,15 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   c.new_domains = best.domain_sizes;
   // A fixed pipeline degree stays; auto takes the planner's r for the domains.
   const int fixed_r = inputs_.expert_parallel.pipeline_degree;
-  c.new_pipeline_degree = fixed_r > 0 ? fixed_r : std::max(1, best.pipeline_degree);
-  c.new_backward_pipeline_degree = std::max(1, best.backward_pipeline_degree);
-  c.new_replica_weights_late = best.replica_weights_late;
-  XD_CHECK(c.new_pipeline_degree % c.new_backward_pipeline_degree == 0);  // the planner's pair, or r it was given
+  c.new_schedule = {fixed_r > 0 ? fixed_r : std::max(1, best.pipeline_degree),
+                    std::max(1, best.backward_pipeline_degree), best.replica_weights_late};
+  // The planner's pair, or the r it was given.
+  XD_CHECK(c.new_schedule.pipeline_degree % c.new_schedule.backward_pipeline_degree == 0);
   c.new_predicted_s = best.iteration_s;
   char what[200];
   std::snprintf(what, sizeof what, "link class '%s' measured %.3g Mbit/s, the plan assumed %.3g Mbit/s",
                 c.link.c_str(), c.measured_bytes_per_s * 8 / 1e6, c.assumed_bytes_per_s * 8 / 1e6);
-  const bool better = (c.new_domains != c.old_domains || c.new_pipeline_degree != c.old_pipeline_degree ||
-                       c.new_backward_pipeline_degree != c.old_backward_pipeline_degree ||
-                       c.new_replica_weights_late != c.old_replica_weights_late) &&
+  const bool better = (c.new_domains != c.old_domains || c.new_schedule != c.old_schedule) &&
                       c.new_predicted_s < (1.0 - options_.min_gain) * c.old_now_predicted_s;
   const int64_t from = latest_step + lead_steps(step_s);
   if (better && from <= last_step) {
@@ -126,21 +124,15 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
     sw.from_step = from;
     sw.old_plan = plan_;
     if (now) sw.old_plan = *now;  // the old domains and degrees, predicted under the fitted link
-    sw.old_pipeline_degree = pipeline_degree_;
-    sw.old_backward_pipeline_degree = backward_pipeline_degree_;
-    sw.old_replica_weights_late = replica_weights_late_;
+    sw.old_schedule = schedule_;
     sw.before_s = mean_step_s(step - options_.window_steps + 1, step);
     switch_ = sw;
     plan_ = next;
-    pipeline_degree_ = c.new_pipeline_degree;
-    backward_pipeline_degree_ = c.new_backward_pipeline_degree;
-    replica_weights_late_ = c.new_replica_weights_late;
+    schedule_ = c.new_schedule;
     quiet_until_ = from + 1;  // measurements of the old plan's steps would mislead the next fit
   } else {
     c.new_domains = c.old_domains;
-    c.new_pipeline_degree = c.old_pipeline_degree;
-    c.new_backward_pipeline_degree = c.old_backward_pipeline_degree;
-    c.new_replica_weights_late = c.old_replica_weights_late;
+    c.new_schedule = c.old_schedule;
     c.new_predicted_s = c.old_now_predicted_s;
     c.reason = std::string(what) + (better ? "; too close to the end to switch" : "; the current plan is still the best");
     // The same domains and degrees, predicted under the fitted link.
@@ -264,19 +256,16 @@ PlanChange Replanner::refit_change(int64_t step, const char* what, const Plan& n
   c.at_step = step;
   c.link = what;
   c.old_domains = c.new_domains = plan_.choice().domain_sizes;
-  c.old_pipeline_degree = c.new_pipeline_degree = pipeline_degree_;
-  c.old_backward_pipeline_degree = c.new_backward_pipeline_degree = backward_pipeline_degree_;
-  c.old_replica_weights_late = c.new_replica_weights_late = replica_weights_late_;
+  c.old_schedule = c.new_schedule = schedule_;
   c.old_predicted_s = plan_.choice().iteration_s;
   c.old_now_predicted_s = c.new_predicted_s = next.choice().iteration_s;
   return c;
 }
 
 std::optional<Plan> Replanner::predict_current(PlannerInputs fitted) const {
-  fitted.expert_parallel.pipeline_degree = pipeline_degree_;
-  fitted.expert_parallel.backward_pipeline_degree = backward_pipeline_degree_;
-  fitted.expert_parallel.replica_weight_gradients =
-      replica_weight_gradients_of(replica_weights_late_);
+  fitted.expert_parallel.pipeline_degree = schedule_.pipeline_degree;
+  fitted.expert_parallel.backward_pipeline_degree = schedule_.backward_pipeline_degree;
+  fitted.expert_parallel.replica_weight_gradients = replica_weight_gradients_of(schedule_.replica_weights_late);
   Plan next = plan_iteration(fitted);
   for (size_t i = 0; i < next.candidates.size(); ++i)
     if (next.candidates[i].domain_sizes == plan_.choice().domain_sizes) {
@@ -320,15 +309,11 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   PlanChange c;
   c.at_step = step;
   c.old_domains = plan_.choice().domain_sizes;
-  c.old_pipeline_degree = pipeline_degree_;
-  c.old_backward_pipeline_degree = backward_pipeline_degree_;
-  c.old_replica_weights_late = replica_weights_late_;
+  c.old_schedule = schedule_;
   c.old_predicted_s = plan_.choice().iteration_s;
   c.old_now_predicted_s = after;
   c.new_domains = sw.old_plan.choice().domain_sizes;
-  c.new_pipeline_degree = sw.old_pipeline_degree;
-  c.new_backward_pipeline_degree = sw.old_backward_pipeline_degree;
-  c.new_replica_weights_late = sw.old_replica_weights_late;
+  c.new_schedule = sw.old_schedule;
   c.new_predicted_s = before;
   char why[240];
   std::snprintf(why, sizeof why, "the new plan measured %.1f ms per step against %.1f ms for the one it replaced; %s",
@@ -336,18 +321,14 @@ std::optional<PlanChange> Replanner::check_switch(int64_t step, int64_t latest_s
   c.reason = why;
   if (from > last_step) {  // said, not done
     c.new_domains = c.old_domains;
-    c.new_pipeline_degree = c.old_pipeline_degree;
-    c.new_backward_pipeline_degree = c.old_backward_pipeline_degree;
-    c.new_replica_weights_late = c.old_replica_weights_late;
+    c.new_schedule = c.old_schedule;
     history_.push_back(c);
     return c;
   }
   c.from_step = from;
   c.reverted = true;
   plan_ = sw.old_plan;
-  pipeline_degree_ = sw.old_pipeline_degree;
-  backward_pipeline_degree_ = sw.old_backward_pipeline_degree;
-  replica_weights_late_ = sw.old_replica_weights_late;
+  schedule_ = sw.old_schedule;
   quiet_until_ = from + 1;
   clear_windows();
   history_.push_back(c);

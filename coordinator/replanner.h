@@ -64,6 +64,16 @@ struct ReplanOptions {
   double revert_margin = 0.10;
 };
 
+// What the workers run of a plan besides its domains: the pipeline degree
+// per direction and when the replicas' weight gradients are computed.
+struct RunSchedule {
+  int pipeline_degree = 1, backward_pipeline_degree = 1;
+  bool replica_weights_late = false;
+  bool operator==(const RunSchedule&) const = default;
+  // "2/1, late" (pipeline_degrees_text).
+  std::string text() const;
+};
+
 // One re-plan: what was measured, what each plan predicts, what was done.
 struct PlanChange {
   int64_t at_step = 0;         // the complete step whose measurements triggered it
@@ -72,9 +82,7 @@ struct PlanChange {
   double assumed_bytes_per_s = 0, measured_bytes_per_s = 0;
   double assumed_compute_s = 0, measured_compute_s = 0;  // a compute re-fit: the step's compute
   std::vector<int> old_domains, new_domains;
-  int old_pipeline_degree = 1, new_pipeline_degree = 1;
-  int old_backward_pipeline_degree = 1, new_backward_pipeline_degree = 1;
-  bool old_replica_weights_late = false, new_replica_weights_late = false;
+  RunSchedule old_schedule, new_schedule;
   double old_predicted_s = 0;      // the current plan as predicted before
   double old_now_predicted_s = 0;  // the current plan under the fitted link
   double new_predicted_s = 0;      // the best plan under the fitted link
@@ -114,12 +122,12 @@ class Replanner {
   const Plan& plan() const { return plan_; }
   // The degrees the workers run (the plan's candidate may have been priced
   // at others).
-  int pipeline_degree() const { return pipeline_degree_; }
-  int backward_pipeline_degree() const { return backward_pipeline_degree_; }
+  int pipeline_degree() const { return schedule_.pipeline_degree; }
+  int backward_pipeline_degree() const { return schedule_.backward_pipeline_degree; }
   // Whether they compute the replicas' weight gradients late (at first the
   // plan's choice; inputs' expert_parallel.replica_weight_gradients is what
   // a re-plan may choose from).
-  bool replica_weights_late() const { return replica_weights_late_; }
+  bool replica_weights_late() const { return schedule_.replica_weights_late; }
   const PlannerInputs& inputs() const { return inputs_; }
   // Re-plans and switches back, not compute re-fits (those only move the
   // prediction; compute_refits() counts them).
@@ -134,8 +142,7 @@ class Replanner {
   Plan plan_;
   std::vector<std::string> names_;
   std::vector<bool> shaped_;
-  int pipeline_degree_, backward_pipeline_degree_;
-  bool replica_weights_late_;
+  RunSchedule schedule_;  // what the workers run
   ReplanOptions options_;
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
   std::vector<double> compute_window_;  // the window's steps' compute
@@ -148,8 +155,7 @@ class Replanner {
   struct Switch {
     int64_t from_step = 0;
     Plan old_plan;
-    int old_pipeline_degree = 1, old_backward_pipeline_degree = 1;
-    bool old_replica_weights_late = false;
+    RunSchedule old_schedule;
     double before_s = 0;  // the old plan's mean step under the fitted link
   };
   std::optional<Switch> switch_;

@@ -100,25 +100,26 @@ TEST(Replanner, TheDegreesAloneCanSwitchAndAKeptPlanKeepsTheRunningDegrees) {
   Replanner odd(in, start, {"dc", "worker"}, {true, true}, 8, 1);
   const std::optional<PlanChange> c = refit(&odd);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->old_pipeline_degree, 8);
-  EXPECT_EQ(c->old_backward_pipeline_degree, 1);
+  EXPECT_EQ(c->old_schedule.pipeline_degree, 8);
+  EXPECT_EQ(c->old_schedule.backward_pipeline_degree, 1);
   ASSERT_TRUE(c->switched()) << c->reason;
   EXPECT_EQ(c->new_domains, c->old_domains);
-  EXPECT_TRUE(c->new_pipeline_degree != 8 || c->new_backward_pipeline_degree != 1);
-  EXPECT_EQ(c->new_pipeline_degree % c->new_backward_pipeline_degree, 0);
+  EXPECT_TRUE(c->new_schedule.pipeline_degree != 8 || c->new_schedule.backward_pipeline_degree != 1);
+  EXPECT_EQ(c->new_schedule.pipeline_degree % c->new_schedule.backward_pipeline_degree, 0);
   EXPECT_LT(c->new_predicted_s, 0.95 * c->old_now_predicted_s);
-  EXPECT_EQ(odd.pipeline_degree(), c->new_pipeline_degree);
-  EXPECT_EQ(odd.backward_pipeline_degree(), c->new_backward_pipeline_degree);
+  EXPECT_EQ(odd.pipeline_degree(), c->new_schedule.pipeline_degree);
+  EXPECT_EQ(odd.backward_pipeline_degree(), c->new_schedule.backward_pipeline_degree);
   std::printf("[replan] EP at 8/1, the DC link measured at 40 Mbit/s: -> %d/%d (predicted %.1f -> %.1f ms)\n",
-              c->new_pipeline_degree, c->new_backward_pipeline_degree, c->old_now_predicted_s * 1e3,
+              c->new_schedule.pipeline_degree, c->new_schedule.backward_pipeline_degree, c->old_now_predicted_s * 1e3,
               c->new_predicted_s * 1e3);
 
-  Replanner best(in, start, {"dc", "worker"}, {true, true}, c->new_pipeline_degree, c->new_backward_pipeline_degree);
+  Replanner best(in, start, {"dc", "worker"}, {true, true}, c->new_schedule.pipeline_degree,
+                 c->new_schedule.backward_pipeline_degree);
   const std::optional<PlanChange> kept = refit(&best);
   ASSERT_TRUE(kept.has_value());
   EXPECT_FALSE(kept->switched()) << kept->reason;
-  EXPECT_EQ(best.plan().choice().pipeline_degree, c->new_pipeline_degree);
-  EXPECT_EQ(best.plan().choice().backward_pipeline_degree, c->new_backward_pipeline_degree);
+  EXPECT_EQ(best.plan().choice().pipeline_degree, c->new_schedule.pipeline_degree);
+  EXPECT_EQ(best.plan().choice().backward_pipeline_degree, c->new_schedule.backward_pipeline_degree);
   EXPECT_NEAR(kept->old_now_predicted_s, c->new_predicted_s, 1e-9);
 }
 
@@ -149,8 +150,8 @@ TEST(Replanner, ASlowLinkMovesTheReplicasWeightGradientsBackToEarly) {
     c = replanner.on_step(step, {{"dc", bursts_at(12.5e6, 10e-3, 40, 8e6)}}, step, 100);  // 100 Mbit/s
   ASSERT_TRUE(c.has_value());
   ASSERT_TRUE(c->switched()) << c->reason;
-  EXPECT_TRUE(c->old_replica_weights_late);
-  EXPECT_FALSE(c->new_replica_weights_late);
+  EXPECT_TRUE(c->old_schedule.replica_weights_late);
+  EXPECT_FALSE(c->new_schedule.replica_weights_late);
   EXPECT_FALSE(replanner.replica_weights_late());
   EXPECT_EQ(c->new_domains, c->old_domains);
   EXPECT_LT(c->new_predicted_s, c->old_now_predicted_s);
@@ -260,7 +261,7 @@ TEST(Replanner, ComputeMeasuredSlowerInEveryStepOfAWindowReFitsThePredictionAndK
   EXPECT_EQ(c->at_step, 3);
   EXPECT_FALSE(c->switched());
   EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
-  EXPECT_EQ(c->new_pipeline_degree, 2) << "the workers' r stays";
+  EXPECT_EQ(c->new_schedule.pipeline_degree, 2) << "the workers' r stays";
   EXPECT_DOUBLE_EQ(c->assumed_compute_s, assumed);
   EXPECT_NEAR(c->measured_compute_s, 1.30 * assumed, 1e-12);
   // The new prediction's compute is what was measured; its step is longer.
@@ -322,7 +323,7 @@ TEST(Replanner, AMeasuredA2AImbalanceMovesThePredictionNotThePlan) {
   EXPECT_FALSE(c->switched());
   EXPECT_EQ(c->link, "routing");
   EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
-  EXPECT_EQ(c->new_pipeline_degree, 1);
+  EXPECT_EQ(c->new_schedule.pipeline_degree, 1);
   ASSERT_EQ(c->measured_a2a_imbalance.size(), 2u);
   EXPECT_NEAR(c->measured_a2a_imbalance[0], 1.25, 1e-12);
   EXPECT_EQ(c->measured_a2a_imbalance[1], 1.0) << "no token crossed the worker level: it stays uniform";

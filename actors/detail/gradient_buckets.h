@@ -37,6 +37,7 @@ class GradientBuckets {
   ~GradientBuckets();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  const DenseWirePrecision& precision() const { return precision_; }
   // Copies bucket b out of `grads` and starts its all-reduce.
   void start(uint32_t step, int bucket, const float* grads);
   // Waits for every bucket of `step` (each must have been started for it), then
