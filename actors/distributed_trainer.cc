@@ -321,12 +321,15 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
     if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
   }
   // The dense gradients before the bf16 cast: the same messages in fp32.
-  // The innermost level is the inner stage's, the others the outer's.
+  // The innermost level is the inner stage's, the others the outer's; a
+  // bf16 stage's reduce-scatter and all-gather both carry them.
   const size_t levels = opts_.link_names.size();
   for (size_t l = 0; l < levels; ++l) {
     const bool bf16 = l + 1 == levels ? buckets_->precision().inner_bf16 : buckets_->precision().outer_bf16;
-    const auto wire = m->bytes.find(opts_.link_names[l] + "/all_reduce");
-    if (bf16 && wire != m->bytes.end()) m->bytes[opts_.link_names[l] + "/all_reduce_raw"] = 2 * wire->second;
+    for (const char* op : {"/all_reduce", "/reduce_scatter"}) {
+      const auto wire = m->bytes.find(opts_.link_names[l] + op);
+      if (bf16 && wire != m->bytes.end()) m->bytes[wire->first + "_raw"] = 2 * wire->second;
+    }
   }
   // The token rows before any codec, beside what crossed each link class.
   const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();

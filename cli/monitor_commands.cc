@@ -194,7 +194,8 @@ void print_links(const nlohmann::json& s, const nlohmann::json& last) {
                                      get(name + "/moe_dispatch") + get(name + "/moe_combine"));
     const std::string experts = ratio(get(name + "/expert_gather_raw") + get(name + "/expert_grad_raw"),
                                       get(name + "/expert_gather") + get(name + "/expert_grad"));
-    const std::string dense = ratio(get(name + "/all_reduce_raw"), get(name + "/all_reduce"));
+    const std::string dense = ratio(get(name + "/all_reduce_raw") + get(name + "/reduce_scatter_raw"),
+                                    get(name + "/all_reduce") + get(name + "/reduce_scatter"));
     double worst = -1;
     for (const char* kind : {"/expert_gather", "/expert_grad"})
       if (nmse.contains(name + kind)) worst = std::max(worst, nmse[name + kind].get<double>());

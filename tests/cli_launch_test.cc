@@ -151,6 +151,24 @@ TEST_F(Launch, PlusSrCompressesTheExpertAndDenseTrafficOfTheOutermostLinkAndKeep
   EXPECT_EQ(sb.value("dc/all_reduce_raw", 0.0), rb.value("dc/all_reduce", -1.0));
   EXPECT_FALSE(rb.contains("dc/all_reduce_raw"));
   EXPECT_FALSE(sb.contains("worker/all_reduce_raw"));
+  // bf16 inside the DCs too: the inner stage's reduce-scatter and all-gather both count.
+  std::string inner = testing::model_yaml() + cluster_yaml();
+  const std::string worker_link = "link: {bandwidth: 10gbit, latency: 0ms, shape: false}";
+  ASSERT_NE(inner.find(worker_link), std::string::npos);
+  inner.replace(inner.find(worker_link), worker_link.size(),
+                "link: {bandwidth: 10gbit, latency: 0ms, shape: false, codecs: {dense_grad: bf16}}");
+  auto [inner_code, inner_out] = run(xdmoe_binary() + " launch --config " + write("inner.yaml", inner) +
+                                     " --mode hybrid+farskip+d2x1+sr --steps 2 --run-dir " + dir +
+                                     "/inner --cli-bind 'tcp://127.0.0.1:*'");
+  ASSERT_EQ(inner_code, 0) << inner_out;
+  nlohmann::json both;
+  std::ifstream(dir + "/inner/hybrid+farskip+d2x1+sr/summary.json") >> both;
+  const nlohmann::json& bb = both["bytes_per_step"];
+  for (const char* op : {"worker/reduce_scatter", "worker/all_reduce"}) {
+    EXPECT_GT(bb.value(op, 0.0), 0.0) << op;
+    EXPECT_EQ(bb.value(std::string(op) + "_raw", 0.0), 2 * bb.value(op, -1.0)) << op;
+    EXPECT_EQ(bb.value(std::string(op) + "_raw", 0.0), rb.value(op, -1.0)) << op;  // fp32 in the raw run
+  }
   ASSERT_EQ(sr["losses"].size(), 4u);
   ASSERT_EQ(raw["losses"].size(), 4u);
   // The first step reads the replicas as base + exact residual: equal but for rounding.
