@@ -197,6 +197,14 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
   exchange->set_before_replicas([c](int layer) { c->wait_gathered(layer); });
   exchange->set_replicas_landed([c](int layer) { return c->gathered(layer); });
   exchange->set_after_replica_grads([c, this](int layer) { c->start_reduce((uint32_t)step_, layer); });
+  wire_backward_hooks(c);
+  comm_ = std::move(comm);
+  exchange_ = std::move(exchange);
+  return Status::ok();
+}
+
+void DistributedTrainer::wire_backward_hooks(ExpertCommunicator* c) {
+  const ModelConfig& mc = job_.train.model;
   MoeTransformer<float>::BackwardHooks hooks;
   // Overlapped, the owned experts' weight gradients run while the replicas'
   // and the last dense buckets cross the links, instead of before them. With
@@ -222,9 +230,6 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     buckets_->start((uint32_t)step_, dense_bucket_of_group(layers, group), model_->grads().data());
   };
   model_->set_backward_hooks(std::move(hooks));
-  comm_ = std::move(comm);
-  exchange_ = std::move(exchange);
-  return Status::ok();
 }
 
 Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
@@ -232,7 +237,10 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   if (!topo) return topo.status().with_context("plan update");
   job_.cluster.expert_parallel.replica_weight_gradients =
       replica_weight_gradients_of(plan.replica_weights_late);
-  XD_RETURN_IF_ERROR(wire_experts(*topo));
+  if (rebuilds_experts(plan))
+    XD_RETURN_IF_ERROR(wire_experts(*topo));
+  else
+    wire_backward_hooks(comm_.get());
   opts_.domain_sizes = plan.domain_sizes;
   opts_.predicted_step_s = plan.predicted_step_s;
   model_->set_pipeline_degree(plan.pipeline_degree, plan.backward_pipeline_degree);
@@ -439,8 +447,8 @@ Expected<StepMetrics> DistributedTrainer::step() {
     const double optimizer_t0 = steady_seconds();
     // The next step's first-level AG rows are packed, and each layer's sent,
     // as the update writes the weights (nothing when there is no next step,
-    // or the next one runs another plan: the communicator is rebuilt).
-    const bool switching = next_plan_ && next_plan_->step == step_ + 2;
+    // or the next one runs other domains: the communicator is rebuilt).
+    const bool switching = next_plan_ && next_plan_->step == step_ + 2 && rebuilds_experts(*next_plan_);
     const auto fused = step_ + 1 < tc.steps && !switching ? comm_->fused_encoder(static_cast<uint32_t>(step_ + 1))
                                                           : std::function<void(size_t, size_t)>{};
     optimizer_->step(model_->params().data(), model_->grads().data(), lr, norm_sq, fused);

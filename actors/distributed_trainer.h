@@ -103,13 +103,25 @@ class DistributedTrainer {
   MoeTransformer<float>& model() { return *model_; }
   size_t replica_bytes() const { return comm_->replica_bytes(); }
   ExpertCommunicator& expert_communicator() { return *comm_; }
+  // Whether backward now computes the replicas' weight gradients late.
+  bool replica_weights_late() const {
+    return job_.cluster.expert_parallel.replica_weight_gradients == ReplicaWeightGradients::kLate;
+  }
 
  private:
   DistributedTrainer() = default;
   // Builds the exchange and the expert communicator for `topo`'s domains and
-  // wires them into the model (at creation, and at a plan switch).
+  // wires them into the model (at creation, and at a plan switch that
+  // changes the domains).
   Status wire_experts(const Topology& topo);
-  // Runs the next steps with a plan update's domains and pipeline degree.
+  // The model's backward hooks for communicator `c` and the job's
+  // replica_weight_gradients.
+  void wire_backward_hooks(ExpertCommunicator* c);
+  // A plan update that keeps the domains keeps the exchange and the
+  // communicator, and with them the lossy codecs' state (error feedback,
+  // the SR base): only the schedule changes, so the math does not.
+  bool rebuilds_experts(const PlanUpdate& plan) const { return plan.domain_sizes != opts_.domain_sizes; }
+  // Runs the next steps with a plan update's domains and schedule.
   Status switch_plan(const PlanUpdate& plan);
   // Waits for the replica gradients, sums the owned experts' squared norm
   // over the world (hierarchical_sum) beside the dense buckets, unless

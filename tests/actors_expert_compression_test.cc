@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "actors/distributed_trainer.h"
@@ -356,7 +358,8 @@ struct Workers {
   std::vector<std::unique_ptr<DistributedTrainer>> trainers;
 };
 
-Workers start_workers(const JobConfig& job) {
+// With `update`, every worker is handed it at its first step boundary.
+Workers start_workers(const JobConfig& job, std::optional<PlanUpdate> update = std::nullopt) {
   Workers w;
   const int world = job.cluster.world_size();
   const std::vector<int> sizes = job.cluster.level_sizes();
@@ -387,6 +390,12 @@ Workers start_workers(const JobConfig& job) {
       o.domain_sizes = job.cluster.expert_parallel.domain_sizes;
       for (const LevelSpec& l : job.cluster.levels) o.link_names.push_back(l.name);
       o.timeout = std::chrono::seconds(30);
+      if (update)
+        o.take_plan = [update, given = std::make_shared<bool>(false)]() -> std::optional<PlanUpdate> {
+          if (*given) return std::nullopt;
+          *given = true;
+          return update;
+        };
       auto t = DistributedTrainer::create(job, o, w.transports[r].get());
       XD_CHECK_MSG(t.has_value(), t.status().to_string().c_str());
       w.trainers[r] = std::move(*t);
@@ -595,6 +604,46 @@ TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsAS
       EXPECT_EQ(a.trainers[r]->expert_communicator().sent_during_update(), 5 * layers) << "worker " << r;
       EXPECT_EQ(b.trainers[r]->expert_communicator().sent_during_update(), 5 * layers) << "worker " << r;
     }
+  }
+}
+
+TEST(ExpertCompression, APlanUpdateThatKeepsTheDomainsKeepsTheCodecStateAndTrainsToTheSameBits) {
+  // Lossy codecs with error feedback on both expert streams, token rows on
+  // the worker link: a re-plan that changes only when the replicas' weight
+  // gradients are computed must leave the bits alone. (Another r sums a
+  // layer's rows in other chunks: equal within fp32 rounding, not in bits.)
+  JobConfig job = job_for("sr:ef:topk:0.05+zstd:1");
+  job.cluster.expert_parallel.domain_sizes = {2, 1};
+  job.cluster.expert_parallel.base_sync_every = 2;
+  job.train.farskip.overlapped = true;
+  PlanUpdate update;
+  update.step = 3;
+  update.domain_sizes = {2, 1};
+  update.pipeline_degree = 1;
+  update.backward_pipeline_degree = 1;
+  update.replica_weights_late = true;
+  update.reason = "a test's schedule change";
+  Workers plain = start_workers(job), switched = start_workers(job, update);
+  std::vector<const ExpertCommunicator*> before;
+  for (auto& t : switched.trainers) before.push_back(&t->expert_communicator());
+  std::vector<StepMetrics> mp, ms;
+  for (int step = 0; step < 5; ++step) {
+    step_all(plain, &mp);
+    step_all(switched, &ms);
+    for (size_t r = 0; r < plain.trainers.size(); ++r) {
+      EXPECT_EQ(mp[r].loss, ms[r].loss) << "worker " << r << " step " << step + 1;
+      const std::vector<float>& pa = plain.trainers[r]->model().params();
+      const std::vector<float>& pb = switched.trainers[r]->model().params();
+      ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)))
+          << "worker " << r << " step " << step + 1;
+    }
+    if (step > 0) {
+      EXPECT_GT(mp[0].nmse.at("dc/expert_gather"), 0.0) << "the codec is lossy, so its state mattered";
+    }
+  }
+  for (size_t r = 0; r < switched.trainers.size(); ++r) {
+    EXPECT_EQ(before[r], &switched.trainers[r]->expert_communicator()) << "worker " << r << " kept its communicator";
+    EXPECT_TRUE(switched.trainers[r]->replica_weights_late()) << "worker " << r << " switched";
   }
 }
 
