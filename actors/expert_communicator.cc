@@ -528,14 +528,17 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
   return Status::ok();
 }
 
-Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange* x) {
-  return receive_level(l, x, /*gather=*/true, [&](int peer) { return gather_refs(layer, held_after(peer, l)); });
+Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange* x, std::vector<Relayed>* kept) {
+  return receive_level(
+      l, x, /*gather=*/true, [&](int peer) { return gather_refs(layer, held_after(peer, l)); },
+      gather_codecs_[l]->is_raw() ? nullptr : kept);
 }
 
 // Peer i's message goes through the level's codec into refs_of(peer i); then
 // the sends are waited for and the level's figures added.
 Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
-                                         const std::function<std::vector<ExpertTensorRef>(int)>& refs_of) {
+                                         const std::function<std::vector<ExpertTensorRef>(int)>& refs_of,
+                                         std::vector<Relayed>* kept) {
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
   ExpertStreamCodec& codec = gather ? *gather_codecs_[l] : *grad_codecs_[l];
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -550,6 +553,7 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
       XD_RETURN_IF_ERROR(detail::receive_message(codec, refs, *msg).with_context(from));
     }
     x->codec_s += seconds_since(t0);
+    if (kept) kept->push_back({l, peers[i], std::make_shared<IncomingMessage>(std::move(*msg))});
   }
   for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
   std::lock_guard<std::mutex> lock(mu_);
@@ -564,13 +568,19 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
 Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows) {
   XD_RETURN_IF_ERROR(base_status_);
   bool first = true;
+  std::vector<Relayed> kept;  // what crossed lossy levels, for the raw ones inside them
   for (int l = 0; l < topology_.num_levels(); ++l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
+    if (!relay_origins(rank_, l).empty()) {
+      XD_RETURN_IF_ERROR(relay_gather_level(step, layer, l, &kept));
+      first = false;
+      continue;
+    }
     LevelExchange own;
     LevelExchange* x = first && first_sent ? first_sent : &own;
     if (x == &own) XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, x, first ? rows : nullptr));
     XD_RETURN_IF_ERROR(x->status);
-    XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x));
+    XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x, &kept));
     first = false;
   }
   return Status::ok();

@@ -166,6 +166,26 @@ class ExpertCommunicator {
     std::vector<std::shared_ptr<PackedRows>> rows;  // per layer, or empty
     std::vector<FirstSend> sent;                    // per layer, or empty: sent during the update
   };
+  // An all-gather message that crossed a lossy level, kept while its layer
+  // gathers: an inner raw level passes it on as it arrived (a relay, in
+  // actors/expert_relay.cc), and its receivers there decode it as its first
+  // receivers did, into the same bits, instead of taking the decoded floats
+  // raw.
+  struct Relayed {
+    int level = 0;   // where it was first sent
+    int origin = 0;  // who sent it there
+    std::shared_ptr<IncomingMessage> message;
+  };
+  // (level, sender) of the messages worker m passes on at level l, or none:
+  // l's codec is lossy, or no lossy level before it reached m.
+  std::vector<std::pair<int, int>> relay_origins(int m, int level) const;
+  // The workers whose experts m sends in its own message at level l: those
+  // it holds after the levels before, less what it relays.
+  std::vector<int> own_message_workers(int m, int level) const;
+  // Level l of one layer's all-gather with relays: m's own message through
+  // l's codec, and every message in `kept` as it arrived; those relayed to
+  // this worker are decoded and added to `kept`.
+  Status relay_gather_level(uint32_t step, int layer, int level, std::vector<Relayed>* kept);
   FirstSend post_first_send(uint32_t step, int layer, std::shared_ptr<PackedRows> rows);
   std::function<void(size_t, size_t)> packer(uint32_t next_step);
   // Where this worker's experts' (layer, which) block, (experts per worker,
@@ -185,7 +205,8 @@ class ExpertCommunicator {
   int first_gather_level() const;  // the outermost level with AG peers, or -1
   bool base_due(uint32_t step) const;
   std::vector<float> base_share();  // this worker's experts summed per (layer, which)
-  Status receive_gather_level(int layer, int level, LevelExchange* x);
+  // With `kept`, every message received at a lossy level is kept for relays.
+  Status receive_gather_level(int layer, int level, LevelExchange* x, std::vector<Relayed>* kept = nullptr);
   Status send_reduce_level(uint32_t step, int layer, int level, LevelExchange* x);
   // With `held_back` (an outer level still sends after this one), what the
   // peers send for this worker's own experts goes there instead; without,
@@ -194,7 +215,8 @@ class ExpertCommunicator {
                               std::unique_ptr<detail::HeldBackGradients>* held_back);
   Status wait_owned_final(int layer);
   Status receive_level(int level, LevelExchange* x, bool gather,
-                       const std::function<std::vector<ExpertTensorRef>(int peer)>& refs_of);
+                       const std::function<std::vector<ExpertTensorRef>(int peer)>& refs_of,
+                       std::vector<Relayed>* kept = nullptr);
   std::vector<ExpertTensorRef> gather_refs(int layer, const std::vector<int>& workers);
   std::vector<ExpertTensorRef> grad_refs(int layer, const std::vector<int>& workers);
   // Workers whose experts m holds after the AG of levels < l (W_{l-1}(m)).

@@ -251,6 +251,17 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   Route to_experts_chunk, to_sources_chunk, ag_layer, rs_layer;
   double to_experts_chunk_bytes = 0, to_sources_chunk_bytes = 0;  // sent per chunk, all levels
   double gathered_per_layer_experts = 1;
+  // What a worker holds of a layer's experts as the AG goes outer to inner,
+  // in units of its own n: those it got exactly (its own, raw levels), and
+  // groups that crossed a lossy level (their wire fraction and codec time).
+  // A raw level inside a lossy one relays those groups as they arrived (a
+  // message of that fraction, decoded once more by its receivers) and sends
+  // the exact ones raw (actors/expert_relay.cc).
+  struct LossyGroup {
+    double units, fraction, s_per_byte;
+  };
+  double exact_units = 1;
+  std::vector<LossyGroup> lossy_groups;
   bool base_sync = false;
   int a2a_levels = 0;     // levels with all-to-all peers
   bool raw_tokens = true;  // no token codec on any level
@@ -275,14 +286,35 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     // The replicas' raw bytes, through the AG and RS codecs of this level.
     const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
+    // On the wire, and the codec time on the hop: one lossy message of
+    // everything held, or (raw) the exact units raw and each lossy group
+    // relayed at its fraction, decoded by the receivers (about a third of
+    // its codec's encode and two decodes).
+    double ag_wire = ag_bytes * codec.gather_fraction, ag_codec_s = ag_bytes * codec.gather_s_per_byte;
+    const bool lossy = codec.gather_fraction != 1 || codec.gather_s_per_byte != 0;
+    if (!lossy && !lossy_groups.empty()) {
+      const double unit_bytes = n * w.expert_bytes * (s - 1);
+      ag_wire = unit_bytes * exact_units;
+      ag_codec_s = 0;
+      for (const LossyGroup& g : lossy_groups) {
+        ag_wire += unit_bytes * g.units * g.fraction;
+        ag_codec_s += unit_bytes * g.units * g.s_per_byte / 3;
+      }
+    }
     if (s > 1) {
-      ag_layer.push_back({l, ag_bytes * (link.beta_s_per_byte * codec.gather_fraction + codec.gather_s_per_byte), link.alpha_s});
+      ag_layer.push_back({l, ag_wire * link.beta_s_per_byte + ag_codec_s, link.alpha_s});
       rs_layer.insert(rs_layer.begin(),
           Hop{l, ag_bytes * (link.beta_s_per_byte * codec.grad_fraction + codec.grad_s_per_byte), link.alpha_s});
       base_sync = base_sync || codec.gather_against_base;
     }
-    c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) +
-                                  ag_bytes * (codec.gather_fraction + codec.grad_fraction));
+    c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + ag_wire +
+                                  ag_bytes * codec.grad_fraction);
+    if (s > 1 && lossy) {
+      lossy_groups.push_back({gathered_per_layer_experts * (s - 1), codec.gather_fraction, codec.gather_s_per_byte});
+    } else if (s > 1) {
+      exact_units *= s;
+      for (LossyGroup& g : lossy_groups) g.units *= s;
+    }
     gathered_per_layer_experts *= s;
   }
   // A backward exchange of `span` chunks: the bytes (and codec time) of

@@ -526,8 +526,9 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
         for (int e = 0; e < mc.num_experts; ++e) {
           // Workers 2 d and 2 d + 1 form DC d. The AG runs outer level first:
           // the owner sends e across the DC (compressed) and to its DC
-          // neighbour (raw, exact); the receiver across the DC forwards its
-          // rebuilt copy, raw, to its own neighbour.
+          // neighbour (raw, exact); the receiver across the DC relays the
+          // owner's message as it arrived to its own neighbour, which decodes
+          // it into the same bits.
           const int owner = e / 2, neighbour = owner ^ 1, across = (owner + 2) % 4, across_neighbour = across ^ 1;
           auto w2 = [&](int r) { return w.trainers[r]->expert_communicator().replica(layer, e).w2; };
           const std::string where = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " after step " +
@@ -539,6 +540,15 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
     }
     // Feedback: far better than the first step's reconstruction.
     EXPECT_LT(metrics[0].nmse.at("dc/expert_gather"), 0.05);
+    // Inside the DC each worker sends its own experts raw and relays the
+    // message it got from across: exactly those bytes, not the rebuilt floats.
+    const double own_raw = double(mc.num_layers) * 2 * 3 * ef * sizeof(float);
+    for (int r = 0; r < 4; ++r) {
+      const std::map<std::string, double>& b = metrics[r].bytes;
+      EXPECT_DOUBLE_EQ(b.at("worker/expert_gather_raw"), 2 * own_raw) << "worker " << r;
+      EXPECT_DOUBLE_EQ(b.at("worker/expert_gather"), own_raw + metrics[(r + 2) % 4].bytes.at("dc/expert_gather"))
+          << "worker " << r;
+    }
   }
 }
 

@@ -249,6 +249,28 @@ TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneBf16ExpertPe
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }
 
+TEST(Planner, ARawLevelInsideALossyOneRelaysWhatCrossedItAtThatLevelsFraction) {
+  Workload w = one_layer(1000, 0);  // experts only, one per worker
+  const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
+  const PlanCandidate raw = evaluate_candidate(w, {2, 2}, links, {2, 2}, 1e300);
+  std::vector<LinkCodecCost> codecs(2);
+  codecs[0].gather_fraction = 0.01;  // SR at 100x across level 0
+  codecs[0].gather_s_per_byte = 3e-9;
+  const PlanCandidate sr = evaluate_candidate(w, {2, 2}, links, {2, 2}, 1e300, codecs);
+  // Level 1: each worker holds its own expert and one from across level 0;
+  // raw, it sends both (2000 bytes); relaying, its own raw and the other's
+  // message as it arrived (1000 + 10), which its peer decodes (a third of
+  // the codec's time). The gradients' return is unchanged.
+  EXPECT_DOUBLE_EQ(raw.level_bytes[1] - sr.level_bytes[1], 2000.0 - 1010.0);
+  EXPECT_NEAR(raw.ag_s, 1000 * 1e-6 + 2000 * 1e-7, 1e-15);
+  EXPECT_NEAR(sr.ag_s, 1000 * (0.01 * 1e-6 + 3e-9) + 1010 * 1e-7 + 1000 * 3e-9 / 3, 1e-15);
+  EXPECT_NEAR(sr.rs_s, raw.rs_s, 1e-15);
+  // A lossy inner level re-encodes everything it holds: nothing is relayed.
+  codecs[1] = codecs[0];
+  const PlanCandidate both = evaluate_candidate(w, {2, 2}, links, {2, 2}, 1e300, codecs);
+  EXPECT_DOUBLE_EQ(raw.level_bytes[1] - both.level_bytes[1], 2000.0 * (1 - 0.01));
+}
+
 TEST(Planner, WorkloadCountsTheModelShapes) {
   PlannerInputs in;
   in.model = default_train_config().model;

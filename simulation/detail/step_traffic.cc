@@ -126,18 +126,34 @@ void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool disp
 void StepTraffic::expert_phases(int rank, bool gather, std::vector<CommPhase>* out) const {
   const int levels = topo_.num_levels();
   std::vector<CommPhase> by_level;
-  double held = in_.workload.experts_per_worker * in_.workload.expert_bytes;
+  const double own = in_.workload.experts_per_worker * in_.workload.expert_bytes;
+  double held = own;
+  // The all-gather's relays (the planner's evaluate_candidate): a raw level
+  // inside a lossy one sends the experts held exactly raw and passes on what
+  // crossed the lossy levels at those levels' fractions.
+  double exact = own, relayed_wire = 0;
+  bool crossed_lossy = false;
   for (int l = 0; l < levels; ++l) {
     const int s = topo_.domain_sizes()[l];
+    const bool lossy = !in_.link_codecs.empty() && !(in_.link_codecs[l].gather_fraction == 1 &&
+                                                     in_.link_codecs[l].gather_s_per_byte == 0);
     if (s > 1) {
       CommPhase p;
       p.level = l;
-      const double per_peer = held * fraction(l, gather ? CommKind::kExpertGather : CommKind::kReplicaGradients);
+      double per_peer = held * fraction(l, gather ? CommKind::kExpertGather : CommKind::kReplicaGradients);
+      if (gather && !lossy && crossed_lossy) per_peer = exact + relayed_wire;
       for (int peer : topo_.ag_peers(rank, l)) p.sends.emplace_back(peer, per_peer);
       p.group_root = topo_.with_coordinate(rank, l, topo_.domain(rank, l) * s);
       p.group_size = s;
       p.group_first = topo_.domain(rank, l) * s;
       by_level.push_back(std::move(p));
+      if (lossy) {
+        relayed_wire += held * (s - 1) * fraction(l, CommKind::kExpertGather);
+        crossed_lossy = true;
+      } else {
+        exact *= s;
+        relayed_wire *= s;
+      }
     }
     held *= s;
   }

@@ -1,0 +1,118 @@
+// The all-gather's relays (ExpertCommunicator::Relayed). A replica that
+// crossed a lossy level (the SR codec on the inter-DC link) used to be
+// passed on inside its DC as the floats it decoded to, raw: a relay passes
+// on the message itself, a fraction of those bytes, and every receiver
+// decodes it with the lossy level's codec. The receivers of one message
+// hold the same codec state (every message of a stream reaches each of them
+// in the same order, from the same start), so they rebuild the same bits
+// as the worker that relays it, which is what the raw floats gave them.
+#include <chrono>
+#include <string>
+
+#include "actors/detail/expert_wire_codec.h"
+#include "actors/expert_communicator.h"
+
+namespace xd {
+
+namespace {
+
+// A relayed message's tag: the expert gather's kind, step and layer, phase 1,
+// and in the chunk the level it is relayed at, the level it was first sent
+// at and its first sender.
+Tag relay_tag(uint32_t step, int layer, int level, int first_level, int first_sender) {
+  return Tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 1,
+             static_cast<uint32_t>(level + 16 * (first_level + 16 * first_sender))};
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> ExpertCommunicator::relay_origins(int m, int level) const {
+  std::vector<std::pair<int, int>> out;
+  if (!gather_codecs_[level]->is_raw()) return out;
+  for (int l = 0; l < level; ++l) {
+    const std::vector<int> peers = topology_.ag_peers(m, l);
+    if (!gather_codecs_[l]->is_raw()) {
+      for (int q : peers) out.emplace_back(l, q);
+    } else {
+      for (int p : peers)
+        for (const auto& o : relay_origins(p, l)) out.push_back(o);
+    }
+  }
+  return out;
+}
+
+std::vector<int> ExpertCommunicator::own_message_workers(int m, int level) const {
+  std::vector<int> relayed(topology_.world_size(), 0);
+  for (const auto& [l, q] : relay_origins(m, level))
+    for (int w : held_after(q, l)) relayed[w] = 1;
+  std::vector<int> out;
+  for (int w : held_after(m, level))
+    if (!relayed[w]) out.push_back(w);
+  return out;
+}
+
+Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, std::vector<Relayed>* kept) {
+  const std::vector<int> peers = topology_.ag_peers(rank_, l);
+  const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
+  const size_t expert_bytes = 3 * expert_floats_ * sizeof(float);
+  LevelExchange x;
+  std::vector<std::vector<std::shared_ptr<RecvSlot>>> relayed_in(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    x.slots.push_back(transport_->recv(peers[i], tag));
+    for (const auto& [first_level, sender] : relay_origins(peers[i], l))
+      relayed_in[i].push_back(transport_->recv(peers[i], relay_tag(step, layer, l, first_level, sender)));
+  }
+  // This worker's own message (its experts, and any replicas it took raw).
+  std::vector<float> packed;
+  EncodedTensor encoded;
+  ReconstructionError err;
+  {
+    std::lock_guard<std::mutex> lock(codec_mu_);
+    XD_RETURN_IF_ERROR(
+        gather_codecs_[l]->encode(gather_refs(layer, own_message_workers(rank_, l)), &packed, &encoded, &err, nullptr, step)
+            .with_context("expert all-gather"));
+  }
+  x.raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
+  detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
+  for (int p : peers) x.sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
+  // The kept messages, as they arrived; their frames live while the sends need them.
+  for (const Relayed& r : *kept) {
+    const std::vector<OutFrame> frames{
+        OutFrame{r.message->tensor_data(0), r.message->tensor_size(0), std::shared_ptr<const void>(r.message)}};
+    const std::string metadata(static_cast<const char*>(r.message->meta_data()), r.message->meta_size());
+    for (int p : peers)
+      x.sends.push_back(
+          transport_->send(p, relay_tag(step, layer, l, r.level, r.origin), frames, metadata, r.message->header().flags));
+    x.raw_bytes += double(held_after(r.origin, r.level).size() * experts_per_worker_ * expert_bytes) * peers.size();
+  }
+  // What the peers relay, decoded as at the level it was first sent at.
+  double relay_codec_s = 0;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const std::vector<std::pair<int, int>> origins = relay_origins(peers[i], l);
+    for (size_t k = 0; k < origins.size(); ++k) {
+      const auto [first_level, sender] = origins[k];
+      auto msg = relayed_in[i][k]->wait(timeout_);
+      const std::string from = "expert all-gather relayed by rank " + std::to_string(peers[i]) + " from rank " +
+                               std::to_string(sender);
+      if (!msg) return msg.status().with_context(from);
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        std::lock_guard<std::mutex> lock(codec_mu_);
+        XD_RETURN_IF_ERROR(detail::receive_message(*gather_codecs_[first_level],
+                                                   gather_refs(layer, held_after(sender, first_level)), *msg)
+                               .with_context(from));
+      }
+      relay_codec_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      kept->push_back({first_level, sender, std::make_shared<IncomingMessage>(std::move(*msg))});
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    codec_s_ += relay_codec_s;
+  }
+  // The peers' own messages, then the sends; the level's figures.
+  return receive_level(l, &x, /*gather=*/true,
+                       [&](int peer) { return gather_refs(layer, own_message_workers(peer, l)); });
+}
+
+}  // namespace xd
