@@ -552,6 +552,71 @@ TEST(ExpertCompression, ReceiversAcrossTheDcRebuildTheSameReplicaAndThoseBesideT
   }
 }
 
+TEST(ExpertCompression, ThreeLevelsRelayWhatCrossedTheDcsThroughBothRawLevelsAndEveryDcHoldsOneCopy) {
+  // 2 DCs x 2 racks x 2 workers, every expert gathered everywhere, the SR
+  // codec across the DCs only: the rack level relays what crossed the DCs,
+  // and the worker level relays that again, with what the rack level
+  // relayed to it.
+  auto job = parse_job_config(testing::model_yaml() + R"(cluster:
+  levels:
+    - name: dc
+      size: 2
+      link: {bandwidth: 1gbit, latency: 0ms, shape: false, codecs: {expert_gather: "sr:ef:topk:0.05+zstd:1"}}
+    - name: rack
+      size: 2
+      link: {bandwidth: 10gbit, latency: 0ms, shape: false}
+    - name: worker
+      size: 2
+      link: {bandwidth: 10gbit, latency: 0ms, shape: false}
+  expert_parallel:
+    mode: hybrid
+    domain_sizes: [2, 2, 2]
+    memory_cap: unlimited
+    base_sync_every: 2
+)",
+                              "job.yaml");
+  ASSERT_TRUE(job.has_value()) << job.status().to_string();
+  job->train.model.expert_init_spread = 0.3;
+  Workers w = start_workers(*job);
+  const ModelConfig& mc = job->train.model;
+  const size_t ef = expert_floats(*job);
+  std::vector<StepMetrics> metrics;
+  for (int step = 0; step < 4; ++step) {
+    step_all(w, &metrics);
+    for (int layer = 0; layer < mc.num_layers; ++layer)
+      for (int e = 0; e < mc.num_experts; ++e) {
+        // Worker r is in DC r / 4; expert e is worker e's.
+        auto w2 = [&](int r) { return w.trainers[r]->expert_communicator().replica(layer, e).w2; };
+        const std::string where = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " after step " +
+                                  std::to_string(step + 1);
+        for (int r = 0; r < 8; ++r) {
+          // Inside the owner's DC everyone holds the owner's exact weights; in
+          // the other DC everyone holds what the owner's peer across rebuilt.
+          const int same = e / 4 == r / 4 ? e : (e + 4) % 8;
+          ASSERT_EQ(0, std::memcmp(w2(r), w2(same), ef * sizeof(float))) << where << " worker " << r;
+        }
+        if (step > 0) {
+          ASSERT_NE(0, std::memcmp(w2(e), w2((e + 4) % 8), ef * sizeof(float))) << where << ": lossy";
+        }
+      }
+  }
+  // Raw levels: what a worker holds exactly goes raw (its own expert at the
+  // rack level; that and its rack peer's at the worker level), and every
+  // message that crossed the DCs is relayed as it was sent: the one from
+  // across at the rack level, then that one and the one its rack peer
+  // relayed to it. Worker r's peers: r ^ 4 across the DCs, r ^ 2 in its rack
+  // level, r ^ 1 at the worker level; each sends one DC message a layer.
+  const double own_raw = double(mc.num_layers) * 3 * ef * sizeof(float);
+  auto dc_sent = [&](int q) { return metrics[q].bytes.at("dc/expert_gather"); };
+  for (int r = 0; r < 8; ++r) {
+    const std::map<std::string, double>& b = metrics[r].bytes;
+    EXPECT_DOUBLE_EQ(b.at("rack/expert_gather_raw"), 2 * own_raw) << "worker " << r;
+    EXPECT_DOUBLE_EQ(b.at("worker/expert_gather_raw"), 4 * own_raw) << "worker " << r;
+    EXPECT_DOUBLE_EQ(b.at("rack/expert_gather"), own_raw + dc_sent(r ^ 4)) << "worker " << r;
+    EXPECT_DOUBLE_EQ(b.at("worker/expert_gather"), 2 * own_raw + dc_sent(r ^ 4) + dc_sent(r ^ 2 ^ 4)) << "worker " << r;
+  }
+}
+
 TEST(ExpertCompression, AScheduledAllGatherSwitchesOnEveryWorkerAtItsStep) {
   // Every sign for the gathers of steps 0-2 (step 0's goes raw), the largest
   // 5% of the signs from step 3 on. (The replicas it rebuilds are checked
