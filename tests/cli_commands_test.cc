@@ -70,6 +70,15 @@ TEST_F(Cli, TrainOnAJobConfigRunsTheOneProcessEquivalentAndSaysSo) {
   EXPECT_NE(out.find("12 x 16 tokens per step"), std::string::npos) << out;
 }
 
+TEST_F(Cli, PlanSaysWhichLinkClassRelaysTheExpertsThatCrossedACompressedOne) {
+  auto [code, out] = run(bin + " plan --farskip --sr-codecs --no-probe");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("expert all-gather: relays what crossed dc as it arrived"), std::string::npos) << out;
+  auto [raw_code, raw_out] = run(bin + " plan --farskip --no-probe");
+  ASSERT_EQ(raw_code, 0) << raw_out;
+  EXPECT_EQ(raw_out.find("relays"), std::string::npos) << "nothing is lossy, nothing is relayed:\n" << raw_out;
+}
+
 TEST_F(Cli, ForwardEvaluatesAFileLongerThanTheContextWithASlidingWindow) {
   auto [tcode, tout] = run("OPENBLAS_NUM_THREADS=1 " + bin + " train --config " + dir + "/job.yaml");
   ASSERT_EQ(tcode, 0) << tout;
