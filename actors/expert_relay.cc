@@ -11,6 +11,7 @@
 
 #include "actors/detail/expert_wire_codec.h"
 #include "actors/expert_communicator.h"
+#include "common/check.h"
 
 namespace xd {
 
@@ -20,6 +21,7 @@ namespace {
 // and in the chunk the level it is relayed at, the level it was first sent
 // at and its first sender.
 Tag relay_tag(uint32_t step, int layer, int level, int first_level, int first_sender) {
+  XD_CHECK(level < 16 && first_level < 16 && first_sender < (1 << 24));  // as the exchange's chunk field
   return Tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 1,
              static_cast<uint32_t>(level + 16 * (first_level + 16 * first_sender))};
 }
