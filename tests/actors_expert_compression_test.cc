@@ -419,6 +419,23 @@ void step_all(Workers& w, std::vector<StepMetrics>* metrics) {
   for (auto& t : threads) t.join();
 }
 
+// One step of `a`, then of `b`; every worker of both ends it (`step`, from 0)
+// at the same loss and with the same parameters, to the bit.
+void step_both_alike(Workers& a, std::vector<StepMetrics>* ma_out, Workers& b, std::vector<StepMetrics>* mb_out,
+                     int step) {
+  step_all(a, ma_out);
+  step_all(b, mb_out);
+  const std::vector<StepMetrics>& ma = *ma_out;
+  const std::vector<StepMetrics>& mb = *mb_out;
+  for (size_t r = 0; r < a.trainers.size(); ++r) {
+    EXPECT_EQ(ma[r].loss, mb[r].loss) << "worker " << r << " step " << step + 1;
+    const std::vector<float>& pa = a.trainers[r]->model().params();
+    const std::vector<float>& pb = b.trainers[r]->model().params();
+    ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)))
+        << "worker " << r << " step " << step + 1;
+  }
+}
+
 TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTheMeanExpertToBf16Precision) {
   const JobConfig job = job_for("sr:topk:0.05+zstd:1");
   Workers w = start_workers(job);
@@ -651,14 +668,9 @@ TEST(ExpertCompression, EncodingFusedWithTheOptimizerStepTrainsToTheSameBitsAsAS
     Workers a = start_workers(fused), b = start_workers(separate);
     std::vector<StepMetrics> ma, mb;
     for (int step = 0; step < 5; ++step) {
-      step_all(a, &ma);
-      step_all(b, &mb);
+      step_both_alike(a, &ma, b, &mb, step);
+      if (::testing::Test::HasFatalFailure()) return;
       for (size_t r = 0; r < a.trainers.size(); ++r) {
-        EXPECT_EQ(ma[r].loss, mb[r].loss) << "worker " << r << " step " << step + 1;
-        const std::vector<float>& pa = a.trainers[r]->model().params();
-        const std::vector<float>& pb = b.trainers[r]->model().params();
-        ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)))
-            << "worker " << r << " step " << step + 1;
         const std::vector<float> base_a = a.trainers[r]->expert_communicator().base_copy();
         const std::vector<float> base_b = b.trainers[r]->expert_communicator().base_copy();
         ASSERT_EQ(0, std::memcmp(base_a.data(), base_b.data(), base_a.size() * sizeof(float)));
@@ -703,15 +715,8 @@ TEST(ExpertCompression, APlanUpdateThatKeepsTheDomainsKeepsTheCodecStateAndTrain
   for (auto& t : switched.trainers) before.push_back(&t->expert_communicator());
   std::vector<StepMetrics> mp, ms;
   for (int step = 0; step < 5; ++step) {
-    step_all(plain, &mp);
-    step_all(switched, &ms);
-    for (size_t r = 0; r < plain.trainers.size(); ++r) {
-      EXPECT_EQ(mp[r].loss, ms[r].loss) << "worker " << r << " step " << step + 1;
-      const std::vector<float>& pa = plain.trainers[r]->model().params();
-      const std::vector<float>& pb = switched.trainers[r]->model().params();
-      ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)))
-          << "worker " << r << " step " << step + 1;
-    }
+    step_both_alike(plain, &mp, switched, &ms, step);
+    if (::testing::Test::HasFatalFailure()) return;
     if (step > 0) {
       EXPECT_GT(mp[0].nmse.at("dc/expert_gather"), 0.0) << "the codec is lossy, so its state mattered";
     }
