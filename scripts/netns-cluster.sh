@@ -70,7 +70,9 @@ down() {
   done
   ip link del xd-root 2>/dev/null || true
   ip route del 10.77.0.0/16 2>/dev/null || true
-  rm -f "$state"
+  # The state, the throttles' tc logs beside it, and its folder once empty.
+  rm -f "$state" "$state".tc*.log
+  rmdir "$state_dir" 2>/dev/null || true
 }
 
 cmd=${1:-}
