@@ -251,17 +251,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   Route to_experts_chunk, to_sources_chunk, ag_layer, rs_layer;
   double to_experts_chunk_bytes = 0, to_sources_chunk_bytes = 0;  // sent per chunk, all levels
   double gathered_per_layer_experts = 1;
-  // What a worker holds of a layer's experts as the AG goes outer to inner,
-  // in units of its own n: those it got exactly (its own, raw levels), and
-  // groups that crossed a lossy level (their wire fraction and codec time).
-  // A raw level inside a lossy one relays those groups as they arrived (a
-  // message of that fraction, decoded once more by its receivers) and sends
-  // the exact ones raw (actors/expert_relay.cc).
-  struct LossyGroup {
-    double units, fraction, s_per_byte;
-  };
-  double exact_units = 1;
-  std::vector<LossyGroup> lossy_groups;
+  const std::vector<GatherHop> gather = expert_gather_hops(n * w.expert_bytes, domain_sizes, link_codecs);
   bool base_sync = false;
   int a2a_levels = 0;     // levels with all-to-all peers
   bool raw_tokens = true;  // no token codec on any level
@@ -284,23 +274,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
       to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
     }
-    // The replicas' raw bytes, through the AG and RS codecs of this level.
-    const double ag_bytes = n * w.expert_bytes * gathered_per_layer_experts * (s - 1);
-    // On the wire, and the codec time on the hop: one lossy message of
-    // everything held, or (raw) the exact units raw and each lossy group
-    // relayed at its fraction, decoded by the receivers (about a third of
-    // its codec's encode and two decodes).
-    double ag_wire = ag_bytes * codec.gather_fraction, ag_codec_s = ag_bytes * codec.gather_s_per_byte;
-    const bool lossy = codec.gather_fraction != 1 || codec.gather_s_per_byte != 0;
-    if (!lossy && !lossy_groups.empty()) {
-      const double unit_bytes = n * w.expert_bytes * (s - 1);
-      ag_wire = unit_bytes * exact_units;
-      ag_codec_s = 0;
-      for (const LossyGroup& g : lossy_groups) {
-        ag_wire += unit_bytes * g.units * g.fraction;
-        ag_codec_s += unit_bytes * g.units * g.s_per_byte / 3;
-      }
-    }
+    // The replicas' raw bytes, through the AG and RS codecs of this level
+    // (the AG's on the wire and its codec time: expert_gather_hops).
+    const double ag_bytes = gather[l].raw_bytes * (s - 1);
+    const double ag_wire = gather[l].wire_bytes * (s - 1), ag_codec_s = gather[l].codec_s * (s - 1);
     if (s > 1) {
       ag_layer.push_back({l, ag_wire * link.beta_s_per_byte + ag_codec_s, link.alpha_s});
       rs_layer.insert(rs_layer.begin(),
@@ -309,12 +286,6 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + ag_wire +
                                   ag_bytes * codec.grad_fraction);
-    if (s > 1 && lossy) {
-      lossy_groups.push_back({gathered_per_layer_experts * (s - 1), codec.gather_fraction, codec.gather_s_per_byte});
-    } else if (s > 1) {
-      exact_units *= s;
-      for (LossyGroup& g : lossy_groups) g.units *= s;
-    }
     gathered_per_layer_experts *= s;
   }
   // A backward exchange of `span` chunks: the bytes (and codec time) of
@@ -653,6 +624,43 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
       best = std::move(held_back);
   }
   return best;
+}
+
+std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<int>& domain_sizes,
+                                          const std::vector<LinkCodecCost>& link_codecs) {
+  // What the worker holds as the AG goes outer to inner: the bytes it got
+  // exactly (its own, raw levels), and groups that crossed a lossy level.
+  struct LossyGroup {
+    double bytes, fraction, s_per_byte;
+  };
+  double exact = own_bytes;
+  std::vector<LossyGroup> lossy_groups;
+  std::vector<GatherHop> out;
+  for (size_t l = 0; l < domain_sizes.size(); ++l) {
+    const LinkCodecCost codec = link_codecs.empty() ? LinkCodecCost{} : link_codecs[l];
+    const int s = domain_sizes[l];
+    GatherHop hop;
+    hop.raw_bytes = exact;
+    for (const LossyGroup& g : lossy_groups) hop.raw_bytes += g.bytes;
+    if (codec.gather_lossy() || lossy_groups.empty()) {
+      hop.wire_bytes = hop.raw_bytes * codec.gather_fraction;
+      hop.codec_s = hop.raw_bytes * codec.gather_s_per_byte;
+    } else {
+      hop.wire_bytes = exact;
+      for (const LossyGroup& g : lossy_groups) {
+        hop.wire_bytes += g.bytes * g.fraction;
+        hop.codec_s += g.bytes * g.s_per_byte / 3;
+      }
+    }
+    out.push_back(hop);
+    if (s > 1 && codec.gather_lossy()) {
+      lossy_groups.push_back({hop.raw_bytes * (s - 1), codec.gather_fraction, codec.gather_s_per_byte});
+    } else if (s > 1) {
+      exact *= s;
+      for (LossyGroup& g : lossy_groups) g.bytes *= s;
+    }
+  }
+  return out;
 }
 
 std::string pipeline_degrees_text(int forward, int backward, bool replicas_late) {

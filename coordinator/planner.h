@@ -65,7 +65,23 @@ struct LinkCodecCost {
   double grad_fraction = 1, grad_s_per_byte = 0;      // replica gradients (RS)
   double dense_fraction = 1;                          // dense-gradient all-reduce (bf16: 0.5)
   bool gather_against_base = false;                   // sr: the base all-reduce joins the step
+  bool gather_lossy() const { return gather_fraction != 1 || gather_s_per_byte != 0; }
 };
+
+// One level of the HybridEP all-gather of a worker's experts, per AG peer:
+// the raw bytes it holds from the levels before (its own and replicas), the
+// bytes on the wire and the codec seconds on the hop. A lossy level codes
+// all of it; a raw level inside a lossy one sends what the worker holds
+// exactly raw and relays each group that crossed a lossy level at that
+// level's fraction, which its receivers decode (a third of that codec's
+// encode and two decodes per raw byte; actors/expert_relay.cc).
+struct GatherHop {
+  double raw_bytes = 0, wire_bytes = 0, codec_s = 0;
+};
+// Per level, outer first; `own_bytes` is the worker's own experts of a
+// layer; link_codecs empty: raw everywhere.
+std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<int>& domain_sizes,
+                                          const std::vector<LinkCodecCost>& link_codecs);
 
 // A GEMM of f flops takes gemm_overhead_s + f / flops_per_s. Only GEMMs are
 // counted; non_gemm_factor scales every compute term to cover the rest (norms,

@@ -121,41 +121,28 @@ void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool disp
 }
 
 // The AG of one layer, outer level first: at level l a worker sends the
-// experts it holds after the outer levels, n P_E prod_{j<l} S^j bytes, to each
-// of its S^l - 1 domain peers. Replica gradients go back inner level first.
+// experts it holds after the outer levels, n P_E prod_{j<l} S^j raw bytes
+// (through the level's codec, or relayed: expert_gather_hops), to each of its
+// S^l - 1 domain peers. Replica gradients go back inner level first.
 void StepTraffic::expert_phases(int rank, bool gather, std::vector<CommPhase>* out) const {
   const int levels = topo_.num_levels();
   std::vector<CommPhase> by_level;
-  const double own = in_.workload.experts_per_worker * in_.workload.expert_bytes;
-  double held = own;
-  // The all-gather's relays (the planner's evaluate_candidate): a raw level
-  // inside a lossy one sends the experts held exactly raw and passes on what
-  // crossed the lossy levels at those levels' fractions.
-  double exact = own, relayed_wire = 0;
-  bool crossed_lossy = false;
+  // Per peer and level, what the worker holds and what crosses (relays included).
+  const std::vector<GatherHop> hops = expert_gather_hops(in_.workload.experts_per_worker * in_.workload.expert_bytes,
+                                                         topo_.domain_sizes(), in_.link_codecs);
   for (int l = 0; l < levels; ++l) {
     const int s = topo_.domain_sizes()[l];
-    const bool lossy = !in_.link_codecs.empty() && !(in_.link_codecs[l].gather_fraction == 1 &&
-                                                     in_.link_codecs[l].gather_s_per_byte == 0);
     if (s > 1) {
       CommPhase p;
       p.level = l;
-      double per_peer = held * fraction(l, gather ? CommKind::kExpertGather : CommKind::kReplicaGradients);
-      if (gather && !lossy && crossed_lossy) per_peer = exact + relayed_wire;
+      const double per_peer =
+          gather ? hops[l].wire_bytes : hops[l].raw_bytes * fraction(l, CommKind::kReplicaGradients);
       for (int peer : topo_.ag_peers(rank, l)) p.sends.emplace_back(peer, per_peer);
       p.group_root = topo_.with_coordinate(rank, l, topo_.domain(rank, l) * s);
       p.group_size = s;
       p.group_first = topo_.domain(rank, l) * s;
       by_level.push_back(std::move(p));
-      if (lossy) {
-        relayed_wire += held * (s - 1) * fraction(l, CommKind::kExpertGather);
-        crossed_lossy = true;
-      } else {
-        exact *= s;
-        relayed_wire *= s;
-      }
     }
-    held *= s;
   }
   if (!gather) std::reverse(by_level.begin(), by_level.end());
   for (CommPhase& p : by_level) out->push_back(std::move(p));
