@@ -98,6 +98,7 @@ Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   if (base && o.base_sync_every < 0) return Status::invalid_argument("base_sync_every must be >= 0");
   codec_options_ = o;
   uses_base_ = base;
+  plan_relays();
   std::lock_guard<std::mutex> lock(mu_);
   base_.assign(base ? (size_t)layers_ * 3 * expert_floats_ : 0, 0.0f);
   return Status::ok();
@@ -553,7 +554,7 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
       XD_RETURN_IF_ERROR(detail::receive_message(codec, refs, *msg).with_context(from));
     }
     x->codec_s += seconds_since(t0);
-    if (kept) kept->push_back({l, peers[i], std::make_shared<IncomingMessage>(std::move(*msg))});
+    if (kept) kept->push_back({l, peers[i], refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
   }
   for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
   std::lock_guard<std::mutex> lock(mu_);
@@ -571,7 +572,7 @@ Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange*
   std::vector<Relayed> kept;  // what crossed lossy levels, for the raw ones inside them
   for (int l = 0; l < topology_.num_levels(); ++l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
-    if (!relay_origins(rank_, l).empty()) {
+    if (relay_levels_[l].relays) {
       XD_RETURN_IF_ERROR(relay_gather_level(step, layer, l, &kept));
       first = false;
       continue;

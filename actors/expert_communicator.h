@@ -174,7 +174,22 @@ class ExpertCommunicator {
   struct Relayed {
     int level = 0;   // where it was first sent
     int origin = 0;  // who sent it there
+    size_t tensors = 0;  // expert tensors it carries
     std::shared_ptr<IncomingMessage> message;
+  };
+  // A message a peer relays at some level: (level, sender) where it was
+  // first sent, and the workers whose experts it carries.
+  struct RelaySource {
+    int level = 0, origin = 0;
+    std::vector<int> workers;
+  };
+  // How one level's all-gather runs with relays, fixed by the topology and
+  // the codecs (plan_relays, in set_codecs); `relays` false: as without.
+  struct RelayLevel {
+    bool relays = false;
+    std::vector<int> own;                                // workers in this worker's own message
+    std::vector<std::vector<int>> peer_own;              // per AG peer, in its own message
+    std::vector<std::vector<RelaySource>> peer_relayed;  // per AG peer, what it relays
   };
   // (level, sender) of the messages worker m passes on at level l, or none:
   // l's codec is lossy, or no lossy level before it reached m.
@@ -182,9 +197,10 @@ class ExpertCommunicator {
   // The workers whose experts m sends in its own message at level l: those
   // it holds after the levels before, less what it relays.
   std::vector<int> own_message_workers(int m, int level) const;
-  // Level l of one layer's all-gather with relays: m's own message through
-  // l's codec, and every message in `kept` as it arrived; those relayed to
-  // this worker are decoded and added to `kept`.
+  void plan_relays();
+  // Level l of one layer's all-gather with relays: this worker's own message
+  // through l's codec, and every message in `kept` as it arrived; those
+  // relayed to this worker are decoded and added to `kept`.
   Status relay_gather_level(uint32_t step, int layer, int level, std::vector<Relayed>* kept);
   FirstSend post_first_send(uint32_t step, int layer, std::shared_ptr<PackedRows> rows);
   std::function<void(size_t, size_t)> packer(uint32_t next_step);
@@ -244,6 +260,7 @@ class ExpertCommunicator {
   // Codecs, per level; used on the actor and sender threads under codec_mu_.
   std::mutex codec_mu_;
   std::vector<std::unique_ptr<ExpertStreamCodec>> gather_codecs_, grad_codecs_;
+  std::vector<RelayLevel> relay_levels_;  // per level; set with the codecs
   ExpertCodecOptions codec_options_;
   bool uses_base_ = false;
   bool first_gather_ = true;  // caller's thread (start_gather)

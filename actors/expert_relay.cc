@@ -6,6 +6,7 @@
 // hold the same codec state (every message of a stream reaches each of them
 // in the same order, from the same start), so they rebuild the same bits
 // as the worker that relays it, which is what the raw floats gave them.
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -53,16 +54,31 @@ std::vector<int> ExpertCommunicator::own_message_workers(int m, int level) const
   return out;
 }
 
+void ExpertCommunicator::plan_relays() {
+  relay_levels_.assign(topology_.num_levels(), RelayLevel{});
+  for (int l = 0; l < topology_.num_levels(); ++l) {
+    RelayLevel& r = relay_levels_[l];
+    r.relays = !topology_.ag_peers(rank_, l).empty() && !relay_origins(rank_, l).empty();
+    if (!r.relays) continue;
+    r.own = own_message_workers(rank_, l);
+    for (int p : topology_.ag_peers(rank_, l)) {
+      r.peer_own.push_back(own_message_workers(p, l));
+      std::vector<RelaySource>& from = r.peer_relayed.emplace_back();
+      for (const auto& [level, origin] : relay_origins(p, l)) from.push_back({level, origin, held_after(origin, level)});
+    }
+  }
+}
+
 Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, std::vector<Relayed>* kept) {
+  const RelayLevel& route = relay_levels_[l];
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
   const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
-  const size_t expert_bytes = 3 * expert_floats_ * sizeof(float);
   LevelExchange x;
   std::vector<std::vector<std::shared_ptr<RecvSlot>>> relayed_in(peers.size());
   for (size_t i = 0; i < peers.size(); ++i) {
     x.slots.push_back(transport_->recv(peers[i], tag));
-    for (const auto& [first_level, sender] : relay_origins(peers[i], l))
-      relayed_in[i].push_back(transport_->recv(peers[i], relay_tag(step, layer, l, first_level, sender)));
+    for (const RelaySource& from : route.peer_relayed[i])
+      relayed_in[i].push_back(transport_->recv(peers[i], relay_tag(step, layer, l, from.level, from.origin)));
   }
   // This worker's own message (its experts, and any replicas it took raw).
   std::vector<float> packed;
@@ -71,7 +87,7 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
   {
     std::lock_guard<std::mutex> lock(codec_mu_);
     XD_RETURN_IF_ERROR(
-        gather_codecs_[l]->encode(gather_refs(layer, own_message_workers(rank_, l)), &packed, &encoded, &err, nullptr, step)
+        gather_codecs_[l]->encode(gather_refs(layer, route.own), &packed, &encoded, &err, nullptr, step)
             .with_context("expert all-gather"));
   }
   x.raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
@@ -85,36 +101,35 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
     for (int p : peers)
       x.sends.push_back(
           transport_->send(p, relay_tag(step, layer, l, r.level, r.origin), frames, metadata, r.message->header().flags));
-    x.raw_bytes += double(held_after(r.origin, r.level).size() * experts_per_worker_ * expert_bytes) * peers.size();
+    x.raw_bytes += double(r.tensors * expert_floats_ * sizeof(float)) * peers.size();
   }
   // What the peers relay, decoded as at the level it was first sent at.
   double relay_codec_s = 0;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const std::vector<std::pair<int, int>> origins = relay_origins(peers[i], l);
-    for (size_t k = 0; k < origins.size(); ++k) {
-      const auto [first_level, sender] = origins[k];
+  for (size_t i = 0; i < peers.size(); ++i)
+    for (size_t k = 0; k < route.peer_relayed[i].size(); ++k) {
+      const RelaySource& source = route.peer_relayed[i][k];
       auto msg = relayed_in[i][k]->wait(timeout_);
       const std::string from = "expert all-gather relayed by rank " + std::to_string(peers[i]) + " from rank " +
-                               std::to_string(sender);
+                               std::to_string(source.origin);
       if (!msg) return msg.status().with_context(from);
+      const std::vector<ExpertTensorRef> refs = gather_refs(layer, source.workers);
       const auto t0 = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> lock(codec_mu_);
-        XD_RETURN_IF_ERROR(detail::receive_message(*gather_codecs_[first_level],
-                                                   gather_refs(layer, held_after(sender, first_level)), *msg)
-                               .with_context(from));
+        XD_RETURN_IF_ERROR(
+            detail::receive_message(*gather_codecs_[source.level], refs, *msg).with_context(from));
       }
       relay_codec_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      kept->push_back({first_level, sender, std::make_shared<IncomingMessage>(std::move(*msg))});
+      kept->push_back({source.level, source.origin, refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
     }
-  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     codec_s_ += relay_codec_s;
   }
   // The peers' own messages, then the sends; the level's figures.
-  return receive_level(l, &x, /*gather=*/true,
-                       [&](int peer) { return gather_refs(layer, own_message_workers(peer, l)); });
+  return receive_level(l, &x, /*gather=*/true, [&](int peer) {
+    return gather_refs(layer, route.peer_own[std::find(peers.begin(), peers.end(), peer) - peers.begin()]);
+  });
 }
 
 }  // namespace xd
