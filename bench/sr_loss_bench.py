@@ -16,7 +16,7 @@ sparse upcycling; with --spread 1 they start independent and the base holds
 nothing (see docs/compression.md). Links are not shaped: only the loss matters.
 
 usage: python3 bench/sr_loss_bench.py [--xdmoe build/xdmoe] [--steps 200]
-           [--spread 0.2] [--runs raw,sr50,...] [--seed S] [--out bench/results]
+           [--spread 0.2] [--runs raw,sr50,...] [--seed S] [--lr LR] [--out bench/results]
            [--name sr_loss] [--work DIR] [--no-held-out] [--cli-bind ENDPOINT]
 Writes <out>/sr_loss.csv (one row per run: final loss, mean loss of the last
 50 steps, expert-gather bytes and ratio, NMSE, held-out loss),
@@ -133,9 +133,12 @@ RUNS = {
 TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
-def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None):
+def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None, lr=None):
     codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every", "base_codec")}
     y = base
+    if lr:  # the peak rate; the floor keeps the config's tenth of it
+        y = re.sub(r"\n  learning_rate: .*", "\n  learning_rate: %g" % lr, y, count=1)
+        y = re.sub(r"\n  min_learning_rate: .*", "\n  min_learning_rate: %g" % (lr / 10), y, count=1)
     y = y.replace("  connectivity: regular", "  connectivity: regular\n  expert_init_spread: %g" % spread)
     y = re.sub(r"steps: \d+", "steps: %d" % steps, y, count=1)
     y = re.sub(r"\n  seed: \d+", "\n  seed: %d" % seed, y, count=1)
@@ -195,6 +198,8 @@ def main():
     ap.add_argument("--work", default="runs/sr_loss_bench")
     ap.add_argument("--name", default="sr_loss", help="prefix of the output files")
     ap.add_argument("--seed", type=int, default=1, help="train.seed (initial weights and batch order)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="train.learning_rate (peak) instead of the config's 3e-3; the floor is a tenth of it")
     ap.add_argument("--plot-only", action="store_true", help="redraw <name>.png from <name>_curves.csv")
     ap.add_argument("--cli-bind", default="tcp://127.0.0.1:7370",
                     help="the coordinator's CLI endpoint (another one lets two benches run at once)")
@@ -215,7 +220,7 @@ def main():
         run_dir = os.path.join(a.work, name)
         ckpt = None if a.no_held_out else os.path.abspath(os.path.join(run_dir, "checkpoints"))
         with open(cfg, "w") as f:
-            f.write(job_yaml(base, RUNS[name], a.steps, a.spread, a.seed, ckpt))
+            f.write(job_yaml(base, RUNS[name], a.steps, a.spread, a.seed, ckpt, a.lr))
         print("[%d/%d] %s: %d steps ..." % (i + 1, len(names), name, a.steps), flush=True)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         p = subprocess.run([a.xdmoe, "launch", "--config", cfg, "--run-dir", run_dir, "--cli-bind", a.cli_bind],
