@@ -8,26 +8,17 @@
 #include <limits>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
-#include <set>
 
 #include "actors/detail/dense_all_reduce.h"
 #include "actors/detail/gradient_buckets.h"
-#include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "model/hf_config.h"
-#include "model/safetensors.h"
 #include "model/trainer.h"
 
 namespace xd {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
 double peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -294,92 +285,6 @@ Status DistributedTrainer::reduce_dense_gradients(double* expert_norm_sq) {
   return Status::ok();
 }
 
-double phase_floor_seconds(const StepPhases& p) {
-  const double window1 = std::max(p.previous_optimizer_s + p.forward_compute_s, p.forward_link_s);
-  const double window2 = std::max(p.backward_compute_s - p.optimizer_s, p.backward_link_s);
-  const double by_phase = window1 + window2 - p.previous_optimizer_s + p.optimizer_s;
-  const double bound = std::max(p.forward_compute_s + p.backward_compute_s, p.forward_link_s + p.backward_link_s);
-  return std::max(by_phase, bound);
-}
-
-std::pair<double, double> DistributedTrainer::record_link_figures(const TransportStats& mid, TransportStats now,
-                                                                  StepMetrics* m) {
-  std::map<int, const LinkStats*> before;
-  for (const LinkStats& l : last_stats_.links) before[l.peer] = &l;
-  for (const LinkStats& l : now.links) {
-    const LinkStats* prev = before.count(l.peer) ? before[l.peer] : nullptr;
-    const std::string name = l.link_class < (int)opts_.link_names.size() ? opts_.link_names[l.link_class]
-                                                                         : std::to_string(l.link_class);
-    // This step's bytes sent, per "link class/operation" and per link class.
-    m->bytes[name + "/total"] += double(l.bytes_sent) - (prev ? prev->bytes_sent : 0.0);
-    for (int k = 0; k < kMaxMessageKind; ++k) {
-      const double d = double(l.bytes_sent_by_kind[k]) - (prev ? prev->bytes_sent_by_kind[k] : 0.0);
-      if (d > 0) m->bytes[name + "/" + message_kind_name(static_cast<MessageKind>(k))] += d;
-    }
-  }
-  m->codec_s = exchange_->take_codec_seconds() + comm_->take_codec_seconds();
-  // Expert tensors before any codec, and what the lossy codecs lost.
-  const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
-  for (size_t l = 0; l < expert.size(); ++l) {
-    const std::string& name = opts_.link_names[l];
-    const ExpertCodecFigures& f = expert[l];
-    if (f.gather_raw_bytes > 0) m->bytes[name + "/expert_gather_raw"] += f.gather_raw_bytes;
-    if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
-    if (f.gather_signal > 0) m->nmse[name + "/expert_gather"] = f.gather_error / f.gather_signal;
-    if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
-  }
-  // The dense gradients before the bf16 cast: the same messages in fp32.
-  // The innermost level is the inner stage's, the others the outer's; a
-  // bf16 stage's reduce-scatter and all-gather both carry them.
-  const size_t levels = opts_.link_names.size();
-  for (size_t l = 0; l < levels; ++l) {
-    const bool bf16 = l + 1 == levels ? buckets_->precision().inner_bf16 : buckets_->precision().outer_bf16;
-    for (const char* op : {"/all_reduce", "/reduce_scatter"}) {
-      const auto wire = m->bytes.find(opts_.link_names[l] + op);
-      if (bf16 && wire != m->bytes.end()) m->bytes[wire->first + "_raw"] = 2 * wire->second;
-    }
-  }
-  // The token rows before any codec, beside what crossed each link class.
-  const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();
-  for (int p = 0; p < world_; ++p) {
-    const int level = link_level(opts_.level_sizes, opts_.rank, p);
-    if (level < 0 || (raw[p][0] == 0 && raw[p][1] == 0)) continue;
-    const std::string& name = opts_.link_names[level];
-    m->bytes[name + "/moe_dispatch_raw"] += raw[p][0];
-    m->bytes[name + "/moe_combine_raw"] += raw[p][1];
-  }
-  // Each hop as long as its larger side: over the rows sent, the routing's
-  // imbalance on that link class (xdmoe simulate --a2a-imbalance).
-  const std::vector<double> peak = exchange_->take_peak_bytes();
-  for (size_t l = 0; l < peak.size() && l < opts_.link_names.size(); ++l)
-    if (peak[l] > 0) m->bytes[opts_.link_names[l] + "/moe_peak_raw"] += peak[l];
-  // The busiest link class's transmit time, over the step and over its
-  // forward (until backward began) and backward parts.
-  auto at = [](const TransportStats& s, size_t c) {
-    return c < s.class_transmit_seconds.size() ? s.class_transmit_seconds[c] : 0.0;
-  };
-  double fwd_busy = 0, bwd_busy = 0;
-  for (size_t c = 0; c < now.class_transmit_seconds.size(); ++c) {
-    m->link_busy_s = std::max(m->link_busy_s, at(now, c) - at(last_stats_, c));
-    fwd_busy = std::max(fwd_busy, at(mid, c) - at(last_stats_, c));
-    bwd_busy = std::max(bwd_busy, at(now, c) - at(mid, c));
-  }
-  for (size_t c = 0; c < now.class_bursts.size() && c < opts_.link_names.size(); ++c) {
-    const std::array<double, 3> zero{}, &prev = c < last_stats_.class_bursts.size() ? last_stats_.class_bursts[c] : zero;
-    const std::array<double, 3>& cur = now.class_bursts[c];
-    if (cur[0] > prev[0]) m->link_bursts[opts_.link_names[c]] = {cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2]};
-  }
-  // Communication time, as for each direction: the busiest link class's
-  // transmit time, at least what was exposed. (Summing each peer's in-flight
-  // time instead counted concurrent links and latency several times over:
-  // more communication than the step was long.)
-  m->comm_s = std::max(m->link_busy_s, m->exposed_comm_s);
-  m->fwd_comm_s = std::max(fwd_busy, m->fwd_exposed_s);
-  m->bwd_comm_s = std::max(bwd_busy, m->bwd_exposed_s);
-  last_stats_ = std::move(now);
-  return {fwd_busy, bwd_busy};
-}
-
 Expected<StepMetrics> DistributedTrainer::step() {
   const TrainConfig& tc = job_.train;
   const auto start = std::chrono::steady_clock::now();
@@ -507,101 +412,6 @@ Expected<StepMetrics> DistributedTrainer::step() {
   // nothing to gather for.
   if (step_ < tc.steps) comm_->start_gather(static_cast<uint32_t>(step_));
   return m;
-}
-
-bool DistributedTrainer::traces(int64_t step) const {
-  const std::vector<int64_t>& steps = job_.train.trace_steps;
-  return std::find(steps.begin(), steps.end(), step) != steps.end();
-}
-
-void DistributedTrainer::write_trace(int64_t step) {
-  timeline_.set_enabled(false);
-  const std::vector<Span> spans = timeline_.take();
-  double t0 = 1e300;
-  for (const Span& s : spans) t0 = std::min(t0, s.start_s);
-  nlohmann::json events = nlohmann::json::array();
-  const int pid = opts_.rank;
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
-                    {"args", {{"name", "worker " + std::to_string(pid)}}}});
-  for (Lane lane : {Lane::kCompute, Lane::kToExperts, Lane::kToSources, Lane::kExperts, Lane::kDense})
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", (int)lane},
-                      {"args", {{"name", lane_name(lane)}}}});
-  // Each shaped link class's egress gets a row of its own after the threads.
-  auto link_name = [&](int c) {
-    return (c < (int)opts_.link_names.size() ? opts_.link_names[c] : "class " + std::to_string(c)) + " link egress";
-  };
-  std::set<int> link_classes;
-  for (const Span& s : spans)
-    if (s.lane == Lane::kLink) link_classes.insert(s.layer);
-  for (int c : link_classes)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", (int)Lane::kLink + c},
-                      {"args", {{"name", link_name(c)}}}});
-  for (const Span& s : spans) {
-    const bool link = s.lane == Lane::kLink;
-    nlohmann::json e = {{"name", s.name},
-                        {"cat", s.wait ? "wait" : link ? "link" : s.lane == Lane::kCompute ? "compute" : "comm"},
-                        {"ph", "X"}, {"pid", pid}, {"tid", (int)s.lane + (link ? s.layer : 0)},
-                        {"ts", (s.start_s - t0) * 1e6}, {"dur", (s.end_s - s.start_s) * 1e6}};
-    if (link) e["args"] = {{"link", link_name(s.layer)}};
-    else if (s.layer >= 0) e["args"] = {{"layer", s.layer}};
-    events.push_back(std::move(e));
-  }
-  nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
-                          {"otherData", {{"step", step}, {"rank", pid}, {"steady_t0_s", t0}}}};
-  std::error_code ec;
-  std::filesystem::create_directories(job_.train.trace_dir, ec);
-  const std::string path = job_.train.trace_dir + "/trace-step" + std::to_string(step) + "-rank" +
-                           std::to_string(pid) + ".json";
-  const std::string text = trace.dump();
-  Status st = write_file_atomic(path, text.data(), text.size());
-  if (!st.is_ok()) XD_LOG_WARN("trainer", "cannot write the trace: %s", st.message().c_str());
-}
-
-}  // namespace xd
-
-namespace xd {
-
-Expected<ShardRecord> DistributedTrainer::save_checkpoint_shard(const std::string& dir) const {
-  // The dense parameters are the same on every worker (all-reduced
-  // gradients, same updates): rank 0 writes them once.
-  return xd::save_checkpoint_shard(dir, opts_.rank, world_, *layout_, model_->params().data(),
-                                   optimizer_->first_moment().data(), optimizer_->second_moment().data(),
-                                   optimizer_->step_count(), step_, opts_.rank == 0);
-}
-
-Status DistributedTrainer::resume(const std::string& dir) {
-  auto ck = load_checkpoint(dir);
-  if (!ck) return ck.status();
-  if (model_config_to_json(ck->config) != model_config_to_json(job_.train.model))
-    return Status::invalid_argument("checkpoint " + dir + " is of another model than the job's (config.json differs)");
-  if (!ck->has_optimizer) return Status::invalid_argument("checkpoint " + dir + " has no optimizer state to resume");
-  // The full layout's offsets, by name: this worker's slice of every tensor.
-  const ParamLayout full(ck->config);
-  std::vector<float>& p = model_->params();
-  std::vector<float>& m = optimizer_->first_moment();
-  std::vector<float>& v = optimizer_->second_moment();
-  for (const TensorSlot& s : layout_->slots()) {
-    const TensorSlot* from = full.find(s.name);
-    XD_CHECK(from && from->numel() == s.numel());
-    std::copy_n(ck->params.begin() + from->offset, s.numel(), p.begin() + s.offset);
-    std::copy_n(ck->adam_m.begin() + from->offset, s.numel(), m.begin() + s.offset);
-    std::copy_n(ck->adam_v.begin() + from->offset, s.numel(), v.begin() + s.offset);
-  }
-  optimizer_->set_step_count(ck->adam_step);
-  step_ = ck->trainer.step;
-  sampler_->set_position(ck->trainer.data_position);
-  if (step_ >= job_.train.steps)
-    return Status::invalid_argument("checkpoint " + dir + " is at step " + std::to_string(step_) +
-                                    ", already the job's last (train.steps " + std::to_string(job_.train.steps) + ")");
-  XD_LOG_INFO("trainer", "rank %d: resumed from %s at step %lld (experts %d..%d of %d)", opts_.rank, dir.c_str(),
-              (long long)step_, layout_->first_expert(), layout_->first_expert() + layout_->num_local_experts() - 1,
-              ck->config.num_experts);
-  return Status::ok();
-}
-
-std::string DistributedTrainer::non_finite_gradients() const {
-  return non_finite_tensors(*layout_, model_->grads().data(),
-                            "every local gradient is finite (the non-finite values are on other workers)");
 }
 
 }  // namespace xd

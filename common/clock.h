@@ -1,5 +1,6 @@
 // steady_seconds: the monotonic clock in seconds, for deadlines and timings
-// that are plain doubles (shaping, heartbeats, probes). unix_seconds: the
+// that are plain doubles (shaping, heartbeats, probes); seconds_since: the
+// seconds from a steady_clock time point to now. unix_seconds: the
 // wall clock, for times compared across processes (a restart's recovery).
 // process_cpu_seconds: CPU time of every thread of this process (probes).
 // Thread-safe.
@@ -12,6 +13,10 @@ namespace xd {
 
 inline double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 inline double unix_seconds() {
