@@ -217,7 +217,11 @@ class ExpertCommunicator {
                          PendingReduce* pending);
   // Once the owned gradients are final: the held-back shares, then the outermost level's.
   Status reduce_owned(int layer, PendingReduce* pending);
-  Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x, PackedRows* rows = nullptr);
+  // Level l's own gather message of one layer to every AG peer: the experts of
+  // `workers` (by default all it holds after the outer levels; a relaying
+  // level's: route.own), with the optimizer step's packed `rows` if any.
+  Status send_gather_level(uint32_t step, int layer, int level, LevelExchange* x, PackedRows* rows = nullptr,
+                           const std::vector<int>* workers = nullptr);
   int first_gather_level() const;  // the outermost level with AG peers, or -1
   bool base_due(uint32_t step) const;
   std::vector<float> base_share();  // this worker's experts summed per (layer, which)

@@ -201,13 +201,12 @@ void ExpertCommunicator::wait_gathered(int layer) {
   if (timeline_) timeline_->add(Span{"wait expert all-gather", layer, Lane::kCompute, true, t0, steady_seconds()});
 }
 
-// One level's gather messages of one layer: this worker's held experts (as
-// of the outer levels) to every AG peer of the level.
-Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x, PackedRows* rows) {
+Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x, PackedRows* rows,
+                                             const std::vector<int>* workers) {
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
   const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
   for (int p : peers) x->slots.push_back(transport_->recv(p, tag));
-  const std::vector<ExpertTensorRef> mine = gather_refs(layer, held_after(rank_, l));
+  const std::vector<ExpertTensorRef> mine = gather_refs(layer, workers ? *workers : held_after(rank_, l));
   std::vector<float> packed;
   if (rows) {
     packed.swap(rows->packed);
@@ -239,7 +238,10 @@ Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange*
 Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows) {
   XD_RETURN_IF_ERROR(base_status_);
   bool first = true;
-  std::vector<Relayed> kept;  // what crossed lossy levels, for the raw ones inside them
+  // What crossed lossy levels, kept for the raw levels inside them that relay it.
+  std::vector<Relayed> kept;
+  const bool relays =
+      std::any_of(relay_levels_.begin(), relay_levels_.end(), [](const RelayLevel& r) { return r.relays; });
   for (int l = 0; l < topology_.num_levels(); ++l) {
     if (topology_.ag_peers(rank_, l).empty()) continue;
     if (relay_levels_[l].relays) {
@@ -251,7 +253,7 @@ Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange*
     LevelExchange* x = first && first_sent ? first_sent : &own;
     if (x == &own) XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, x, first ? rows : nullptr));
     XD_RETURN_IF_ERROR(x->status);
-    XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x, &kept));
+    XD_RETURN_IF_ERROR(receive_gather_level(layer, l, x, relays ? &kept : nullptr));
     first = false;
   }
   return Status::ok();

@@ -13,6 +13,7 @@
 #include "actors/detail/expert_wire_codec.h"
 #include "actors/expert_communicator.h"
 #include "common/check.h"
+#include "common/clock.h"
 
 namespace xd {
 
@@ -64,7 +65,8 @@ void ExpertCommunicator::plan_relays() {
     for (int p : topology_.ag_peers(rank_, l)) {
       r.peer_own.push_back(own_message_workers(p, l));
       std::vector<RelaySource>& from = r.peer_relayed.emplace_back();
-      for (const auto& [level, origin] : relay_origins(p, l)) from.push_back({level, origin, held_after(origin, level)});
+      for (const auto& [level, origin] : relay_origins(p, l))
+        from.push_back({level, origin, held_after(origin, level)});
     }
   }
 }
@@ -72,35 +74,21 @@ void ExpertCommunicator::plan_relays() {
 Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, std::vector<Relayed>* kept) {
   const RelayLevel& route = relay_levels_[l];
   const std::vector<int> peers = topology_.ag_peers(rank_, l);
-  const Tag tag{MessageKind::kExpertGather, step, static_cast<uint16_t>(layer), 0, static_cast<uint32_t>(l)};
-  LevelExchange x;
   std::vector<std::vector<std::shared_ptr<RecvSlot>>> relayed_in(peers.size());
-  for (size_t i = 0; i < peers.size(); ++i) {
-    x.slots.push_back(transport_->recv(peers[i], tag));
+  for (size_t i = 0; i < peers.size(); ++i)
     for (const RelaySource& from : route.peer_relayed[i])
       relayed_in[i].push_back(transport_->recv(peers[i], relay_tag(step, layer, l, from.level, from.origin)));
-  }
   // This worker's own message (its experts, and any replicas it took raw).
-  std::vector<float> packed;
-  EncodedTensor encoded;
-  ReconstructionError err;
-  {
-    std::lock_guard<std::mutex> lock(codec_mu_);
-    XD_RETURN_IF_ERROR(
-        gather_codecs_[l]->encode(gather_refs(layer, route.own), &packed, &encoded, &err, nullptr, step)
-            .with_context("expert all-gather"));
-  }
-  x.raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
-  detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
-  for (int p : peers) x.sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));
+  LevelExchange x;
+  XD_RETURN_IF_ERROR(send_gather_level(step, layer, l, &x, nullptr, &route.own));
   // The kept messages, as they arrived; their frames live while the sends need them.
   for (const Relayed& r : *kept) {
     const std::vector<OutFrame> frames{
         OutFrame{r.message->tensor_data(0), r.message->tensor_size(0), std::shared_ptr<const void>(r.message)}};
     const std::string metadata(static_cast<const char*>(r.message->meta_data()), r.message->meta_size());
     for (int p : peers)
-      x.sends.push_back(
-          transport_->send(p, relay_tag(step, layer, l, r.level, r.origin), frames, metadata, r.message->header().flags));
+      x.sends.push_back(transport_->send(p, relay_tag(step, layer, l, r.level, r.origin), frames, metadata,
+                                         r.message->header().flags));
     x.raw_bytes += double(r.tensors * expert_floats_ * sizeof(float)) * peers.size();
   }
   // What the peers relay, decoded as at the level it was first sent at.
@@ -119,7 +107,7 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
         XD_RETURN_IF_ERROR(
             detail::receive_message(*gather_codecs_[source.level], refs, *msg).with_context(from));
       }
-      relay_codec_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      relay_codec_s += seconds_since(t0);
       kept->push_back({source.level, source.origin, refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
     }
   {

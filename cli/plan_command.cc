@@ -229,7 +229,7 @@ int run_plan(const PlanOptions& o) {
       if (ls.codecs.dense_grad != "raw")
         std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
                     cc.dense_fraction);
-      if (ls.codecs.expert_gather != "raw")
+      if (cc.gather_lossy())  // as the planner prices it (expert_gather_hops)
         lossy_gather += (lossy_gather.empty() ? "" : ", ") + ls.name;
       else if (!lossy_gather.empty())
         std::printf("  %-10s expert all-gather: relays what crossed %s as it arrived (docs/compression.md, Relays)\n",
