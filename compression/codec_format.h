@@ -96,4 +96,7 @@ inline constexpr uint64_t kMaxCodecBlock = 1 << 16;
 // Decoding refuses tensors above this many elements (2^34, 64 GiB of f32).
 inline constexpr uint64_t kMaxCodecElements = uint64_t(1) << 34;
 
+// The bytes of topk_sign's (and block_sign's) sign bits for `kept` entries.
+inline constexpr uint64_t codec_sign_bytes(uint64_t kept) { return (kept + 7) / 8; }
+
 }  // namespace xd

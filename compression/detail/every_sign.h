@@ -1,9 +1,10 @@
 // topk_sign keeping every entry of a tensor that holds no zero ("every
 // sign", topk_sign:1). Its index list is then 0 followed by n - 1 gaps of 1,
 // one byte each, and every row keeps all its columns, so these functions
-// write and read exactly the bytes of the general topk_sign path in codec.cc
-// without building or walking a list of indices. It is the 1-bit codec's
-// common case: a residual or a gradient rarely holds an exact zero.
+// write and read exactly the bytes of the general topk_sign path (codec.cc
+// encodes, codec_decode.cc decodes) without building or walking a list of
+// indices. It is the 1-bit codec's common case: a residual or a gradient
+// rarely holds an exact zero.
 //
 // Layout (compression/codec_format.h, topk_sign): n index bytes, then one
 // f32 scale per row (the mean |x| of the row, summed in column order in
@@ -12,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 namespace xd::detail {
 
@@ -19,6 +22,12 @@ namespace xd::detail {
 inline uint64_t every_sign_bytes(uint64_t rows, uint64_t cols) {
   const uint64_t n = rows * cols;
   return n + 4 * rows + (n + 7) / 8;
+}
+
+// 0, 1, ..., n - 1: the indices of a message that keeps every entry.
+inline void every_index(uint64_t n, std::vector<uint32_t>* index) {
+  index->resize(n);
+  std::iota(index->begin(), index->end(), 0u);
 }
 
 // True when x[0, n) holds a zero (+0 or -0). One branch-free pass.
