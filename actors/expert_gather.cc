@@ -192,13 +192,13 @@ bool ExpertCommunicator::gathered(int layer) const {
 }
 
 void ExpertCommunicator::wait_gathered(int layer) {
-  const auto start = std::chrono::steady_clock::now();
   const double t0 = steady_seconds();
   std::unique_lock<std::mutex> lock(mu_);
   if (state_[layer].gathered) return;
   cv_.wait(lock, [&] { return state_[layer].gathered; });
-  gather_wait_[layer] += seconds_since(start);
-  if (timeline_) timeline_->add(Span{"wait expert all-gather", layer, Lane::kCompute, true, t0, steady_seconds()});
+  const double t1 = steady_seconds();
+  gather_wait_[layer] += t1 - t0;
+  if (timeline_) timeline_->add(Span{"wait expert all-gather", layer, Lane::kCompute, true, t0, t1});
 }
 
 Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, LevelExchange* x, PackedRows* rows,

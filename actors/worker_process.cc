@@ -165,7 +165,7 @@ class ComputeActor : public Actor {
     c.data_position = t.data_position();
     c.bytes = shard->bytes;
     c.crc32c = shard->crc32c;
-    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    c.seconds = seconds_since(start);
     control_->send_checkpoint(c);
     XD_LOG_INFO("compute", "rank %d wrote its shard of step %lld to %s (%.1f MB in %.0f ms)", rank,
                 (long long)c.step, dir.c_str(), c.bytes / 1e6, c.seconds * 1e3);

@@ -24,7 +24,6 @@ using detail::is_int_rows;
 using detail::is_sparse_kind;
 using detail::is_top_k;
 using detail::is_value_codec;
-const char* kind_name(CodecKind k) { return detail::codec_kind_name(k); }
 
 Status first_non_finite(const float* x, uint64_t n, const char* codec) {
   // One branch-free pass over the exponent bits (it vectorizes); the
@@ -161,7 +160,7 @@ std::string CodecPipeline::spec() const {
   std::string s;
   for (const CodecStage& st : stages_) {
     if (!s.empty()) s += "+";
-    s += kind_name(st.kind);
+    s += detail::codec_kind_name(st.kind);
     if (is_top_k(st.kind)) {
       char buf[32];
       std::snprintf(buf, sizeof buf, ":%.17g", st.density);
@@ -214,7 +213,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
     case CodecKind::kInt8Row:
     case CodecKind::kInt4Row: {
       const bool four = v.kind == CodecKind::kInt4Row;
-      XD_RETURN_IF_ERROR(first_non_finite(data, n, kind_name(v.kind)));
+      XD_RETURN_IF_ERROR(first_non_finite(data, n, detail::codec_kind_name(v.kind)));
       first.block = v.scale_block;
       bytes.resize(four ? detail::int4_row_bytes(shape.rows, shape.cols, v.scale_block)
                         : detail::int8_row_bytes(shape.rows, shape.cols, v.scale_block));
@@ -224,7 +223,7 @@ Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor
     }
     case CodecKind::kTopK:
     case CodecKind::kTopKSign: {
-      const char* name = kind_name(v.kind);
+      const char* name = detail::codec_kind_name(v.kind);
       XD_RETURN_IF_ERROR(first_non_finite(data, n, name));
       if (n > std::numeric_limits<uint32_t>::max())
         return Status::invalid_argument(std::string(name) + ": tensor above 2^32 elements");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "common/clock.h"
 #include "model/byte_tokenizer.h"
 #include "common/log.h"
 #include "model/checkpoint.h"
@@ -123,7 +124,7 @@ Expected<StepStats> Trainer::step() {
     skipped_in_a_row_ = 0;
   }
   s.step = ++step_;
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.seconds = seconds_since(start);
   s.tokens_per_second = config_.batch_size * config_.seq_len / s.seconds;
   history_.push_back(s);
   return s;
@@ -167,7 +168,7 @@ Status Trainer::run(const std::function<void(const std::string&)>& log) {
     if (!s) return s.status();
     const bool last = step_ == config_.steps;
     if (step_ % config_.log_every == 0 || last || step_ == first + 1) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double elapsed = seconds_since(start);
       const double per_step = elapsed / double(step_ - first);
       const double tps = config_.batch_size * config_.seq_len / per_step;
       std::snprintf(line, sizeof line,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "compression/codec_format.h"
 
 namespace xd::detail {
 
@@ -19,7 +20,7 @@ inline uint64_t blocks_per_row(uint64_t cols, uint64_t block) { return (cols + b
 
 // The exact payload size: rows scales, the block bitmap, `kept` sign bits.
 inline uint64_t block_sign_bytes(uint64_t rows, uint64_t cols, uint64_t block, uint64_t kept) {
-  return 4 * rows + (rows * blocks_per_row(cols, block) + 7) / 8 + (kept + 7) / 8;
+  return 4 * rows + (rows * blocks_per_row(cols, block) + 7) / 8 + codec_sign_bytes(kept);
 }
 
 // Encodes rows x cols finite floats, keeping ceil(density x blocks) blocks of

@@ -16,12 +16,14 @@
 #include <numeric>
 #include <vector>
 
+#include "compression/codec_format.h"
+
 namespace xd::detail {
 
 // The payload's size for rows x cols entries, all kept.
 inline uint64_t every_sign_bytes(uint64_t rows, uint64_t cols) {
   const uint64_t n = rows * cols;
-  return n + 4 * rows + (n + 7) / 8;
+  return n + 4 * rows + codec_sign_bytes(n);
 }
 
 // 0, 1, ..., n - 1: the indices of a message that keeps every entry.
