@@ -16,6 +16,8 @@ the first run and printed):
   eplongbal  eplong with expert-choice routing: every expert, so every
           worker, gets the same number of tokens, so no worker waits for a
           more loaded peer's Combine
+  epdeep  eplongbal with 12 layers instead of 4: the same backward tail,
+          three times the exchanges to hide (not in the default --settings)
   hybrid  2 DCs x 2 workers (the README demo's job), HybridEP domains [2, 1],
           inter-DC 100 Mbit/s, 10 ms
   hybridfit  the same at 200 Mbit/s, 10 ms: the link's busy time comes to
@@ -60,12 +62,15 @@ train:
 """
 
 
-def ep_setting(bandwidth, seq=64, gating=None):
+def ep_setting(bandwidth, seq=64, gating=None, layers=None):
     """2 DCs x 1 worker, EP, the inter-DC link at `bandwidth` and 1 ms;
-    2048 tokens a step in sequences of `seq`; `gating` overrides the router."""
+    2048 tokens a step in sequences of `seq`; `gating` overrides the router,
+    `layers` the number of layers (4)."""
     model = MODEL.format(seq=seq)
     if gating:
         model = model.replace("model:\n", "model:\n  gating: %s\n" % gating, 1)
+    if layers:
+        model = model.replace("model:\n", "model:\n  num_layers: %d\n" % layers, 1)
     return {
         "yaml": model + """cluster:
   levels:
@@ -85,6 +90,10 @@ SETTINGS = {
     "ep4g": ep_setting("4gbit"),
     "eplong": ep_setting("2gbit", seq=256),
     "eplongbal": ep_setting("2gbit", seq=256, gating="expert_choice"),
+    # eplongbal three times as deep: the step's tail (the last dense bucket's
+    # round trip, which no compute is left to hide) is the same, the
+    # exchanges the schedule can hide three times as many.
+    "epdeep": ep_setting("2gbit", seq=256, gating="expert_choice", layers=12),
     "hybrid": {
         "yaml": MODEL.format(seq=64) + """cluster:
   expert_parallel:
