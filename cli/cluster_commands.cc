@@ -87,7 +87,8 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
   cmd->add_flag("--no-overlap", o->no_overlap,
                 "The simple schedule: the same math with nothing overlapped (farskip.overlapped: false)");
   cmd->add_option("--pipeline-degree", o->pipeline_degree,
-                  "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)");
+                  "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)")
+      ->check(CLI::Range(0, 64));
   cmd->add_option("--backward-pipeline-degree", o->backward_pipeline_degree,
                   "Override cluster.expert_parallel.backward_pipeline_degree: the backward's A2A exchanges, a "
                   "divisor of r (0: the planner's choice; -1: r when r is set, else the planner's)")
@@ -103,7 +104,8 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                     kSrCodecs.dense_grad + ", the SR base every " + std::to_string(kSrCodecs.base_sync_every) +
                     " steps (docs/compression.md)");
   cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");
 }
 

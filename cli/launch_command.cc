@@ -369,7 +369,8 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--trace-steps", f->trace_steps,
                   "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                   "scripts/trace_png.py draws them)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
   cmd->add_option("--steps", f->steps, "Override train.steps");
   cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();

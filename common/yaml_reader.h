@@ -56,7 +56,7 @@ class YamlReader {
     }
     if (!map.IsMap()) return fail(map, prefix, "must be a mapping");
     mark(prefix, map);
-    std::set<std::string> seen;
+    std::map<std::string, int> seen;  // key -> its line
     for (const auto& kv : map) {
       const std::string key = kv.first.Scalar();
       if (!keys.count(key)) {
@@ -64,7 +64,10 @@ class YamlReader {
         for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
         return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
       }
-      seen.insert(key);
+      // YAML itself lets a later copy win; a config that says two things means neither.
+      if (auto it = seen.find(key); it != seen.end())
+        return fail(kv.first, prefix + "." + key, "given twice (first on line " + std::to_string(it->second) + ")");
+      seen[key] = kv.first.Mark().line + 1;
       mark(prefix + "." + key, kv.second);
       field(key, kv.second, prefix + "." + key);
       if (!ok()) return;

@@ -81,6 +81,7 @@ uint8_t* put_signs_and_scales(const float* x, TensorShape shape, const std::vect
 // ---- pipeline ------------------------------------------------------------
 
 Expected<CodecPipeline> CodecPipeline::parse(const std::string& spec) {
+  if (spec.empty()) return Status::invalid_argument("codec '': empty (raw sends the floats as they are)");
   CodecPipeline p;
   size_t start = 0;
   while (start <= spec.size()) {

@@ -822,6 +822,16 @@ TEST(ExpertCodecSpec, ReadsTheBaseAndFeedbackPrefixesAndRefusesTheRestNamingTheF
     ASSERT_FALSE(r) << bad;
     EXPECT_NE(r.status().message().find("[sr:][ef:][pred:]PIPELINE"), std::string::npos) << r.status().message();
   }
+  const std::pair<const char*, const char*> says[] = {
+      {"sr:", "no pipeline"}, {"", "no pipeline"}, {"@5:raw", "a pipeline must come before the first '@'"}};
+  for (const auto& [bad, want] : says) {
+    auto r = ExpertCodecSpec::parse(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  }
+  auto empty = CodecPipeline::parse("");
+  ASSERT_FALSE(empty);
+  EXPECT_NE(empty.status().message().find("codec '': empty"), std::string::npos) << empty.status().message();
 }
 
 TEST(ExpertCodecSpec, AScheduleTakesEachPipelineFromItsStepOnAndRefusesStepsOutOfOrder) {

@@ -295,7 +295,9 @@ TEST(TrainConfig, TheFarSkipSectionSetsConnectivityAndRefusesContradictions) {
       {"model: {connectivity: farskip_moe}\nfarskip: {enabled: true}\n",
        "farskip.enabled: asks for farskip on every layer, but model.connectivity says farskip_moe"},
       {"farskip: {enabeld: true}\n", "farskip.enabeld"},
-      {"train: {steps: 5, trace_steps: [6]}\n", "train.trace_steps: each step must be in 1..train.steps"},
+      {"train: {steps: 5, trace_steps: [6]}\n", "train.trace_steps: step 6 is outside 1..5"},
+      {"farskip: {enabled: true}\nfarskip: {enabled: false}\n", "job.yaml:2: config.farskip: given twice (first on line 1)"},
+      {"train: {steps: 5, steps: 6}\n", "train.steps: given twice"},
   };
   for (const auto& [yaml, want] : bad) {
     auto r = parse_train_config(yaml, "job.yaml");
