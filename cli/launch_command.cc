@@ -344,6 +344,12 @@ int run_launch(const LaunchFlags& f) {
   }
   print_table(runs, job.cluster);
   for (const auto& r : runs)
+    if (!r.trace_dir.empty() && fs::exists(r.trace_dir))
+      std::printf("%s: step traces in %s (Perfetto opens them; a PNG of step %lld: python3 scripts/trace_png.py %s "
+                  "--step %lld)\n",
+                  r.mode.c_str(), r.trace_dir.c_str(), (long long)f.trace_steps.front(), r.trace_dir.c_str(),
+                  (long long)f.trace_steps.front());
+  for (const auto& r : runs)
     if (!r.ok) return 1;
   return 0;
 }

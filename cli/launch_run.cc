@@ -177,6 +177,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   const fs::path dir = fs::path(run.run_dir) / (run_dir_name(run.name) +
                                                 (run.attempt > 0 ? "-restart" + std::to_string(run.attempt) : ""));
   fs::create_directories(dir);
+  if (!run.trace_steps.empty()) r.trace_dir = (dir / "trace").string();
   const fs::path endpoints = dir / "endpoints.json", summary = dir / "summary.json";
   fs::remove(endpoints);
   fs::remove(summary);

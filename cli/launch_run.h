@@ -75,6 +75,7 @@ struct RunResult {
   std::string error;
   double failed_wall_s = 0;              // Unix time the launch saw the run fail
   nlohmann::json restarts = nlohmann::json::array();  // one object per relaunch
+  std::string trace_dir;                 // the workers' step traces, when steps were traced
 };
 
 // Runs one job to its end. Never throws; errors come back in RunResult.
