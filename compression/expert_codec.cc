@@ -43,8 +43,8 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
     const uint64_t from_step = digits ? std::stoull(step) : 0;
     if (colon == std::string::npos || from_step <= (out.later.empty() ? 0 : out.later.back().from_step))
       return Status::invalid_argument("expert codec '" + spec + "': '@" + part +
-                                      "' must be @STEP:PIPELINE with STEP a training step of at least 1, after the previous switch's" +
-                                      form);
+                                      "' must be @STEP:PIPELINE with STEP a training step of at least 1, "
+                                      "after the previous switch's" + form);
     auto later = CodecPipeline::parse(part.substr(colon + 1));
     if (!later)
       return Status::invalid_argument("expert codec '" + spec + "': from step " + step + ": " +
