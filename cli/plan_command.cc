@@ -93,6 +93,7 @@ int run_plan(const PlanOptions& o) {
     for (const LinkEstimate& e : links)
       if (!e.note.empty()) std::fprintf(stderr, "note: level '%s': %s; its figures come from the spec\n",
                                         e.name.c_str(), e.note.c_str());
+    for (const std::string& s : settings_without_effect(job)) std::fprintf(stderr, "note: %s\n", s.c_str());
   }
   const Workload w = workload_of(in);
   const Plan& plan = planned->plan;

@@ -1,9 +1,11 @@
 #include "cluster/job_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cluster/detail/json_fields.h"
 #include "common/atomic_file.h"
+#include "compression/expert_codec.h"
 #include "model/hf_config.h"
 
 namespace xd {
@@ -299,6 +301,37 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
   if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
   if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
   return Status::ok();
+}
+
+std::vector<std::string> settings_without_effect(const JobConfig& job) {
+  std::vector<std::string> out;
+  const ExpertParallelSpec& ep = job.cluster.expert_parallel;
+  const bool all_ones = std::all_of(ep.domain_sizes.begin(), ep.domain_sizes.end(), [](int s) { return s == 1; });
+  const bool no_replicas = ep.mode == EpMode::kEp || (ep.mode == EpMode::kHybrid && all_ones);
+  bool any_sr = false;
+  for (size_t i = 0; i < job.cluster.levels.size(); ++i) {
+    const LinkCodecs& c = job.cluster.levels[i].link.codecs;
+    const std::string at = "cluster.levels[" + std::to_string(i) + "].link.codecs.";
+    for (const auto& [kind, spec] : {std::pair{"expert_gather", &c.expert_gather}, {"expert_grad", &c.expert_grad}}) {
+      auto parsed = ExpertCodecSpec::parse(*spec);
+      if (!parsed) continue;  // validate() names it
+      if (std::string(kind) == "expert_gather") any_sr = any_sr || parsed->against_base;
+      if (no_replicas && !parsed->is_raw())
+        out.push_back(at + kind + ": no effect: every domain is one worker, so no expert crosses a link");
+      for (const ExpertCodecSpec::Switch& w : parsed->later)
+        if (w.from_step >= static_cast<uint64_t>(job.train.steps))
+          out.push_back(at + kind + ": the switch at step " + std::to_string(w.from_step) +
+                        " never applies: the job's last step is " + std::to_string(job.train.steps - 1) +
+                        " (steps count from 0)");
+    }
+  }
+  if (!any_sr && (ep.base_codec != "bf16" || ep.base_sync_every != 1))
+    out.push_back(std::string("cluster.expert_parallel.") + (ep.base_codec != "bf16" ? "base_codec" : "base_sync_every") +
+                  ": no effect: no link's expert_gather codes against the SR base (sr:)");
+  if (ep.replica_weight_gradients != ReplicaWeightGradients::kAuto && (no_replicas || !job.train.farskip.overlapped))
+    out.push_back("cluster.expert_parallel.replica_weight_gradients: no effect: only an overlapped HybridEP backward "
+                  "(replicas, farskip.overlapped: true) schedules the replicas' weight gradients");
+  return out;
 }
 
 TrainConfig one_process_equivalent(const JobConfig& job) {

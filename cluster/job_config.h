@@ -82,6 +82,13 @@ struct SrCodecSet {
 };
 inline constexpr SrCodecSet kSrCodecs{"sr:ef:int4_row:128+zstd:1", "ef:int4_row:128+zstd:1", "bf16", 10};
 
+// Settings the job takes but that cannot change anything it does, each as
+// "key: why", for `xdmoe plan` and the coordinator to point out: expert
+// codecs in EP mode (no expert crosses a link), the SR base's settings
+// without an sr: all-gather, replica_weight_gradients without an overlapped
+// HybridEP backward, a codec schedule's switch after the last step.
+std::vector<std::string> settings_without_effect(const JobConfig& job);
+
 // The one-process run with the arithmetic of the distributed job: the same
 // model, data and seed, and the global batch (world size x train.batch_size
 // sequences) in every step. The only difference: the router's load-balancing

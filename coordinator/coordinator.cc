@@ -230,6 +230,7 @@ Status Coordinator::Impl::run() {
       XD_LOG_INFO("coordinator", "link class %s: planning with its spec (%s)", e.name.c_str(), e.note.c_str());
   }
   if (!planned->compute_note.empty()) XD_LOG_WARN("coordinator", "%s", planned->compute_note.c_str());
+  for (const std::string& s : settings_without_effect(job)) XD_LOG_WARN("coordinator", "%s", s.c_str());
   XD_LOG_INFO("coordinator", "compute model: %.2f GFLOP/s per worker, x %.2f for non-GEMM work (a model step of %lld tokens took %.1f ms)",
               planned->compute.flops_per_s / 1e9, planned->compute.non_gemm_factor, planned->step_probe.tokens,
               planned->step_probe.seconds * 1e3);

@@ -3,6 +3,7 @@
 // and a missing, mistyped or unknown field is an error that names it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -114,6 +115,38 @@ TEST(JobConfig, CommandLineOverridesOfTheExpertParallelModeAreCheckedAndEpMeansA
   EXPECT_NE(override_expert_parallel(&job, "turbo", {}).message().find("--mode"), std::string::npos);
   EXPECT_NE(override_expert_parallel(&job, "hybrid", {3, 1}).message().find("does not divide"), std::string::npos);
   EXPECT_NE(override_expert_parallel(&job, "", {1}).message().find("one entry per level"), std::string::npos);
+}
+
+TEST(JobConfig, SettingsThatCannotChangeTheJobAreNamedAndTheOthersAreNot) {
+  JobConfig job = example_job();  // 4 x 2, mode auto, raw links
+  EXPECT_TRUE(settings_without_effect(job).empty());
+  ScheduleOverrides sr;
+  sr.sr_codecs = true;
+  ASSERT_TRUE(override_schedule(&job, sr).is_ok());
+  EXPECT_TRUE(settings_without_effect(job).empty()) << "auto may gather experts";
+  job.cluster.expert_parallel.replica_weight_gradients = ReplicaWeightGradients::kLate;
+  EXPECT_TRUE(settings_without_effect(job).empty()) << "overlapped by default";
+  ASSERT_TRUE(override_expert_parallel(&job, "ep", {}).is_ok());
+  const std::vector<std::string> ep = settings_without_effect(job);
+  auto names = [](const std::vector<std::string>& notes, const std::string& key) {
+    return std::any_of(notes.begin(), notes.end(), [&](const std::string& n) { return n.rfind(key + ":", 0) == 0; });
+  };
+  EXPECT_TRUE(names(ep, "cluster.levels[0].link.codecs.expert_gather"));
+  EXPECT_TRUE(names(ep, "cluster.levels[0].link.codecs.expert_grad"));
+  EXPECT_TRUE(names(ep, "cluster.expert_parallel.replica_weight_gradients"));
+  EXPECT_FALSE(names(ep, "cluster.expert_parallel.base_sync_every")) << "the all-gather is sr:";
+
+  JobConfig raw = example_job();
+  raw.cluster.expert_parallel.base_codec = "sign";
+  EXPECT_TRUE(names(settings_without_effect(raw), "cluster.expert_parallel.base_codec"));
+  raw.cluster.expert_parallel.base_codec = "bf16";
+  const int64_t steps = raw.train.steps;
+  raw.cluster.levels[0].link.codecs.expert_gather =
+      "sr:ef:bf16@" + std::to_string(steps - 1) + ":topk_sign:1@" + std::to_string(steps) + ":raw";
+  const std::vector<std::string> late = settings_without_effect(raw);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_NE(late[0].find("the switch at step " + std::to_string(steps) + " never applies"), std::string::npos)
+      << late[0];
 }
 
 TEST(JobConfig, SrCodecsCompressTheOutermostLinksExpertAndDenseTrafficAndLeaveTheRestAlone) {
