@@ -308,26 +308,33 @@ std::vector<std::string> settings_without_effect(const JobConfig& job) {
   const ExpertParallelSpec& ep = job.cluster.expert_parallel;
   const bool all_ones = std::all_of(ep.domain_sizes.begin(), ep.domain_sizes.end(), [](int s) { return s == 1; });
   const bool no_replicas = ep.mode == EpMode::kEp || (ep.mode == EpMode::kHybrid && all_ones);
-  bool any_sr = false;
+  bool any_sr = false, outer_sr = false;  // an sr: all-gather anywhere; on a level but the innermost
   for (size_t i = 0; i < job.cluster.levels.size(); ++i) {
     const LinkCodecs& c = job.cluster.levels[i].link.codecs;
     const std::string at = "cluster.levels[" + std::to_string(i) + "].link.codecs.";
     for (const auto& [kind, spec] : {std::pair{"expert_gather", &c.expert_gather}, {"expert_grad", &c.expert_grad}}) {
       auto parsed = ExpertCodecSpec::parse(*spec);
       if (!parsed) continue;  // validate() names it
-      if (std::string(kind) == "expert_gather") any_sr = any_sr || parsed->against_base;
+      if (std::string(kind) == "expert_gather" && parsed->against_base) {
+        any_sr = true;
+        outer_sr = outer_sr || i + 1 < job.cluster.levels.size();
+      }
       if (no_replicas && !parsed->is_raw())
         out.push_back(at + kind + ": no effect: every domain is one worker, so no expert crosses a link");
       for (const ExpertCodecSpec::Switch& w : parsed->later)
         if (w.from_step >= static_cast<uint64_t>(job.train.steps))
           out.push_back(at + kind + ": the switch at step " + std::to_string(w.from_step) +
                         " never applies: the job's last step is " + std::to_string(job.train.steps - 1) +
-                        " (steps count from 0)");
+                        " (the codec schedule counts steps from 0; logs and trace_steps from 1)");
     }
   }
-  if (!any_sr && (ep.base_codec != "bf16" || ep.base_sync_every != 1))
-    out.push_back(std::string("cluster.expert_parallel.") + (ep.base_codec != "bf16" ? "base_codec" : "base_sync_every") +
-                  ": no effect: no link's expert_gather codes against the SR base (sr:)");
+  if (!any_sr && ep.base_sync_every != 1)
+    out.push_back("cluster.expert_parallel.base_sync_every: no effect: no link's expert_gather codes against the SR "
+                  "base (sr:)");
+  // The base's sums cross the innermost level in bf16 whatever base_codec says.
+  if (!outer_sr && ep.base_codec != "bf16")
+    out.push_back("cluster.expert_parallel.base_codec: no effect: no link class but the innermost has an sr: "
+                  "expert_gather, and the innermost sends the base's sums in bf16");
   if (ep.replica_weight_gradients != ReplicaWeightGradients::kAuto && (no_replicas || !job.train.farskip.overlapped))
     out.push_back("cluster.expert_parallel.replica_weight_gradients: no effect: only an overlapped HybridEP backward "
                   "(replicas, farskip.overlapped: true) schedules the replicas' weight gradients");

@@ -7,9 +7,12 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 #include "common/status.h"
@@ -64,7 +67,7 @@ class YamlReader {
         for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
         return fail(kv.first, prefix + "." + key, "unknown key (known: " + known + ")");
       }
-      // YAML itself lets a later copy win; a config that says two things means neither.
+      // YAML forbids duplicate keys, but yaml-cpp keeps both copies and the fields would merge silently.
       if (auto it = seen.find(key); it != seen.end())
         return fail(kv.first, prefix + "." + key, "given twice (first on line " + std::to_string(it->second) + ")");
       seen[key] = kv.first.Mark().line + 1;
@@ -88,6 +91,11 @@ class YamlReader {
     try {
       *out = n.as<T>();
     } catch (const YAML::Exception&) {
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        if (out_of_range<T>(n.Scalar()))
+          return fail(n, key, "'" + n.Scalar() + "' is out of range (" + std::to_string(std::numeric_limits<T>::min()) +
+                                  ".." + std::to_string(std::numeric_limits<T>::max()) + ")");
+      }
       fail(n, key, std::string("expected ") + type_name<T>() + ", got '" + n.Scalar() + "'");
     }
   }
@@ -107,6 +115,14 @@ class YamlReader {
   const Status& status() const { return status_; }
 
  private:
+  // A decimal integer too large for T (and not, say, "08", which yaml-cpp reads as bad octal).
+  template <typename T>
+  static bool out_of_range(const std::string& s) {
+    const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+    T v{};
+    const auto [end, ec] = std::from_chars(begin, s.data() + s.size(), v);
+    return ec == std::errc::result_out_of_range && end == s.data() + s.size();
+  }
   template <typename T>
   static const char* type_name() {
     if constexpr (std::is_same_v<T, bool>) return "a boolean";

@@ -41,10 +41,15 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
     const bool digits = !step.empty() && step.size() <= 12 &&
                         std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; });
     const uint64_t from_step = digits ? std::stoull(step) : 0;
-    if (colon == std::string::npos || from_step <= (out.later.empty() ? 0 : out.later.back().from_step))
-      return Status::invalid_argument("expert codec '" + spec + "': '@" + part +
-                                      "' must be @STEP:PIPELINE with STEP a training step of at least 1, "
-                                      "after the previous switch's" + form);
+    const uint64_t previous = out.later.empty() ? 0 : out.later.back().from_step;
+    if (colon == std::string::npos || from_step <= previous) {
+      const std::string why = colon == std::string::npos ? "a pipeline after the colon"
+                              : !digits                    ? "STEP a training step (up to 12 digits)"
+                              : out.later.empty()          ? "STEP a training step of at least 1"
+                                                  : "STEP after the previous switch's step " + std::to_string(previous);
+      return Status::invalid_argument("expert codec '" + spec + "': '@" + part + "' must be @STEP:PIPELINE with " +
+                                      why + form);
+    }
     auto later = CodecPipeline::parse(part.substr(colon + 1));
     if (!later)
       return Status::invalid_argument("expert codec '" + spec + "': from step " + step + ": " +

@@ -69,7 +69,7 @@ Status TrainConfig::validate() const {
   for (int64_t s : trace_steps)
     if (s < 1 || s > steps)
       return bad("train.trace_steps", "step " + std::to_string(s) + " is outside 1.." + std::to_string(steps) +
-                                          " (train.steps; --trace-steps and --steps override them)");
+                                          " (train.steps)");
   if (!trace_steps.empty() && trace_dir.empty()) return bad("train.trace_dir", "must be set to trace steps");
   if (model.vocab_size < 256) return bad("model.vocab_size", "must be >= 256 for byte tokens");
   if (!(data.validation_fraction >= 0 && data.validation_fraction < 0.5))

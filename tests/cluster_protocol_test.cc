@@ -139,6 +139,13 @@ TEST(JobConfig, SettingsThatCannotChangeTheJobAreNamedAndTheOthersAreNot) {
   JobConfig raw = example_job();
   raw.cluster.expert_parallel.base_codec = "sign";
   EXPECT_TRUE(names(settings_without_effect(raw), "cluster.expert_parallel.base_codec"));
+  // The base's sums cross the innermost level in bf16 whatever base_codec says.
+  raw.cluster.levels.back().link.codecs.expert_gather = "sr:ef:bf16";
+  EXPECT_TRUE(names(settings_without_effect(raw), "cluster.expert_parallel.base_codec"));
+  raw.cluster.levels.front().link.codecs.expert_gather = "sr:ef:bf16";
+  EXPECT_TRUE(settings_without_effect(raw).empty());
+  raw.cluster.levels.back().link.codecs.expert_gather = "raw";
+  raw.cluster.levels.front().link.codecs.expert_gather = "raw";
   raw.cluster.expert_parallel.base_codec = "bf16";
   const int64_t steps = raw.train.steps;
   raw.cluster.levels[0].link.codecs.expert_gather =

@@ -296,8 +296,12 @@ TEST(TrainConfig, TheFarSkipSectionSetsConnectivityAndRefusesContradictions) {
        "farskip.enabled: asks for farskip on every layer, but model.connectivity says farskip_moe"},
       {"farskip: {enabeld: true}\n", "farskip.enabeld"},
       {"train: {steps: 5, trace_steps: [6]}\n", "train.trace_steps: step 6 is outside 1..5"},
-      {"farskip: {enabled: true}\nfarskip: {enabled: false}\n", "job.yaml:2: config.farskip: given twice (first on line 1)"},
+      {"farskip: {enabled: true}\nfarskip: {enabled: false}\n",
+       "job.yaml:2: config.farskip: given twice (first on line 1)"},
       {"train: {steps: 5, steps: 6}\n", "train.steps: given twice"},
+      {"train: {steps: 99999999999999999999}\n", "train.steps: '99999999999999999999' is out of range"},
+      {"train: {steps: 5x}\n", "train.steps: expected an integer, got '5x'"},
+      {"train: {steps: 08}\n", "train.steps: expected an integer, got '08'"},
   };
   for (const auto& [yaml, want] : bad) {
     auto r = parse_train_config(yaml, "job.yaml");
