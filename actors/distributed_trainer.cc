@@ -168,8 +168,7 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     // The SR base crosses a link class in bf16 where that class's AG codes
     // against it (the stages as in the dense all-reduce: inner = innermost).
     if (g->against_base) (l == L - 1 ? codec_options.base_inner_bf16 : codec_options.base_outer_bf16) = true;
-    if (g->against_base && l < L - 1 && job_.cluster.expert_parallel.base_codec == "sign")
-      codec_options.base_outer_sign = true;
+    if (job_.cluster.base_as_signs(l, g->against_base)) codec_options.base_outer_sign = true;
     codec_options.gather.push_back(std::move(*g));
     codec_options.grad.push_back(std::move(*r));
   }

@@ -82,6 +82,11 @@ int run_coordinator(const CoordinatorFlags& f) {
 }
 }  // namespace
 
+CLI::Option* add_trace_steps_option(CLI::App* cmd, std::vector<int64_t>* steps, const std::string& help) {
+  return cmd->add_option("--trace-steps", *steps, help)->delimiter(',')->check(
+      CLI::Range(int64_t{1}, int64_t{1000000000}));
+}
+
 void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
   cmd->add_flag("--farskip", o->farskip, "FarSkip connectivity on every layer (farskip.enabled)");
   cmd->add_flag("--no-overlap", o->no_overlap,
@@ -103,9 +108,7 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                     kSrCodecs.expert_gather + ", expert_grad " + kSrCodecs.expert_grad + ", dense_grad " +
                     kSrCodecs.dense_grad + ", the SR base every " + std::to_string(kSrCodecs.base_sync_every) +
                     " steps (docs/compression.md)");
-  cmd->add_option("--trace-steps", o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
+  add_trace_steps_option(cmd, &o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21");
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");
 }
 

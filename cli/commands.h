@@ -27,6 +27,9 @@ std::string coordinator_cli_endpoint(const std::string& flag);
 // (ScheduleOverrides), shared by the coordinator and `xdmoe plan`.
 void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o);
 
+// --trace-steps: comma-separated steps, each at least 1.
+CLI::Option* add_trace_steps_option(CLI::App* cmd, std::vector<int64_t>* steps, const std::string& help);
+
 // True when the YAML file has a top-level `cluster:` key: a distributed
 // job's config (cluster/job_config.h) rather than a one-process one.
 Expected<bool> has_cluster_section(const std::string& path);

@@ -372,11 +372,9 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "computes the replicas' weight gradients after the embedding's (+early with their layer; neither: "
                   "the config's, auto by default), +sr compresses the outermost link's expert weights (SR residuals), "
                   "replica gradients and dense gradients (the coordinator's --sr-codecs) (repeatable)");
-  cmd->add_option("--trace-steps", f->trace_steps,
-                  "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
-                  "scripts/trace_png.py draws them)")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
+  add_trace_steps_option(cmd, &f->trace_steps,
+                         "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
+                         "scripts/trace_png.py draws them)");
   cmd->add_option("--steps", f->steps, "Override train.steps");
   cmd->add_option("--run-dir", f->run_dir, "Where logs and summaries go")->capture_default_str();
   cmd->add_option("--cli-bind", f->cli_bind, "Coordinator CLI endpoint (for xdmoe status/top)")->capture_default_str();

@@ -60,6 +60,10 @@ int ClusterSpec::world_size() const {
   return g;
 }
 
+bool ClusterSpec::base_as_signs(size_t level, bool gather_against_base) const {
+  return gather_against_base && level + 1 < levels.size() && expert_parallel.base_codec == "sign";
+}
+
 std::vector<int> ClusterSpec::level_sizes() const {
   std::vector<int> s;
   for (const LevelSpec& l : levels) s.push_back(l.size);

@@ -141,6 +141,10 @@ struct ClusterSpec {
 
   int world_size() const;                // G = prod SF^l
   std::vector<int> level_sizes() const;  // SF^0..SF^{L-1}
+  // Whether the SR base's sums cross level `level` as sign bits: its
+  // all-gather codes against the base, base_codec is sign, and it is not the
+  // innermost level (whose sums always go in bf16).
+  bool base_as_signs(size_t level, bool gather_against_base) const;
   // Checks every rule the parser checks; errors name the key ("cluster.levels[1].size").
   Status validate() const;
 };

@@ -308,17 +308,15 @@ std::vector<std::string> settings_without_effect(const JobConfig& job) {
   const ExpertParallelSpec& ep = job.cluster.expert_parallel;
   const bool all_ones = std::all_of(ep.domain_sizes.begin(), ep.domain_sizes.end(), [](int s) { return s == 1; });
   const bool no_replicas = ep.mode == EpMode::kEp || (ep.mode == EpMode::kHybrid && all_ones);
-  bool any_sr = false, outer_sr = false;  // an sr: all-gather anywhere; on a level but the innermost
+  bool any_sr = false, base_signs = false;  // an sr: all-gather anywhere; the base crossing some level as signs
   for (size_t i = 0; i < job.cluster.levels.size(); ++i) {
     const LinkCodecs& c = job.cluster.levels[i].link.codecs;
     const std::string at = "cluster.levels[" + std::to_string(i) + "].link.codecs.";
     for (const auto& [kind, spec] : {std::pair{"expert_gather", &c.expert_gather}, {"expert_grad", &c.expert_grad}}) {
       auto parsed = ExpertCodecSpec::parse(*spec);
       if (!parsed) continue;  // validate() names it
-      if (std::string(kind) == "expert_gather" && parsed->against_base) {
-        any_sr = true;
-        outer_sr = outer_sr || i + 1 < job.cluster.levels.size();
-      }
+      any_sr = any_sr || parsed->against_base;  // (sr: is refused on gradients)
+      base_signs = base_signs || job.cluster.base_as_signs(i, parsed->against_base);
       if (no_replicas && !parsed->is_raw())
         out.push_back(at + kind + ": no effect: every domain is one worker, so no expert crosses a link");
       for (const ExpertCodecSpec::Switch& w : parsed->later)
@@ -331,8 +329,7 @@ std::vector<std::string> settings_without_effect(const JobConfig& job) {
   if (!any_sr && ep.base_sync_every != 1)
     out.push_back("cluster.expert_parallel.base_sync_every: no effect: no link's expert_gather codes against the SR "
                   "base (sr:)");
-  // The base's sums cross the innermost level in bf16 whatever base_codec says.
-  if (!outer_sr && ep.base_codec != "bf16")
+  if (ep.base_codec != "bf16" && !base_signs)
     out.push_back("cluster.expert_parallel.base_codec: no effect: no link class but the innermost has an sr: "
                   "expert_gather, and the innermost sends the base's sums in bf16");
   if (ep.replica_weight_gradients != ReplicaWeightGradients::kAuto && (no_replicas || !job.train.farskip.overlapped))
