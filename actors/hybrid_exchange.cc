@@ -157,13 +157,8 @@ void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {
 
 HybridExpertExchange::Hop HybridExpertExchange::dispatch_hop(int l, const std::vector<int>& ids) const {
   const int members = topology_.level_sizes()[l];
-  const int S = topology_.domain_sizes()[l];
-  const int my_domain = topology_.domain(rank_, l), my_offset = topology_.offset(rank_, l);
   std::vector<int> dest(ids.size());
-  for (size_t k = 0; k < ids.size(); ++k) {
-    const int owner_domain = topology_.domain(owner_of(ids[k]), l);
-    dest[k] = owner_domain == my_domain ? topology_.coordinate(rank_, l) : owner_domain * S + my_offset;
-  }
+  for (size_t k = 0; k < ids.size(); ++k) dest[k] = topology_.dispatch_coordinate(rank_, l, owner_of(ids[k]));
   Hop hop;
   hop.send_order.resize(ids.size());
   std::iota(hop.send_order.begin(), hop.send_order.end(), 0);

@@ -39,32 +39,6 @@ namespace {
 
 using namespace xd;
 
-// A LocalExpertExchange that keeps a copy of what crosses it.
-class RecordingExchange final : public ExpertExchange<float> {
- public:
-  explicit RecordingExchange(int experts) : inner_(experts) {}
-  void start_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts,
-                        int width) override {
-    std::vector<float>& keep = tag.phase == (int)ExchangePhase::kDispatch ? activations : output_grads;
-    keep.insert(keep.end(), rows.begin(), rows.end());
-    inner_.start_to_experts(tag, std::move(rows), counts, width);
-  }
-  void finish_to_experts(const ExchangeTag& tag, std::vector<float>* out, std::vector<int>* out_counts) override {
-    inner_.finish_to_experts(tag, out, out_counts);
-  }
-  void start_to_sources(const ExchangeTag& tag, std::vector<float> rows, int width) override {
-    inner_.start_to_sources(tag, std::move(rows), width);
-  }
-  void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override {
-    inner_.finish_to_sources(tag, out);
-  }
-  const std::vector<int>& computed_experts() const override { return inner_.computed_experts(); }
-  std::vector<float> activations, output_grads;
-
- private:
-  LocalExpertExchange<float> inner_;
-};
-
 struct Dataset {
   std::string name;
   std::vector<std::vector<float>> tensors;  // each encoded on its own
@@ -183,7 +157,14 @@ int main(int argc, char** argv) {
   if (!tokens) return std::fprintf(stderr, "%s\n", tokens.status().message().c_str()), 1;
   const int B = cfg.batch_size, T = cfg.seq_len;
   std::vector<int32_t> in(tokens->begin(), tokens->begin() + B * T), tgt(tokens->begin() + 1, tokens->begin() + 1 + B * T);
-  RecordingExchange exchange(mc.num_experts);
+  // Keeps a copy of what crosses the exchange: the experts' inputs
+  // (Dispatch) and their output gradients (the backward of Combine).
+  LocalExpertExchange<float> exchange(mc.num_experts);
+  std::vector<float> activations, output_grads;
+  exchange.set_observer([&](const ExchangeTag& tag, const std::vector<float>& rows, const std::vector<int>&) {
+    std::vector<float>& keep = tag.phase == (int)ExchangePhase::kDispatch ? activations : output_grads;
+    keep.insert(keep.end(), rows.begin(), rows.end());
+  });
   model.zero_grad();
   model.forward(in.data(), tgt.data(), B, T, &exchange);
   model.backward(&exchange);
@@ -216,10 +197,10 @@ int main(int argc, char** argv) {
         grad_messages.shapes.push_back({1, n});
       }
     }
-  acts.tensors.push_back(exchange.activations);
-  acts.shapes.push_back({exchange.activations.size() / d, d});
-  ograds.tensors.push_back(exchange.output_grads);
-  ograds.shapes.push_back({exchange.output_grads.size() / d, d});
+  acts.tensors.push_back(activations);
+  acts.shapes.push_back({activations.size() / d, d});
+  ograds.tensors.push_back(output_grads);
+  ograds.shapes.push_back({output_grads.size() / d, d});
 
   // The yardstick: memcpy of the expert weights.
   std::vector<float> sink(experts.bytes() / sizeof(float));

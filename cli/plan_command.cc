@@ -94,6 +94,9 @@ int run_plan(const PlanOptions& o) {
       if (!e.note.empty()) std::fprintf(stderr, "note: level '%s': %s; its figures come from the spec\n",
                                         e.name.c_str(), e.note.c_str());
     for (const std::string& s : settings_without_effect(job)) std::fprintf(stderr, "note: %s\n", s.c_str());
+    if (!planned->routing_note.empty())
+      std::fprintf(stderr, "note: routing not probed (%s); uniform routing (F = 1) until the run measures it\n",
+                   planned->routing_note.c_str());
   }
   const Workload w = workload_of(in);
   const Plan& plan = planned->plan;
@@ -135,6 +138,11 @@ int run_plan(const PlanOptions& o) {
                     {"step_probe_tokens", step_probe.tokens},
                     {"step_probe_copies", step_probe.copies},
                     {"step_probe_s", step_probe.seconds}};
+    if (planned->routing.workers > 0)
+      j["routing_probe"] = {{"tokens_per_worker", planned->routing.tokens_per_worker},
+                            {"seconds", planned->routing.seconds}};
+    else
+      j["routing_probe"] = {{"note", planned->routing_note}};
     j["workload"] = {{"num_moe_layers", w.num_moe_layers},
                      {"experts_per_worker", w.experts_per_worker},
                      {"expert_bytes", w.expert_bytes},
@@ -175,6 +183,7 @@ int run_plan(const PlanOptions& o) {
                                  {"iteration_s", c.iteration_s},
                                  {"gathered_bytes", c.gathered_bytes},
                                  {"level_bytes", c.level_bytes},
+                                 {"a2a_imbalance", c.a2a_imbalance},
                                  {"feasible", c.feasible},
                                  {"why_infeasible", c.why_infeasible}});
     std::printf("%s\n", j.dump(2).c_str());
@@ -245,6 +254,23 @@ int run_plan(const PlanOptions& o) {
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
                 backward.c_str(), connectivity_name(in.model.layer_connectivity(0)),
                 replica_weight_gradients_name(w.replica_weight_gradients));
+    if (planned->routing.workers > 0) {
+      std::string fs;
+      for (const PlanCandidate& c : plan.candidates) {
+        fs += (fs.empty() ? " " : ", ") + fmt_list(c.domain_sizes);
+        for (double f : c.a2a_imbalance) {
+          char one[32];
+          std::snprintf(one, sizeof one, " %.2f", f);
+          fs += one;
+        }
+      }
+      std::string names;
+      for (const LinkEstimate& ls : links) names += (names.empty() ? "" : ", ") + ls.name;
+      std::printf("routing: each worker's first %lld tokens through the initial weights (%s): a token A2A hop lasts "
+                  "F times the mean rows' time, F per level (%s):%s; the run re-fits F from what it measures\n",
+                  planned->routing.tokens_per_worker, fmt_seconds(planned->routing.seconds).c_str(), names.c_str(),
+                  fs.c_str());
+    }
     std::printf("\n  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
                 "compute", "a2a", "exp.a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "exp.ar", "iteration");
     std::printf("  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "", "", "f/b", "ms", "ms", "ms", "ms",
@@ -296,7 +322,9 @@ void add_plan_command(CLI::App& app, int* exit_code) {
       "model on this machine (about 0.3-1 s; as many copies at once as workers will share\n"
       "its cores); shaped links from loopback probes, unshaped ones from the config. The\n"
       "link probes also measure the transport's CPU time per byte, which an overlapped\n"
-      "schedule takes from compute when the workers fill this machine's cores.\n"
+      "schedule takes from compute when the workers fill this machine's cores. The\n"
+      "routing probe runs each worker's first batch through the initial weights for the\n"
+      "token A2As' imbalance F under each candidate's domains (the run re-fits it).\n"
       "Probes measure: two runs on a busy machine can differ. The cost model: docs/planner.md.");
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);

@@ -74,6 +74,11 @@ int Topology::with_coordinate(int m, int l, int x) const {
   return m + (x - coordinate(m, l)) * strides_[l];
 }
 
+int Topology::dispatch_coordinate(int m, int l, int owner) const {
+  const int owner_domain = domain(owner, l);
+  return owner_domain == domain(m, l) ? coordinate(m, l) : owner_domain * domain_sizes_[l] + offset(m, l);
+}
+
 int Topology::domain(int m, int l) const { return coordinate(m, l) / domain_sizes_[l]; }
 int Topology::offset(int m, int l) const { return coordinate(m, l) % domain_sizes_[l]; }
 

@@ -54,6 +54,11 @@ class Topology {
   int offset(int m, int l) const;                     // x_l mod S^l
   // m with coordinate l replaced by x.
   int with_coordinate(int m, int l, int x) const;
+  // Dispatch's rule at level l for a token row at m whose expert `owner`
+  // owns: the level-l coordinate the row moves to. m's own when the owner is
+  // in m's level-l domain (that level gathered the expert), else m's offset
+  // in the owner's domain (an A2A peer).
+  int dispatch_coordinate(int m, int l, int owner) const;
 
   PairType pair_type(int m, int n, int l) const;
   // Every ordered pair (m, n, level, type) with type != none, by m, then level, then n.

@@ -82,6 +82,7 @@ class Coordinator::Impl {
   double started = 0, stop_deadline = 0;
   int64_t last_logged_step = 0, last_replan_step = 0;
   double startup_predicted_s = 0;  // the start-up plan's step, before any re-plan or re-fit
+  std::vector<double> startup_a2a_imbalance;  // the F per level it assumed (the routing probe's; empty: 1)
   double running_since = 0;  // when the workers were assigned
   ProgressLine progress;     // stdout: a live bar on a terminal, plain lines elsewhere
 
@@ -234,6 +235,18 @@ Status Coordinator::Impl::run() {
   XD_LOG_INFO("coordinator", "compute model: %.2f GFLOP/s per worker, x %.2f for non-GEMM work (a model step of %lld tokens took %.1f ms)",
               planned->compute.flops_per_s / 1e9, planned->compute.non_gemm_factor, planned->step_probe.tokens,
               planned->step_probe.seconds * 1e3);
+  if (planned->routing.workers > 0) {
+    std::string fs;
+    const std::vector<double>& f = planned->plan.choice().a2a_imbalance;
+    for (size_t l = 0; l < f.size() && l < job.cluster.levels.size(); ++l)
+      fs += (fs.empty() ? "" : ", ") + job.cluster.levels[l].name + " " + std::to_string(f[l]).substr(0, 4);
+    XD_LOG_INFO("coordinator", "routing probe: each worker's first %lld tokens through the initial weights (%.0f ms): "
+                "a token A2A hop lasts F times the mean rows' time, %s under the chosen domains",
+                planned->routing.tokens_per_worker, planned->routing.seconds * 1e3, fs.c_str());
+  } else {
+    XD_LOG_WARN("coordinator", "routing not probed (%s); uniform routing (F = 1) until the run measures it",
+                planned->routing_note.c_str());
+  }
   plan = planned->plan;
   plan_inputs = planned->inputs;
   start_http();
@@ -427,6 +440,7 @@ void Coordinator::Impl::assign_all() {
   a.flat_ep = opts.flat_ep && plan.mode == EpMode::kEp;
   a.predicted_step_s = plan.choice().iteration_s;
   startup_predicted_s = a.predicted_step_s;
+  startup_a2a_imbalance = plan.choice().a2a_imbalance;
   a.hold = opts.hold;
   a.resume_dir = resume_dir;
   a.job = job;
@@ -742,6 +756,7 @@ void Coordinator::Impl::write_summary() {
                       {"steps_complete", metrics.complete_steps().size()},
                       {"predicted_step_s", plan.choice().iteration_s},
                       {"startup_predicted_step_s", startup_predicted_s}};
+  if (!startup_a2a_imbalance.empty()) j["startup_a2a_imbalance"] = startup_a2a_imbalance;
   if (!outcome.is_ok()) j["error"] = outcome.message();
   nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array(),
                  step_numbers = nlohmann::json::array();

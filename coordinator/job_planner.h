@@ -12,7 +12,11 @@
 //      model's width: the fraction of the bytes it leaves and its encode +
 //      decode time (per core, shared like compute when every worker runs
 //      here); raw costs nothing and is not measured;
-//   4. plans every expert-domain candidate (coordinator/planner.h).
+//   4. routes each worker's first batch through the job's initial weights
+//      (coordinator/routing_probe.h) for each candidate's A2A imbalance F;
+//      where it cannot (the data is not here, the model is too large), F is
+//      1 until the run measures it, and routing_note says why;
+//   5. plans every expert-domain candidate (coordinator/planner.h).
 // Takes about 1-5 s. Not thread-safe against other GEMMs of this process
 // (the probes set OpenBLAS's thread count).
 #pragma once
@@ -25,6 +29,7 @@
 #include "common/status.h"
 #include "coordinator/link_probe.h"
 #include "coordinator/planner.h"
+#include "coordinator/routing_probe.h"
 #include "coordinator/step_probe.h"
 
 namespace xd {
@@ -57,6 +62,8 @@ struct JobPlan {
   LinearFit gemm_fit;
   StepProbe step_probe;  // tokens == 0 when the step probe failed
   std::string compute_note;  // why the compute model counts GEMMs only, if it does
+  RoutingProbe routing;      // workers == 0 when not probed
+  std::string routing_note;  // why not
 };
 
 // Errors: the inputs do not validate (for example a bad domain size).

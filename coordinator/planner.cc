@@ -10,6 +10,12 @@
 
 namespace xd {
 
+std::vector<double> PlannerInputs::a2a_imbalance_for(const std::vector<int>& domain_sizes) const {
+  if (!a2a_imbalance.empty()) return a2a_imbalance;
+  const auto routed = routed_a2a_imbalance.find(domain_sizes);
+  return routed == routed_a2a_imbalance.end() ? std::vector<double>{} : routed->second;
+}
+
 Status PlannerInputs::validate() const {
   XD_RETURN_IF_ERROR(model.validate());
   auto bad = [](const std::string& why) { return Status::invalid_argument("planner: " + why); };
@@ -44,6 +50,12 @@ Status PlannerInputs::validate() const {
     return bad("need one A2A imbalance per level, or none");
   for (double f : a2a_imbalance)
     if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
+  for (const auto& [domains, fs] : routed_a2a_imbalance) {
+    if (domains.size() != level_sizes.size() || fs.size() != level_sizes.size())
+      return bad("a routed A2A imbalance needs a domain size and an F per level");
+    for (double f : fs)
+      if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
+  }
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -156,6 +168,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
   w.exchange_cpu_s_per_byte = in.compute.exchange_cpu_s_per_byte;
   w.a2a_imbalance = in.a2a_imbalance;
+  w.routed_a2a_imbalance = in.routed_a2a_imbalance;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   w.base_outer_sign = in.expert_parallel.base_codec == "sign";
@@ -585,6 +598,17 @@ PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                  double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs) {
+  // Without a measured F, the candidate's own from the routing probe: its
+  // domains decide which rows cross which level.
+  if (w.a2a_imbalance.empty()) {
+    const auto routed = w.routed_a2a_imbalance.find(domain_sizes);
+    if (routed != w.routed_a2a_imbalance.end()) {
+      Workload with_f = w;
+      with_f.a2a_imbalance = routed->second;
+      with_f.routed_a2a_imbalance.clear();
+      return evaluate_candidate(with_f, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs);
+    }
+  }
   // Forward degrees: the given one, or 1, 2, 4, 8 (those a given backward
   // degree divides, or that degree itself); backward: the given one, the
   // forward's where it follows, or each divisor of the forward's among 1, 2,
@@ -623,6 +647,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     if (held_back.replica_weights_late && held_back.iteration_s < best.iteration_s * (1 - kPlanTieMargin))
       best = std::move(held_back);
   }
+  best.a2a_imbalance = w.a2a_imbalance;
   return best;
 }
 

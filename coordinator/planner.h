@@ -40,6 +40,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -118,8 +119,15 @@ struct PlannerInputs {
   // Per level, how much longer than the mean a token A2A's hop lasts: a
   // worker sends more rows than it receives or the reverse, and the hop
   // lasts as long as the larger side (F >= 1, a run's LINK/moe_peak_raw over
-  // its raw token bytes). Empty: uniform routing (F = 1), as at start-up.
+  // its raw token bytes). Empty: each candidate's routed_a2a_imbalance, or
+  // uniform routing (F = 1).
   std::vector<double> a2a_imbalance;
+  // Per domain-size candidate, the F per level of the job's first batch at
+  // its initial weights (coordinator/routing_probe.h): the start-up's.
+  std::map<std::vector<int>, std::vector<double>> routed_a2a_imbalance;
+  // The F a candidate is planned with: a2a_imbalance, else its entry of
+  // routed_a2a_imbalance, else empty (1 everywhere).
+  std::vector<double> a2a_imbalance_for(const std::vector<int>& domain_sizes) const;
 
   Status validate() const;
 };
@@ -166,6 +174,7 @@ struct Workload {
   double transport_cpu_s_per_byte = 0;  // ComputeModel's
   double exchange_cpu_s_per_byte = 0;   // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
+  std::map<std::vector<int>, std::vector<double>> routed_a2a_imbalance;  // PlannerInputs'
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
@@ -204,6 +213,7 @@ struct PlanCandidate {
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
+  std::vector<double> a2a_imbalance;  // the F per level it was planned with (empty: 1)
   bool feasible = true;
   std::string why_infeasible;
 };

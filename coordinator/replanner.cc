@@ -212,8 +212,8 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
 
 std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
   const size_t levels = inputs_.level_sizes.size();
-  const std::vector<double> assumed =
-      inputs_.a2a_imbalance.empty() ? std::vector<double>(levels, 1.0) : inputs_.a2a_imbalance;
+  std::vector<double> assumed = inputs_.a2a_imbalance_for(plan_.choice().domain_sizes);
+  if (assumed.empty()) assumed.assign(levels, 1.0);
   std::vector<double> fitted = assumed;
   bool moved = false;
   for (size_t l = 0; l < levels; ++l) {

@@ -20,7 +20,8 @@
 // imbalance per level (how much longer than the mean a hop lasts, the runs'
 // LINK/moe_peak_raw over the raw token bytes) is re-fitted alike: measured
 // in every step of a window more than compute_tolerance from the assumed
-// (1 at start-up), the same way, and the prediction follows it.
+// (the routing probe's at start-up, else 1), the same way, and the
+// prediction follows it.
 // The planner can be wrong: once the new plan has run a few steps, its
 // measured step time is compared with the old plan's under the same link,
 // and the old plan comes back if the new one is more than revert_margin

@@ -60,6 +60,7 @@ void LocalExpertExchange<T>::start_to_experts(const ExchangeTag& tag, std::vecto
   const int E = static_cast<int>(experts_.size());
   XD_CHECK(tag.span >= 1 && counts.size() == (size_t)E * tag.span);
   XD_CHECK((int64_t)rows.size() == std::accumulate(counts.begin(), counts.end(), int64_t{0}) * width);
+  if (observer_) observer_(tag, rows, counts);
   Pending p{std::move(rows), counts};
   if (tag.span > 1) {
     p.rows = reorder_span(p.rows, counts, E, width, true);

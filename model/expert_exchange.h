@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -109,6 +110,11 @@ template <typename T>
 class LocalExpertExchange final : public ExpertExchange<T> {
  public:
   explicit LocalExpertExchange(int num_experts);
+  // Called by every start_to_experts (Dispatch and the backward of Combine)
+  // with its tag, rows and counts before they move: for probes and
+  // benchmarks that look at what a step routes where. May be empty.
+  using Observer = std::function<void(const ExchangeTag&, const std::vector<T>& rows, const std::vector<int>& counts)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
   void start_to_experts(const ExchangeTag& tag, std::vector<T> rows, const std::vector<int>& counts,
                         int width) override;
   void finish_to_experts(const ExchangeTag& tag, std::vector<T>* out, std::vector<int>* out_counts) override;
@@ -122,6 +128,7 @@ class LocalExpertExchange final : public ExpertExchange<T> {
     std::vector<int> counts;
   };
   std::vector<int> experts_;
+  Observer observer_;
   std::map<ExchangeTag, Pending> pending_;  // started, not finished
   // Per (layer, chunk) of a backward exchange of span > 1: its chunks'
   // counts, one after the other, to put its rows back in chunk order.

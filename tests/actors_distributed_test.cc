@@ -127,6 +127,33 @@ TEST(Distributed, EachA2aHopCountsItsLargerSideBetweenTheRowsSentAndTwiceThem) {
   }
 }
 
+// The coordinator's routing probe routes each worker's first batch through
+// the initial weights as the workers do, so at one chunk a hop the run's
+// first step measures exactly the imbalance the start-up plan assumed.
+TEST(Distributed, TheFirstStepMeasuresTheImbalanceTheRoutingProbeForetold) {
+  std::string config = model_yaml() + cluster_yaml(2, 2);
+  const std::string steps = "steps: 20";
+  ASSERT_NE(config.find(steps), std::string::npos);
+  config.replace(config.find(steps), steps.size(), "steps: 1");
+  auto r = testing::run_job(temp_dir("routing"), config, 4, {"--mode", "ep", "--pipeline-degree", "1"});
+  ASSERT_TRUE(r.ok()) << r.logs();
+  ASSERT_TRUE(r.summary.contains("startup_a2a_imbalance")) << r.coordinator_log;
+  const auto& assumed = r.summary["startup_a2a_imbalance"];
+  const auto& bytes = r.summary["bytes_per_step"];
+  ASSERT_EQ(assumed.size(), 2u);
+  size_t level = 0;
+  for (const char* link : {"dc", "worker"}) {
+    const std::string l = link;
+    const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
+    const double measured = bytes[l + "/moe_peak_raw"].get<double>() / sent;
+    std::printf("[dist] %s: the routing probe's F %.4f, step 1 measured %.4f\n", link,
+                assumed[level].get<double>(), measured);
+    EXPECT_GT(measured, 1.0) << l << ": the initial routing is uneven, or this compares nothing";
+    EXPECT_NEAR(assumed[level].get<double>(), measured, 1e-9) << l;
+    ++level;
+  }
+}
+
 class HybridDomains : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
 
 TEST_P(HybridDomains, HybridEpMatchesOneProcessForThisDomainChoice) {

@@ -549,6 +549,41 @@ TEST(Planner, AnA2AImbalanceStretchesEveryHopOfItsLevelByItsFactor) {
   EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
 }
 
+// At start-up each candidate takes the routing probe's F for its own
+// domains (they decide which rows cross which level); a measured F, once a
+// run has one, holds for every candidate.
+TEST(Planner, EachCandidateTakesTheRoutedImbalanceOfItsDomainsUntilOneIsMeasured) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  Workload w = farskip_layer(false, 1);
+  const PlanCandidate uniform = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  w.routed_a2a_imbalance[{1}] = {1.5};
+  w.routed_a2a_imbalance[{2}] = {1.25};
+  const PlanCandidate routed = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  EXPECT_DOUBLE_EQ(routed.exposed_a2a_s, 6.0) << "F = 1.5 on 4 s of A2A";
+  EXPECT_EQ(routed.a2a_imbalance, std::vector<double>{1.5});
+  EXPECT_TRUE(uniform.a2a_imbalance.empty()) << "nothing routed, nothing measured: F = 1";
+  w.a2a_imbalance = {1.25};  // measured by the run
+  const PlanCandidate measured = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  EXPECT_DOUBLE_EQ(measured.exposed_a2a_s, 5.0);
+  EXPECT_EQ(measured.a2a_imbalance, std::vector<double>{1.25});
+
+  PlannerInputs in;
+  in.model = default_train_config().model;
+  in.level_sizes = {2};
+  in.links = {LinkModel{1e-3, 1e-9}};
+  in.routed_a2a_imbalance[{1}] = {1.5};
+  EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
+  EXPECT_EQ(in.a2a_imbalance_for({1}), std::vector<double>{1.5});
+  EXPECT_TRUE(in.a2a_imbalance_for({2}).empty());
+  in.a2a_imbalance = {1.1};
+  EXPECT_EQ(in.a2a_imbalance_for({1}), std::vector<double>{1.1}) << "a measured F holds for every candidate";
+  in.routed_a2a_imbalance[{2}] = {0.5};
+  EXPECT_FALSE(in.validate().is_ok()) << "below 1";
+  in.routed_a2a_imbalance.erase({2});
+  in.routed_a2a_imbalance[{1, 1}] = {1.5, 1.5};
+  EXPECT_FALSE(in.validate().is_ok()) << "a domain size per level";
+}
+
 // Not overlapped, each token exchange and dense bucket runs on the compute
 // thread: the transport's CPU time for the bytes it sends is waited out on
 // top of the link's time, once per byte, and nothing of it is compute.

@@ -299,6 +299,30 @@ TEST(Replanner, ComputeWithinTheToleranceOrOffInOnlySomeStepsChangesNothing) {
   EXPECT_LT(c->new_predicted_s, c->old_predicted_s);
 }
 
+// At start-up the plan assumes the routing probe's F for its domains: a run
+// that measures about that moves nothing, and a re-fit names it as the
+// assumption it leaves.
+TEST(Replanner, TheRoutingProbesImbalanceIsWhatARunIsComparedWith) {
+  const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");
+  PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  in.expert_parallel.mode = EpMode::kEp;
+  in.routed_a2a_imbalance[{1, 1}] = {1.25, 1.0};
+  const Plan start = plan_iteration(in);
+  ASSERT_EQ(start.choice().a2a_imbalance, (std::vector<double>{1.25, 1.0}));
+  const double compute = planned_compute(start);
+  const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 125e6, 1e-3, 40, 8e6)}};
+  Replanner as_probed(in, start, {"dc", "worker"}, {true, true}, 1, 1);
+  for (int64_t step = 1; step <= 6; ++step)
+    EXPECT_FALSE(as_probed.on_step(step, link, step, 100, 0.5, compute, {1.26, 1.02})) << step;
+  Replanner skewed(in, start, {"dc", "worker"}, {true, true}, 1, 1);
+  std::optional<PlanChange> c;
+  for (int64_t step = 1; step <= 3; ++step) c = skewed.on_step(step, link, step, 100, 0.5, compute, {1.5, 1.0});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->assumed_a2a_imbalance, (std::vector<double>{1.25, 1.0}));
+  EXPECT_NE(c->reason.find("dc 1.50 (assumed 1.25)"), std::string::npos) << c->reason;
+  EXPECT_GT(c->new_predicted_s, c->old_predicted_s);
+}
+
 // The routing's A2A imbalance (each hop lasts as long as its larger side)
 // measured in every step of a window moves the prediction of the current
 // domains and r; a level no token crossed keeps what it had.

@@ -1,0 +1,54 @@
+// Routing probe: how unevenly a job's token all-to-alls load their hops when
+// training starts. Token-choice routing at initial weights already sends
+// some experts more rows than others, so at a hop one worker sends more rows
+// than it receives and its peer the reverse; the hop holds the link as long
+// as its larger side. probe_routing() builds the job's whole model at its
+// seed's initial weights (what every worker starts from), runs the forward
+// of each worker's first batch (the rows its sampler draws first, routed as
+// in training) and counts the rows each worker sends to each routed expert
+// of each layer. routed_a2a_imbalance() walks those rows through one
+// topology's Dispatch hops (Topology::dispatch_coordinate, the rule
+// HybridExpertExchange follows) and gives, per level, the planner's A2A
+// imbalance F: the sum over workers and layers of max(rows sent, rows
+// received) over the rows sent. A run measures the same quantity
+// (LINK/moe_peak_raw over its raw token bytes); at one chunk a hop, step 1
+// measures exactly this. Training moves the routing, so the coordinator
+// re-fits F from what the run measures (coordinator/replanner.h).
+// Costs one forward of min(max_tokens, every worker's batch) tokens, and
+// the whole model's parameters in this process. Plain computation; not
+// thread-safe against other GEMMs of this process.
+#pragma once
+
+#include <vector>
+
+#include "cluster/job_config.h"
+#include "cluster/topology.h"
+#include "common/status.h"
+
+namespace xd {
+
+struct RoutingProbeOptions {
+  long long max_tokens = 16384;        // over all workers: fewer sequences from each when the batches hold more
+  double max_param_bytes = 1024.0e6;   // the whole model's fp32 parameters; a larger model is not probed
+};
+
+struct RoutingProbe {
+  int workers = 0, layers = 0, experts = 0;
+  long long tokens_per_worker = 0;  // routed of each worker's first batch
+  double seconds = 0;               // the probe's wall time
+  std::vector<long long> rows;      // (workers, layers, experts): rows each worker's tokens send each expert
+  long long at(int worker, int layer, int expert) const {
+    return rows[(static_cast<size_t>(worker) * layers + layer) * experts + expert];
+  }
+};
+
+// Errors: the job's training data cannot be read here (a corpus only the
+// workers' hosts have), or the model exceeds options.max_param_bytes.
+Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOptions& options = {});
+
+// Per level of `topology` (whose world size is probe.workers), F >= 1; 1 at
+// a level no row crosses. Each worker owns experts / workers consecutive
+// experts of every layer.
+std::vector<double> routed_a2a_imbalance(const RoutingProbe& probe, const Topology& topology);
+
+}  // namespace xd
