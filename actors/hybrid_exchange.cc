@@ -157,8 +157,12 @@ void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {
 
 HybridExpertExchange::Hop HybridExpertExchange::dispatch_hop(int l, const std::vector<int>& ids) const {
   const int members = topology_.level_sizes()[l];
+  // Where each owner's rows go, once per owner rather than per row.
+  std::vector<int> to_member(topology_.world_size());
+  for (int owner = 0; owner < topology_.world_size(); ++owner)
+    to_member[owner] = topology_.dispatch_coordinate(rank_, l, owner);
   std::vector<int> dest(ids.size());
-  for (size_t k = 0; k < ids.size(); ++k) dest[k] = topology_.dispatch_coordinate(rank_, l, owner_of(ids[k]));
+  for (size_t k = 0; k < ids.size(); ++k) dest[k] = to_member[owner_of(ids[k])];
   Hop hop;
   hop.send_order.resize(ids.size());
   std::iota(hop.send_order.begin(), hop.send_order.end(), 0);
