@@ -222,17 +222,36 @@ class LinkQueue {
 
 // One hop of a transfer: the link of `level` busy for `busy` seconds (bytes
 // over its rate, and codec time), then `alpha` (its rounds' latency).
+// A token A2A's hop is uneven (the routing's imbalance F): of a pair of
+// peers, one sends F times the mean rows and the other 2 - F times, and the
+// hop lands when the larger side has. `first` and `second` are the shares
+// of the pair's two egresses: (F, 2 - F) toward the experts, and (2 - F, F)
+// back to the sources, since the rows return the way they came. Everything
+// else is even (1, 1).
 struct Hop {
   int level = 0;
   double busy = 0, alpha = 0;
+  double first = 1, second = 1;
+  double longest() const { return busy * std::max(first, second); }
 };
 using Route = std::vector<Hop>;  // the hops of one transfer, in order
 
 double total(const Route& route) {
   double s = 0;
-  for (const Hop& h : route) s += h.busy + h.alpha;
+  for (const Hop& h : route) s += h.longest() + h.alpha;
   return s;
 }
+
+// The egresses on one level of a pair of peers: the planner prices one
+// worker, but with uneven routing its hops run as long as the peer's side,
+// and a pipelined Combine queues on the peer's egress, not behind this
+// worker's heavier Dispatch.
+struct LinkPair {
+  LinkQueue first, second;
+  double send(double at, const Hop& h) {
+    return std::max(first.send(at, h.busy * h.first, h.alpha), second.send(at, h.busy * h.second, h.alpha));
+  }
+};
 
 }  // namespace
 
@@ -279,11 +298,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     if (a2a_msgs > 0) {
       ++a2a_levels;
       // The hop's larger side holds the link: F times the mean bytes.
-      const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? w.a2a_imbalance[l] : 1.0;
+      const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? std::min(2.0, w.a2a_imbalance[l]) : 1.0;
       to_experts_chunk.push_back(
-          {l, a2a_bytes / r * (f * link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s});
+          {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s,
+           f, 2 - f});
       to_sources_chunk.insert(to_sources_chunk.begin(),
-          Hop{l, a2a_bytes / r * (f * link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s});
+          Hop{l, a2a_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s,
+              2 - f, f});
       to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
       to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
     }
@@ -412,9 +433,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // every chunk on the link as it starts, so chunks leave back to back and
   // their latencies overlap.
   const bool direct = w.overlapped && a2a_levels == 1 && raw_tokens;
-  std::vector<LinkQueue> link(num_levels);
+  std::vector<LinkPair> link(num_levels);
   auto send = [&](double at, const Route& route) {
-    for (const Hop& h : route) at = link[h.level].send(at, h.busy, h.alpha);
+    for (const Hop& h : route) at = link[h.level].send(at, h);
     return at;
   };
   std::vector<double> gathered(layers, 0.0);

@@ -549,6 +549,27 @@ TEST(Planner, AnA2AImbalanceStretchesEveryHopOfItsLevelByItsFactor) {
   EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
 }
 
+// Of a pair of peers, the one that sends more rows in a Dispatch sends fewer
+// in the Combine (the rows return the way they came). Each A2A alone lasts
+// as long as its larger side, so nothing overlapped, every one is F times
+// as long; pipelined, a Combine chunk leaves on the peer's egress, which its
+// lighter Dispatch left free, so the same imbalance costs less.
+TEST(Planner, PipelinedTheImbalanceCostsLessThanWhenEveryA2ABlocks) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  auto stretch = [&](bool overlapped, int r) {
+    Workload w = farskip_layer(overlapped, r);
+    w.connectivity = {Connectivity::kRegular};
+    const double uniform = evaluate_candidate(w, {2}, links, {1}, 1e300).iteration_s;
+    w.a2a_imbalance = {1.5};
+    return evaluate_candidate(w, {2}, links, {1}, 1e300).iteration_s - uniform;
+  };
+  EXPECT_DOUBLE_EQ(stretch(false, 1), 2.0) << "four 1 s A2As, each half as long again";
+  const double pipelined = stretch(true, 4);
+  EXPECT_GT(pipelined, 0.0);
+  EXPECT_LT(pipelined, stretch(true, 1));
+  EXPECT_LT(pipelined, 2.0);
+}
+
 // At start-up each candidate takes the routing probe's F for its own
 // domains (they decide which rows cross which level); a measured F, once a
 // run has one, holds for every candidate.
