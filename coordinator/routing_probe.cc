@@ -31,19 +31,29 @@ Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOpt
   XD_RETURN_IF_ERROR(BatchSampler::validate(train->size(), tc.batch_size, tc.seq_len, 0, world)
                          .with_context("the routing probe"));
   // The first sequences of each worker's first batch: the routing of a
-  // sequence does not depend on the others in its batch.
+  // sequence does not depend on the others in its batch. Every worker gets
+  // as many, or the counts would be uneven by the sample alone.
   const long long per_worker = std::max<long long>(1, options.max_tokens / world);
-  const int sequences = static_cast<int>(std::clamp<long long>(per_worker / tc.seq_len, 1, tc.batch_size));
+  int sequences = static_cast<int>(std::clamp<long long>(per_worker / tc.seq_len, 1, tc.batch_size));
 
   MoeTransformer<float> net(layout);
   net.init(tc.seed);
+  std::vector<int32_t> inputs, targets;
+  if (options.max_seconds > 0 && sequences > 1) {
+    // One sequence first, timed, so that a large model routes fewer of them.
+    BatchSampler sampler(train, tc.batch_size, tc.seq_len, tc.seed, 0, world);
+    sampler.next(&inputs, &targets);
+    const double s0 = steady_seconds();
+    net.forward(inputs.data(), targets.data(), 1, tc.seq_len);
+    const double per_sequence = std::max(1e-9, steady_seconds() - s0);
+    sequences = std::clamp(static_cast<int>(options.max_seconds / (per_sequence * world)), 1, sequences);
+  }
   RoutingProbe probe;
   probe.workers = world;
   probe.layers = mc.num_layers;
   probe.experts = mc.num_experts;
   probe.tokens_per_worker = static_cast<long long>(sequences) * tc.seq_len;
   probe.rows.assign(static_cast<size_t>(world) * mc.num_layers * mc.num_experts, 0);
-  std::vector<int32_t> inputs, targets;
   for (int rank = 0; rank < world; ++rank) {
     BatchSampler sampler(train, tc.batch_size, tc.seq_len, tc.seed, rank, world);
     // The routing context of the worker's first step (DistributedTrainer's).

@@ -96,6 +96,11 @@ TEST(RoutingProbe, CountsEveryRoutedRowOfEachWorkersFirstBatch) {
   auto capped = probe_routing(job, RoutingProbeOptions{.max_tokens = 4L * job.train.seq_len});
   ASSERT_TRUE(capped.has_value());
   EXPECT_EQ(capped->tokens_per_worker, job.train.seq_len);
+  // So does a time budget too short for more: one sequence each, not none.
+  auto hurried = probe_routing(job, RoutingProbeOptions{.max_seconds = 1e-9});
+  ASSERT_TRUE(hurried.has_value());
+  EXPECT_EQ(hurried->tokens_per_worker, job.train.seq_len);
+  EXPECT_EQ(hurried->rows.size(), probe->rows.size());
 }
 
 TEST(RoutingProbe, AModelLargerThanItHoldsOrDataItCannotReadIsAClearError) {
