@@ -154,6 +154,11 @@ Status DistributedTrainer::wire_experts(const Topology& topo) {
     to_sources.push_back(std::move(*c));
   }
   exchange->set_codecs(std::move(to_experts), std::move(to_sources));
+  // Flat EP's one level spans every link class: its hops' imbalance is
+  // measured per class, as a hierarchical exchange's is per level.
+  std::vector<int> class_of_peer(world_);
+  for (int p = 0; p < world_; ++p) class_of_peer[p] = link_level(o.level_sizes, o.rank, p);
+  exchange->set_peer_link_classes(std::move(class_of_peer), static_cast<int>(o.level_sizes.size()));
   exchange->set_overlapped(job_.train.farskip.overlapped);
   exchange->set_timeline(&timeline_);
   auto comm = std::make_unique<ExpertCommunicator>(transport_, topo, model_.get(), o.timeout);

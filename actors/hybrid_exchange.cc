@@ -92,6 +92,13 @@ std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
   return out;
 }
 
+void HybridExpertExchange::set_peer_link_classes(std::vector<int> class_of_peer, int classes) {
+  XD_CHECK(static_cast<int>(class_of_peer.size()) == topology_.world_size() && classes > 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  peer_class_ = std::move(class_of_peer);
+  peak_bytes_.assign(classes, 0.0);
+}
+
 std::vector<double> HybridExpertExchange::take_peak_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<double> out = peak_bytes_;

@@ -91,6 +91,11 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // that is not uniform a hop lasts as long as its larger side; against the
   // rows sent (take_raw_bytes) it measures the imbalance.
   std::vector<double> take_peak_bytes();
+  // Per peer rank, the link class its rows cross, of `classes`: the peak
+  // bytes are then summed per link class, each hop's peers of a class as one
+  // side each way (flat EP's one level spans every class). Before the first
+  // exchange; by default the classes are this exchange's levels.
+  void set_peer_link_classes(std::vector<int> class_of_peer, int classes);
   // Seconds spent encoding and decoding token rows since the last call.
   double take_codec_seconds();
 
@@ -209,7 +214,8 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   Transport* transport_;
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
   std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank; under mu_
-  std::vector<double> peak_bytes_;                                 // per level; under mu_
+  std::vector<double> peak_bytes_;                                 // per link class; under mu_
+  std::vector<int> peer_class_;                                    // per rank; empty: the hop's level
   double codec_s_ = 0;                                              // under mu_
   Topology topology_;
   int rank_;

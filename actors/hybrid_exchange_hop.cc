@@ -169,11 +169,18 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     received[i] = std::move(*m);
   }
   {
-    size_t rows_out = 0, rows_in = 0;
-    for (int i = 0; i < members; ++i)
-      if (slots[i]) rows_out += out_counts[i], rows_in += in_counts[i];
+    // Each link class's peers of the hop as one side each way.
     std::lock_guard<std::mutex> lock(mu_);
-    peak_bytes_[level] += double(std::max(rows_out, rows_in)) * width * sizeof(float);
+    std::vector<size_t> rows_out(peak_bytes_.size(), 0), rows_in(peak_bytes_.size(), 0);
+    for (int i = 0; i < members; ++i) {
+      if (!slots[i]) continue;
+      const int cls = peer_class_.empty() ? level : peer_class_[group[i]];
+      if (cls < 0) continue;
+      rows_out[cls] += out_counts[i];
+      rows_in[cls] += in_counts[i];
+    }
+    for (size_t c = 0; c < peak_bytes_.size(); ++c)
+      peak_bytes_[c] += double(std::max(rows_out[c], rows_in[c])) * width * sizeof(float);
   }
   in_counts[me] = out_counts[me];
   if (h->passthrough) {  // nothing was sent or received; the rows stay in order

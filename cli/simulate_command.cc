@@ -332,8 +332,8 @@ void add_simulate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--a2a-imbalance", o->imbalances,
                   "LEVEL=FACTOR: a real run's token A2A hops on that level last as if every worker moved FACTOR "
                   "times the mean rows (routing is not uniform; a run's summary gives LINK/moe_peak_raw over "
-                  "LINK/moe_dispatch_raw + LINK/moe_combine_raw); the planner's prediction printed beside takes it too. "
-                  "Default 1: uniform routing");
+                  "LINK/moe_dispatch_raw + LINK/moe_combine_raw), from 1 to 2; the planner's prediction printed beside "
+                  "takes it too. Default 1: uniform routing");
   cmd->add_option("--hop-overhead", o->hop_overheads,
                   "LEVEL=TIME: what each hop of a collective on that level costs beyond its bytes and latency "
                   "(packing, copies, thread wake-ups; a traced run's hop span less both). Default 0");

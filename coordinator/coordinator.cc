@@ -220,6 +220,10 @@ Status Coordinator::Impl::run() {
   cli = std::move(*c);
   JobPlanOptions po;
   po.probe_links = opts.probe_links;
+  if (!resume_dir.empty())
+    po.skip_routing_probe = "a resumed run routes with its checkpoint's weights, not the initial ones";
+  else if (opts.flat_ep && job.cluster.expert_parallel.mode == EpMode::kEp)
+    po.skip_routing_probe = "flat EP sends each row to its expert's owner in one hop, not level by level";
   auto planned = plan_job(job, po);
   if (!planned) return planned.status();
   for (const LinkEstimate& e : planned->links) {
@@ -238,8 +242,11 @@ Status Coordinator::Impl::run() {
   if (planned->routing.workers > 0) {
     std::string fs;
     const std::vector<double>& f = planned->plan.choice().a2a_imbalance;
-    for (size_t l = 0; l < f.size() && l < job.cluster.levels.size(); ++l)
-      fs += (fs.empty() ? "" : ", ") + job.cluster.levels[l].name + " " + std::to_string(f[l]).substr(0, 4);
+    for (size_t l = 0; l < f.size() && l < job.cluster.levels.size(); ++l) {
+      char one[32];
+      std::snprintf(one, sizeof one, " %.2f", f[l]);
+      fs += (fs.empty() ? "" : ",") + job.cluster.levels[l].name + one;
+    }
     XD_LOG_INFO("coordinator", "routing probe: each worker's first %lld tokens through the initial weights (%.0f ms): "
                 "a token A2A hop lasts F times the mean rows' time, %s under the chosen domains",
                 planned->routing.tokens_per_worker, planned->routing.seconds * 1e3, fs.c_str());

@@ -187,14 +187,18 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     out.compute.transport_cpu_s_per_byte = out.compute.exchange_cpu_s_per_byte;
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);
-  if (options.progress) options.progress("routing each worker's first batch through the initial weights");
-  if (auto routing = probe_routing(job)) {
-    out.routing = std::move(*routing);
-    const std::vector<int> levels = job.cluster.level_sizes();
-    for (const std::vector<int>& domains : domain_candidates(levels))
-      out.inputs.routed_a2a_imbalance[domains] = routed_a2a_imbalance(out.routing, Topology(levels, domains));
+  if (!options.skip_routing_probe.empty()) {
+    out.routing_note = options.skip_routing_probe;  // F stays 1 until the run measures it
   } else {
-    out.routing_note = routing.status().message();
+    if (options.progress) options.progress("routing each worker's first batch through the initial weights");
+    if (auto routing = probe_routing(job)) {
+      out.routing = std::move(*routing);
+      const std::vector<int> levels = job.cluster.level_sizes();
+      for (const std::vector<int>& domains : domain_candidates(levels))
+        out.inputs.routed_a2a_imbalance[domains] = routed_a2a_imbalance(out.routing, Topology(levels, domains));
+    } else {
+      out.routing_note = routing.status().message();
+    }
   }
   XD_RETURN_IF_ERROR(out.inputs.validate());
   out.plan = plan_iteration(out.inputs);

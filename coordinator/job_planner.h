@@ -36,6 +36,10 @@ namespace xd {
 
 struct JobPlanOptions {
   bool probe_links = true;
+  // Empty: probe the routing. Otherwise why not (a resumed run routes with
+  // its checkpoint's weights, flat EP's hops are not the levels'): F is
+  // then 1 until the run measures it, and routing_note says this.
+  std::string skip_routing_probe;
   double link_probe_budget_s = 1.5;  // per shaped link class
   // Told before each probe starts ("probing link class 'dc'"); may be empty.
   std::function<void(const std::string&)> progress;

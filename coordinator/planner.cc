@@ -48,13 +48,17 @@ Status PlannerInputs::validate() const {
     return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
   if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
     return bad("need one A2A imbalance per level, or none");
+  // F is the larger side of a hop over the mean of both: from 1 (even) to
+  // 2 (one side carries everything).
+  auto bad_imbalance = [](double f) { return !(f >= 1 && f <= 2); };
+  const char* imbalance_range = "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
   for (double f : a2a_imbalance)
-    if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
+    if (bad_imbalance(f)) return bad(imbalance_range);
   for (const auto& [domains, fs] : routed_a2a_imbalance) {
     if (domains.size() != level_sizes.size() || fs.size() != level_sizes.size())
       return bad("a routed A2A imbalance needs a domain size and an F per level");
     for (double f : fs)
-      if (!(f >= 1) || !std::isfinite(f)) return bad("an A2A imbalance must be finite and >= 1 (1: uniform routing)");
+      if (bad_imbalance(f)) return bad(imbalance_range);
   }
   int g = 1;
   for (int s : level_sizes) g *= s;
@@ -298,13 +302,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     if (a2a_msgs > 0) {
       ++a2a_levels;
       // The hop's larger side holds the link: F times the mean bytes.
+      // The heavier side also codes F times the mean rows.
       const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? std::min(2.0, w.a2a_imbalance[l]) : 1.0;
-      to_experts_chunk.push_back(
-          {l, a2a_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte), link.alpha_s,
-           f, 2 - f});
-      to_sources_chunk.insert(to_sources_chunk.begin(),
-          Hop{l, a2a_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte), link.alpha_s,
-              2 - f, f});
+      const double chunk = a2a_bytes / r;
+      const double dispatch_s = chunk * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
+      const double combine_s = chunk * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
+      to_experts_chunk.push_back({l, dispatch_s, link.alpha_s, f, 2 - f});
+      to_sources_chunk.insert(to_sources_chunk.begin(), Hop{l, combine_s, link.alpha_s, 2 - f, f});
       to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
       to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
     }

@@ -46,7 +46,8 @@ Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOpt
     const double s0 = steady_seconds();
     net.forward(inputs.data(), targets.data(), 1, tc.seq_len);
     const double per_sequence = std::max(1e-9, steady_seconds() - s0);
-    sequences = std::clamp(static_cast<int>(options.max_seconds / (per_sequence * world)), 1, sequences);
+    const double fit = std::clamp(options.max_seconds / (per_sequence * world), 1.0, double(sequences));
+    sequences = static_cast<int>(fit);
   }
   RoutingProbe probe;
   probe.workers = world;
@@ -57,15 +58,19 @@ Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOpt
   for (int rank = 0; rank < world; ++rank) {
     BatchSampler sampler(train, tc.batch_size, tc.seq_len, tc.seed, rank, world);
     // The routing context of the worker's first step (DistributedTrainer's).
-    net.set_routing_context(RoutingContext{true, tc.seed, sampler.position(), static_cast<int64_t>(rank) * tc.batch_size});
+    net.set_routing_context(
+        RoutingContext{true, tc.seed, sampler.position(), static_cast<int64_t>(rank) * tc.batch_size});
     sampler.next(&inputs, &targets);
     // Every expert in process, as one process has them; each Dispatch's
     // counts are the rows this worker's tokens send each expert.
     LocalExpertExchange<float> local(mc.num_experts);
     long long* rows = &probe.rows[static_cast<size_t>(rank) * mc.num_layers * mc.num_experts];
-    local.set_observer([rows](const ExchangeTag& tag, const std::vector<float>&, const std::vector<int>& counts) {
+    const size_t experts = mc.num_experts;
+    local.set_observer([rows, experts](const ExchangeTag& tag, const std::vector<float>&,
+                                       const std::vector<int>& counts) {
       if (tag.phase != static_cast<int>(ExchangePhase::kDispatch)) return;
-      for (size_t e = 0; e < counts.size(); ++e) rows[static_cast<size_t>(tag.layer) * counts.size() + e] += counts[e];
+      XD_CHECK(counts.size() == experts);  // a Dispatch is one chunk's
+      for (size_t e = 0; e < experts; ++e) rows[static_cast<size_t>(tag.layer) * experts + e] += counts[e];
     });
     net.forward(inputs.data(), targets.data(), sequences, tc.seq_len, &local);
   }

@@ -11,13 +11,13 @@
 // HybridExpertExchange follows) and gives, per level, the planner's A2A
 // imbalance F: the sum over workers and layers of max(rows sent, rows
 // received) over the rows sent. A run measures the same quantity
-// (LINK/moe_peak_raw over its raw token bytes); at one chunk a hop, step 1
-// measures exactly this. Training moves the routing, so the coordinator
+// (LINK/moe_peak_raw over its raw token bytes); at one chunk a hop, with
+// each worker's whole batch probed, step 1 measures exactly this. Training moves the routing, so the coordinator
 // re-fits F from what the run measures (coordinator/replanner.h).
 // Costs one forward of min(max_tokens, every worker's batch) tokens, fewer
 // where that would take more than about max_seconds, and the whole model's
-// parameters in this process. Plain computation; not
-// thread-safe against other GEMMs of this process.
+// parameters and gradients (twice its size) in this process. Plain
+// computation; not thread-safe against other GEMMs of this process.
 #pragma once
 
 #include <vector>
@@ -30,7 +30,9 @@ namespace xd {
 
 struct RoutingProbeOptions {
   long long max_tokens = 16384;        // over all workers: fewer sequences from each when the batches hold more
-  double max_param_bytes = 1024.0e6;   // the whole model's fp32 parameters; a larger model is not probed
+  // The whole model's fp32 parameters (held with their gradients); a
+  // larger model is not probed.
+  double max_param_bytes = 1024.0e6;
   // About this long in all (one sequence is timed first): fewer sequences
   // from each worker when the model is slow; at least one each. 0: no limit.
   double max_seconds = 2.0;

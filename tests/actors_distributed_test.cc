@@ -111,46 +111,62 @@ TEST(Distributed, Bf16TokensOnTheInterDcLinkHalveItsTokenBytesAndTrainWithinABou
 
 // Routing is not uniform, so each A2A hop reports its larger side (rows sent
 // or received), which xdmoe simulate takes as the run's imbalance.
+// Flat EP's one hop spans both link classes; each class's peers count as
+// one side each way, as a hierarchical hop's do.
 TEST(Distributed, EachA2aHopCountsItsLargerSideBetweenTheRowsSentAndTwiceThem) {
-  auto r = testing::run_job(temp_dir("peak"), model_yaml() + cluster_yaml(2, 2), 4, {"--mode", "ep"});
-  ASSERT_TRUE(r.ok()) << r.logs();
-  const auto& bytes = r.summary["bytes_per_step"];
-  // At least what was sent, at most what was sent and received (the world
-  // receives what it sends).
-  for (const char* link : {"dc", "worker"}) {
-    const std::string l = link;
-    const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
-    ASSERT_GT(sent, 0) << l;
-    ASSERT_TRUE(bytes.contains(l + "/moe_peak_raw")) << l;
-    EXPECT_GE(bytes[l + "/moe_peak_raw"].get<double>(), sent) << l;
-    EXPECT_LE(bytes[l + "/moe_peak_raw"].get<double>(), 2 * sent) << l;
+  for (const char* flat : {"", "--flat-ep"}) {
+    std::vector<std::string> args = {"--mode", "ep"};
+    if (*flat) args.push_back(flat);
+    auto r = testing::run_job(temp_dir("peak"), model_yaml() + cluster_yaml(2, 2), 4, args);
+    ASSERT_TRUE(r.ok()) << r.logs();
+    const auto& bytes = r.summary["bytes_per_step"];
+    // At least what was sent, at most what was sent and received (the world
+    // receives what it sends).
+    for (const char* link : {"dc", "worker"}) {
+      const std::string l = link;
+      const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
+      ASSERT_GT(sent, 0) << l << flat;
+      ASSERT_TRUE(bytes.contains(l + "/moe_peak_raw")) << l << flat;
+      EXPECT_GE(bytes[l + "/moe_peak_raw"].get<double>(), sent) << l << flat;
+      EXPECT_LE(bytes[l + "/moe_peak_raw"].get<double>(), 2 * sent) << l << flat;
+    }
   }
 }
 
 // The coordinator's routing probe routes each worker's first batch through
 // the initial weights as the workers do, so at one chunk a hop the run's
 // first step measures exactly the imbalance the start-up plan assumed.
+// EP walks both levels; HybridEP with domains 2 x 1 gathers the experts
+// across the DCs, so its rows cross only the worker level, to the worker
+// holding the owner's experts or their replicas.
 TEST(Distributed, TheFirstStepMeasuresTheImbalanceTheRoutingProbeForetold) {
   std::string config = model_yaml() + cluster_yaml(2, 2);
   const std::string steps = "steps: 20";
   ASSERT_NE(config.find(steps), std::string::npos);
   config.replace(config.find(steps), steps.size(), "steps: 1");
-  auto r = testing::run_job(temp_dir("routing"), config, 4, {"--mode", "ep", "--pipeline-degree", "1"});
-  ASSERT_TRUE(r.ok()) << r.logs();
-  ASSERT_TRUE(r.summary.contains("startup_a2a_imbalance")) << r.coordinator_log;
-  const auto& assumed = r.summary["startup_a2a_imbalance"];
-  const auto& bytes = r.summary["bytes_per_step"];
-  ASSERT_EQ(assumed.size(), 2u);
-  size_t level = 0;
-  for (const char* link : {"dc", "worker"}) {
-    const std::string l = link;
-    const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
-    const double measured = bytes[l + "/moe_peak_raw"].get<double>() / sent;
-    std::printf("[dist] %s: the routing probe's F %.4f, step 1 measured %.4f\n", link,
-                assumed[level].get<double>(), measured);
-    EXPECT_GT(measured, 1.0) << l << ": the initial routing is uneven, or this compares nothing";
-    EXPECT_NEAR(assumed[level].get<double>(), measured, 1e-9) << l;
-    ++level;
+  for (const std::string domains : {"1,1", "2,1"}) {
+    auto r = testing::run_job(temp_dir("routing"), config, 4,
+                              {"--mode", "hybrid", "--domains", domains, "--pipeline-degree", "1"});
+    ASSERT_TRUE(r.ok()) << r.logs();
+    ASSERT_TRUE(r.summary.contains("startup_a2a_imbalance")) << r.coordinator_log;
+    const auto& assumed = r.summary["startup_a2a_imbalance"];
+    const auto& bytes = r.summary["bytes_per_step"];
+    ASSERT_EQ(assumed.size(), 2u);
+    size_t level = 0;
+    for (const std::string l : {"dc", "worker"}) {
+      const double f = assumed[level++].get<double>();
+      if (!bytes.contains(l + "/moe_dispatch_raw")) {
+        EXPECT_EQ(domains, "2,1") << l << ": only the gathered level carries no rows";
+        EXPECT_EQ(f, 1.0) << l << ": no row crosses it";
+        continue;
+      }
+      const double sent = bytes[l + "/moe_dispatch_raw"].get<double>() + bytes[l + "/moe_combine_raw"].get<double>();
+      const double measured = bytes[l + "/moe_peak_raw"].get<double>() / sent;
+      std::printf("[dist] domains %s, %s: the routing probe's F %.4f, step 1 measured %.4f\n", domains.c_str(),
+                  l.c_str(), f, measured);
+      EXPECT_GT(measured, 1.0) << l << ": the initial routing is uneven, or this compares nothing";
+      EXPECT_NEAR(f, measured, 1e-9) << domains << " " << l;
+    }
   }
 }
 

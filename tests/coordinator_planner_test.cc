@@ -545,6 +545,8 @@ TEST(Planner, AnA2AImbalanceStretchesEveryHopOfItsLevelByItsFactor) {
   EXPECT_FALSE(in.validate().is_ok()) << "one per level";
   in.a2a_imbalance = {0.9};
   EXPECT_FALSE(in.validate().is_ok()) << "below 1";
+  in.a2a_imbalance = {2.5};
+  EXPECT_FALSE(in.validate().is_ok()) << "above 2: more than every row one way";
   in.a2a_imbalance = {1.2};
   EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
 }

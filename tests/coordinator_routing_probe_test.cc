@@ -70,7 +70,8 @@ TEST(RoutingProbe, RowsWalkTheLevelsOuterFirstAndAGatheredLevelCarriesNone) {
 
 TEST(RoutingProbe, CountsEveryRoutedRowOfEachWorkersFirstBatch) {
   const JobConfig job = small_job();
-  auto probe = probe_routing(job);
+  const RoutingProbeOptions whole{.max_seconds = 0};  // no time budget: the same sequences every time
+  auto probe = probe_routing(job, whole);
   ASSERT_TRUE(probe.has_value()) << probe.status().message();
   const ModelConfig& mc = job.train.model;
   ASSERT_EQ(probe->workers, 4);
@@ -89,11 +90,11 @@ TEST(RoutingProbe, CountsEveryRoutedRowOfEachWorkersFirstBatch) {
     }
   EXPECT_TRUE(uneven) << "token-choice routing at initial weights is not uniform";
   // The same job probed again routes the same rows.
-  auto again = probe_routing(job);
+  auto again = probe_routing(job, whole);
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->rows, probe->rows);
   // A cap on the tokens takes fewer sequences from each worker.
-  auto capped = probe_routing(job, RoutingProbeOptions{.max_tokens = 4L * job.train.seq_len});
+  auto capped = probe_routing(job, RoutingProbeOptions{.max_tokens = 4L * job.train.seq_len, .max_seconds = 0});
   ASSERT_TRUE(capped.has_value());
   EXPECT_EQ(capped->tokens_per_worker, job.train.seq_len);
   // So does a time budget too short for more: one sequence each, not none.

@@ -556,7 +556,10 @@ TEST(Simulator, BadArgumentsAreRefusedByName) {
   EXPECT_NE(out.find("pairs needs every datacenter"), std::string::npos) << out;
   std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=0.5");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("imbalance must be finite and >= 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("imbalance must be in [1, 2]"), std::string::npos) << out;
+  std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=3");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("imbalance must be in [1, 2]"), std::string::npos) << out;
   std::tie(code, out) = testing::run(testing::xdmoe_binary() + " simulate --flops-per-s 2e10 --a2a-imbalance dc=x");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("'x' is not a number"), std::string::npos) << out;
