@@ -14,8 +14,9 @@
 //      here); raw costs nothing and is not measured;
 //   4. routes each worker's first batch through the job's initial weights
 //      (coordinator/routing_probe.h) for each candidate's A2A imbalance F;
-//      where it cannot (the data is not here, the model is too large), F is
-//      1 until the run measures it, and routing_note says why;
+//      where it cannot (the data is not here, the model is too large) or
+//      the caller says why not (a resumed run, flat EP), F is 1 until the
+//      run measures it, and routing_note says why;
 //   5. plans every expert-domain candidate (coordinator/planner.h).
 // Takes about 1-5 s. Not thread-safe against other GEMMs of this process
 // (the probes set OpenBLAS's thread count).

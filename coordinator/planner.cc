@@ -301,8 +301,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                  codec.dispatch_s_per_byte == 0 && codec.combine_s_per_byte == 0;
     if (a2a_msgs > 0) {
       ++a2a_levels;
-      // The hop's larger side holds the link: F times the mean bytes.
-      // The heavier side also codes F times the mean rows.
+      // Uneven routing: the pair's heavier egress carries (and codes) F
+      // times the mean rows (LinkPair).
       const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? std::min(2.0, w.a2a_imbalance[l]) : 1.0;
       const double chunk = a2a_bytes / r;
       const double dispatch_s = chunk * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);

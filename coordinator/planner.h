@@ -118,7 +118,7 @@ struct PlannerInputs {
   bool overlapped = false;
   // Per level, how much longer than the mean a token A2A's hop lasts: a
   // worker sends more rows than it receives or the reverse, and the hop
-  // lasts as long as the larger side (F >= 1, a run's LINK/moe_peak_raw over
+  // lasts as long as the larger side (1 <= F <= 2, a run's LINK/moe_peak_raw over
   // its raw token bytes). Empty: each candidate's routed_a2a_imbalance, or
   // uniform routing (F = 1).
   std::vector<double> a2a_imbalance;
