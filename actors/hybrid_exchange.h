@@ -215,7 +215,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
   std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank; under mu_
   std::vector<double> peak_bytes_;                                 // per link class; under mu_
-  std::vector<int> peer_class_;                                    // per rank; empty: the hop's level
+  std::vector<int> peer_class_;  // per rank, fixed before the first exchange; empty: the hop's level
   double codec_s_ = 0;                                              // under mu_
   Topology topology_;
   int rank_;

@@ -169,17 +169,18 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     received[i] = std::move(*m);
   }
   {
-    // Each link class's peers of the hop as one side each way.
-    std::lock_guard<std::mutex> lock(mu_);
+    // Each link class's peers of the hop as one side each way. The classes
+    // are fixed before the first exchange (set_peer_link_classes), so they
+    // are counted before the lock.
     std::vector<size_t> rows_out(peak_bytes_.size(), 0), rows_in(peak_bytes_.size(), 0);
     for (int i = 0; i < members; ++i) {
-      if (!slots[i]) continue;
       const int cls = peer_class_.empty() ? level : peer_class_[group[i]];
-      if (cls < 0) continue;
+      if (!slots[i] || cls < 0) continue;
       rows_out[cls] += out_counts[i];
       rows_in[cls] += in_counts[i];
     }
-    for (size_t c = 0; c < peak_bytes_.size(); ++c)
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t c = 0; c < rows_out.size(); ++c)
       peak_bytes_[c] += double(std::max(rows_out[c], rows_in[c])) * width * sizeof(float);
   }
   in_counts[me] = out_counts[me];

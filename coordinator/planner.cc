@@ -10,10 +10,15 @@
 
 namespace xd {
 
+std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const RoutedImbalance& routed,
+                                      const std::vector<int>& domain_sizes) {
+  if (!measured.empty()) return measured;
+  const auto it = routed.find(domain_sizes);
+  return it == routed.end() ? std::vector<double>{} : it->second;
+}
+
 std::vector<double> PlannerInputs::a2a_imbalance_for(const std::vector<int>& domain_sizes) const {
-  if (!a2a_imbalance.empty()) return a2a_imbalance;
-  const auto routed = routed_a2a_imbalance.find(domain_sizes);
-  return routed == routed_a2a_imbalance.end() ? std::vector<double>{} : routed->second;
+  return xd::a2a_imbalance_for(a2a_imbalance, routed_a2a_imbalance, domain_sizes);
 }
 
 Status PlannerInputs::validate() const {
@@ -48,17 +53,13 @@ Status PlannerInputs::validate() const {
     return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
   if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
     return bad("need one A2A imbalance per level, or none");
-  // F is the larger side of a hop over the mean of both: from 1 (even) to
-  // 2 (one side carries everything).
-  auto bad_imbalance = [](double f) { return !(f >= 1 && f <= 2); };
-  const char* imbalance_range = "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
   for (double f : a2a_imbalance)
-    if (bad_imbalance(f)) return bad(imbalance_range);
+    if (!a2a_imbalance_in_range(f)) return bad(kA2aImbalanceRange);
   for (const auto& [domains, fs] : routed_a2a_imbalance) {
     if (domains.size() != level_sizes.size() || fs.size() != level_sizes.size())
       return bad("a routed A2A imbalance needs a domain size and an F per level");
     for (double f : fs)
-      if (bad_imbalance(f)) return bad(imbalance_range);
+      if (!a2a_imbalance_in_range(f)) return bad(kA2aImbalanceRange);
   }
   int g = 1;
   for (int s : level_sizes) g *= s;
@@ -272,6 +273,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   const int num_levels = static_cast<int>(level_sizes.size());
   const int layers = w.num_moe_layers;
   const double n = w.experts_per_worker;
+  // A measured F, else this candidate's from the routing probe: its domains
+  // decide which rows cross which level.
+  const std::vector<double> imbalance = a2a_imbalance_for(w.a2a_imbalance, w.routed_a2a_imbalance, domain_sizes);
 
   PlanCandidate c;
   c.domain_sizes = domain_sizes;
@@ -303,7 +307,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       ++a2a_levels;
       // Uneven routing: the pair's heavier egress carries (and codes) F
       // times the mean rows (LinkPair).
-      const double f = l < static_cast<int>(w.a2a_imbalance.size()) ? std::min(2.0, w.a2a_imbalance[l]) : 1.0;
+      const double f = l < static_cast<int>(imbalance.size()) ? std::min(2.0, imbalance[l]) : 1.0;
       const double chunk = a2a_bytes / r;
       const double dispatch_s = chunk * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
       const double combine_s = chunk * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
@@ -623,17 +627,6 @@ PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,
                                  const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                  double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs) {
-  // Without a measured F, the candidate's own from the routing probe: its
-  // domains decide which rows cross which level.
-  if (w.a2a_imbalance.empty()) {
-    const auto routed = w.routed_a2a_imbalance.find(domain_sizes);
-    if (routed != w.routed_a2a_imbalance.end()) {
-      Workload with_f = w;
-      with_f.a2a_imbalance = routed->second;
-      with_f.routed_a2a_imbalance.clear();
-      return evaluate_candidate(with_f, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs);
-    }
-  }
   // Forward degrees: the given one, or 1, 2, 4, 8 (those a given backward
   // degree divides, or that degree itself); backward: the given one, the
   // forward's where it follows, or each divisor of the forward's among 1, 2,
@@ -672,7 +665,7 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
     if (held_back.replica_weights_late && held_back.iteration_s < best.iteration_s * (1 - kPlanTieMargin))
       best = std::move(held_back);
   }
-  best.a2a_imbalance = w.a2a_imbalance;
+  best.a2a_imbalance = a2a_imbalance_for(w.a2a_imbalance, w.routed_a2a_imbalance, domain_sizes);
   return best;
 }
 

@@ -102,6 +102,19 @@ struct ComputeModel {
   double exchange_cpu_s_per_byte = 0;
 };
 
+// The routing's A2A imbalance F per level of each domain-size candidate.
+using RoutedImbalance = std::map<std::vector<int>, std::vector<double>>;
+// The F a candidate is planned with: `measured` when a run has measured one
+// (it holds for every candidate), else the candidate's entry of `routed`,
+// else empty (1 everywhere).
+std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const RoutedImbalance& routed,
+                                      const std::vector<int>& domain_sizes);
+// F is the larger side of a hop over the mean of both sides: from 1 (even)
+// to 2 (every row one way).
+inline bool a2a_imbalance_in_range(double f) { return f >= 1 && f <= 2; }
+inline constexpr const char* kA2aImbalanceRange =
+    "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
+
 struct PlannerInputs {
   ModelConfig model;
   long long tokens_per_worker = 512;  // per step: sequences per worker * seq_len
@@ -124,9 +137,8 @@ struct PlannerInputs {
   std::vector<double> a2a_imbalance;
   // Per domain-size candidate, the F per level of the job's first batch at
   // its initial weights (coordinator/routing_probe.h): the start-up's.
-  std::map<std::vector<int>, std::vector<double>> routed_a2a_imbalance;
-  // The F a candidate is planned with: a2a_imbalance, else its entry of
-  // routed_a2a_imbalance, else empty (1 everywhere).
+  RoutedImbalance routed_a2a_imbalance;
+  // a2a_imbalance_for(a2a_imbalance, routed_a2a_imbalance, domain_sizes).
   std::vector<double> a2a_imbalance_for(const std::vector<int>& domain_sizes) const;
 
   Status validate() const;
@@ -174,7 +186,7 @@ struct Workload {
   double transport_cpu_s_per_byte = 0;  // ComputeModel's
   double exchange_cpu_s_per_byte = 0;   // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
-  std::map<std::vector<int>, std::vector<double>> routed_a2a_imbalance;  // PlannerInputs'
+  RoutedImbalance routed_a2a_imbalance;  // PlannerInputs'
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8

@@ -44,8 +44,7 @@ Status SimulationInputs::validate(const StepSchedule& schedule) const {
   if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
     return bad("need one A2A imbalance per level");
   for (double f : a2a_imbalance)
-    if (!(f >= 1 && f <= 2))  // the larger side of a hop over the mean of both
-      return bad("an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)");
+    if (!a2a_imbalance_in_range(f)) return bad(kA2aImbalanceRange);
   if (!hop_overhead_s.empty() && hop_overhead_s.size() != level_sizes.size())
     return bad("need one hop overhead per level");
   for (double h : hop_overhead_s)
