@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -127,14 +128,17 @@ int run_plan(const PlanOptions& o) {
                                                    {"expert_gather", links[l].codec_cost.gather_s_per_byte},
                                                    {"expert_grad", links[l].codec_cost.grad_s_per_byte}}},
                              {"r2", links[l].r2},
-                             {"cpu_s_per_byte", links[l].cpu_s_per_byte}});
+                             {"cpu_s_per_byte", links[l].cpu_s_per_byte},
+                             {"cpu_s_per_message", links[l].cpu_s_per_message}});
     j["compute"] = {{"flops_per_s", compute.flops_per_s},
                     {"gemm_overhead_s", compute.gemm_overhead_s},
                     {"r2", gemm_fit.r2},
                     {"non_gemm_factor", compute.non_gemm_factor},
                     {"optimizer_s_per_param", compute.optimizer_s_per_param},
                     {"transport_cpu_s_per_byte", compute.transport_cpu_s_per_byte},
+                    {"transport_cpu_s_per_message", compute.transport_cpu_s_per_message},
                     {"exchange_cpu_s_per_byte", compute.exchange_cpu_s_per_byte},
+                    {"exchange_cpu_s_per_message", compute.exchange_cpu_s_per_message},
                     {"step_probe_tokens", step_probe.tokens},
                     {"step_probe_copies", step_probe.copies},
                     {"step_probe_s", step_probe.seconds}};
@@ -183,6 +187,7 @@ int run_plan(const PlanOptions& o) {
                                  {"iteration_s", c.iteration_s},
                                  {"gathered_bytes", c.gathered_bytes},
                                  {"level_bytes", c.level_bytes},
+                                 {"level_messages", c.level_messages},
                                  {"a2a_imbalance", c.a2a_imbalance},
                                  {"feasible", c.feasible},
                                  {"why_infeasible", c.why_infeasible}});
@@ -207,15 +212,19 @@ int run_plan(const PlanOptions& o) {
                 step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
                                       : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
-    if (w.transport_cpu_s_per_byte > 0)
+    if (w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0)
       std::printf("the transport's threads share the compute's cores (workers fill this machine): overlapped, "
-                  "compute stretches by %.2f ns per byte sent (the chosen plan: %s a step)\n",
-                  w.transport_cpu_s_per_byte * 1e9, fmt_seconds(choice.transport_cpu_s).c_str());
-    if (!w.overlapped && w.exchange_cpu_s_per_byte > 0)
-      std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %.2f ns per "
-                  "byte sent of transport CPU that compute waits out (the chosen plan: %s a step, in the "
-                  "exposed columns)\n",
-                  w.exchange_cpu_s_per_byte * 1e9, fmt_seconds(choice.exchange_cpu_s).c_str());
+                  "compute stretches by %s per message and %.2f ns per byte sent (the chosen plan: %.0f "
+                  "messages, %s a step)\n",
+                  fmt_seconds(w.transport_cpu_s_per_message).c_str(), w.transport_cpu_s_per_byte * 1e9,
+                  std::accumulate(choice.level_messages.begin(), choice.level_messages.end(), 0.0),
+                  fmt_seconds(choice.transport_cpu_s).c_str());
+    if (!w.overlapped && (w.exchange_cpu_s_per_byte > 0 || w.exchange_cpu_s_per_message > 0))
+      std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %s per "
+                  "message and %.2f ns per byte sent of transport CPU that compute waits out (the chosen "
+                  "plan: %s a step, in the exposed columns)\n",
+                  fmt_seconds(w.exchange_cpu_s_per_message).c_str(), w.exchange_cpu_s_per_byte * 1e9,
+                  fmt_seconds(choice.exchange_cpu_s).c_str());
     std::printf("links:\n");
     std::string lossy_gather;  // the outer link classes whose expert all-gather is lossy
     for (const LinkEstimate& ls : links) {
@@ -223,9 +232,9 @@ int run_plan(const PlanOptions& o) {
                   fmt_seconds(ls.model.alpha_s).c_str(), ls.model.beta_s_per_byte,
                   fmt_bytes(1.0 / ls.model.beta_s_per_byte).c_str(), ls.source.c_str());
       if (ls.source == "probe")
-        std::printf(", r2 %.4f; configured alpha %s, %s/s; transport CPU %.2f ns/B", ls.r2,
-                    fmt_seconds(ls.configured.alpha_s).c_str(),
-                    fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str(), ls.cpu_s_per_byte * 1e9);
+        std::printf(", r2 %.4f; configured alpha %s, %s/s; transport CPU %s a message + %.2f ns/B", ls.r2,
+                    fmt_seconds(ls.configured.alpha_s).c_str(), fmt_bytes(1.0 / ls.configured.beta_s_per_byte).c_str(),
+                    fmt_seconds(ls.cpu_s_per_message).c_str(), ls.cpu_s_per_byte * 1e9);
       std::printf("]\n");
       const LinkCodecCost& cc = ls.codec_cost;
       if (ls.codecs.dispatch != "raw" || ls.codecs.combine != "raw")
@@ -321,8 +330,9 @@ void add_plan_command(CLI::App& app, int* exit_code) {
       "from a short GEMM probe and one timed step (and optimizer update) of the job's\n"
       "model on this machine (about 0.3-1 s; as many copies at once as workers will share\n"
       "its cores); shaped links from loopback probes, unshaped ones from the config. The\n"
-      "link probes also measure the transport's CPU time per byte, which an overlapped\n"
-      "schedule takes from compute when the workers fill this machine's cores. The\n"
+      "link probes also measure the transport's CPU time per message and per byte, which\n"
+      "an overlapped schedule takes from compute when the workers fill this machine's\n"
+      "cores (for each message and byte a candidate sends a step). The\n"
       "routing probe runs each worker's first batch through the initial weights for the\n"
       "token A2As' imbalance F under each candidate's domains (the run re-fits it).\n"
       "Probes measure: two runs on a busy machine can differ. The cost model: docs/planner.md.");

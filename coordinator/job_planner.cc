@@ -170,21 +170,27 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
         e.source = "probe";
         e.r2 = fit->r2;
         e.cpu_s_per_byte = fit->cpu_s_per_byte;
+        e.cpu_s_per_message = fit->cpu_s_per_message;
       }
     }
     models.push_back(e.model);
     out.links.push_back(e);
   }
-  // The most a probe measured per byte, in wall time at each worker's share
-  // of a core. Not overlapped, it is the compute thread's wait wherever the
-  // transport's threads run; overlapped, it dilates compute only where the
-  // workers fill this machine's cores, so the transport threads run on the
-  // cores the compute needs.
-  for (const LinkEstimate& e : out.links)
+  // The most a probe measured per byte and per message, in wall time at each
+  // worker's share of a core. Not overlapped, it is the compute thread's
+  // wait wherever the transport's threads run; overlapped, it dilates
+  // compute only where the workers fill this machine's cores, so the
+  // transport threads run on the cores the compute needs.
+  for (const LinkEstimate& e : out.links) {
     out.compute.exchange_cpu_s_per_byte =
         std::max(out.compute.exchange_cpu_s_per_byte, e.cpu_s_per_byte / core_share(job));
-  if (workers_per_core_set(job) >= this_machine_cores())
+    out.compute.exchange_cpu_s_per_message =
+        std::max(out.compute.exchange_cpu_s_per_message, e.cpu_s_per_message / core_share(job));
+  }
+  if (workers_per_core_set(job) >= this_machine_cores()) {
     out.compute.transport_cpu_s_per_byte = out.compute.exchange_cpu_s_per_byte;
+    out.compute.transport_cpu_s_per_message = out.compute.exchange_cpu_s_per_message;
+  }
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);
   if (!options.skip_routing_probe.empty()) {

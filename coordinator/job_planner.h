@@ -56,7 +56,8 @@ struct LinkEstimate {
   double r2 = 0;         // of the probe's fit
   LinkCodecs codecs;     // the token codecs of this link class
   LinkCodecCost codec_cost;  // as measured (raw: 1 and 0)
-  double cpu_s_per_byte = 0;  // the probe's transport CPU time per byte (0: not probed)
+  double cpu_s_per_byte = 0;     // the probe's transport CPU time per byte (0: not probed)
+  double cpu_s_per_message = 0;  // ... and per message
 };
 
 struct JobPlan {

@@ -43,10 +43,14 @@ struct LinkProbeOptions {
   std::chrono::milliseconds timeout{20000};  // per message
 };
 
-// The fit of a link probe, and the CPU time the process spent per byte it
-// moved (the sender's and the receiver's transport together: what a worker
-// that sends and receives as much pays per byte sent).
+// The fit of a link probe, and the CPU time the process spent on a message
+// (the sender's and the receiver's transport together: what a worker that
+// sends and receives as much pays per message sent), as a line: a fixed part
+// per message (the threads' wake-ups and hand-offs, which dominate small
+// messages) and a part per byte (the copies), fitted between the smallest
+// and the largest size.
 struct LinkFit : LinearFit {
+  double cpu_s_per_message = 0;
   double cpu_s_per_byte = 0;
 };
 

@@ -51,6 +51,10 @@ Status PlannerInputs::validate() const {
     return bad("compute.transport_cpu_s_per_byte must be finite and >= 0");
   if (!(compute.exchange_cpu_s_per_byte >= 0) || !std::isfinite(compute.exchange_cpu_s_per_byte))
     return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
+  if (!(compute.transport_cpu_s_per_message >= 0) || !std::isfinite(compute.transport_cpu_s_per_message))
+    return bad("compute.transport_cpu_s_per_message must be finite and >= 0");
+  if (!(compute.exchange_cpu_s_per_message >= 0) || !std::isfinite(compute.exchange_cpu_s_per_message))
+    return bad("compute.exchange_cpu_s_per_message must be finite and >= 0");
   if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
     return bad("need one A2A imbalance per level, or none");
   for (double f : a2a_imbalance)
@@ -171,7 +175,9 @@ Workload workload_of(const PlannerInputs& in) {
   w.optimizer_s = in.compute.optimizer_s_per_param *
                   (w.dense_param_bytes / bytes + w.experts_per_worker * m.num_layers * w.expert_bytes / bytes);
   w.transport_cpu_s_per_byte = in.compute.transport_cpu_s_per_byte;
+  w.transport_cpu_s_per_message = in.compute.transport_cpu_s_per_message;
   w.exchange_cpu_s_per_byte = in.compute.exchange_cpu_s_per_byte;
+  w.exchange_cpu_s_per_message = in.compute.exchange_cpu_s_per_message;
   w.a2a_imbalance = in.a2a_imbalance;
   w.routed_a2a_imbalance = in.routed_a2a_imbalance;
   const int every = in.expert_parallel.base_sync_every;
@@ -282,6 +288,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   c.pipeline_degree = r;
   c.backward_pipeline_degree = rb;
   c.level_bytes.assign(num_levels, 0.0);
+  c.level_messages.assign(num_levels, 0.0);
 
   // One A2A toward the experts (Dispatch, backward of Combine) and one back
   // to the sources (Combine, backward of Dispatch) of one MoE layer, level by
@@ -294,6 +301,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   const std::vector<GatherHop> gather = expert_gather_hops(n * w.expert_bytes, domain_sizes, link_codecs);
   bool base_sync = false;
   int a2a_levels = 0;     // levels with all-to-all peers
+  double a2a_chunk_messages = 0;  // one chunk of one direction: a message to each peer of every level
+  bool outer_lossy = false;       // an outer level's AG codec is lossy: inner levels relay its messages
   bool raw_tokens = true;  // no token codec on any level
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
@@ -328,6 +337,15 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + ag_wire +
                                   ag_bytes * codec.grad_fraction);
+    // A token exchange sends each peer of the level a message per chunk, r
+    // a direction forward and rb backward. The AG sends each domain peer the
+    // worker's block and, relaying a lossy outer level, each block that
+    // crossed it too; the replica gradients go back a message per peer.
+    const bool relays = outer_lossy && !codec.gather_lossy();
+    a2a_chunk_messages += a2a_msgs;
+    c.level_messages[l] += layers * (2.0 * (r + rb) * a2a_msgs +
+                                     (s - 1) * ((relays ? gathered_per_layer_experts : 1.0) + 1.0));
+    outer_lossy = outer_lossy || codec.gather_lossy();
     gathered_per_layer_experts *= s;
   }
   // A backward exchange of `span` chunks: the bytes (and codec time) of
@@ -365,12 +383,16 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     outer_base_bf16 = outer_base_bf16 || link_codecs[l].gather_against_base;
   // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
   // hop per level, inner first, then the all-gathers back, or one hop where
-  // the runtime all-reduces in one round (dense_stage); adds its bytes per
-  // level, and their sum to *sent when given.
-  auto all_reduce = [&](double bytes, bool base, double* sent_total = nullptr) {
-    auto count = [&](int l, double sent) {
+  // the runtime all-reduces in one round (dense_stage); adds its bytes, and
+  // its messages (one to each other member a round) `times` over, per level,
+  // and their sums to *sent and *messages when given.
+  auto all_reduce = [&](double bytes, bool base, double times, double* sent_total = nullptr,
+                        double* messages_total = nullptr) {
+    auto count = [&](int l, double sent, double messages) {
       c.level_bytes[l] += sent;
+      c.level_messages[l] += times * messages;
       if (sent_total) *sent_total += sent;
+      if (messages_total) *messages_total += messages;
     };
     Route up, down;
     double shard = bytes;
@@ -388,7 +410,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
         if (stage == DenseStage::kOneRound) {
           const double sent = (sf - 1) * shard * fraction;
           up.push_back({l, links[l].beta_s_per_byte * sent, links[l].alpha_s});
-          count(l, sent);
+          count(l, sent, sf - 1);
           continue;  // every member holds the whole sum: nothing left to split
         }
         const double sent = 2.0 * (sf - 1) / sf * shard * fraction;
@@ -396,7 +418,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                        (stage == DenseStage::kRing ? sf - 1 : 1) * links[l].alpha_s};
         up.push_back(half);
         down.insert(down.begin(), half);
-        count(l, sent);
+        count(l, sent, 2.0 * (sf - 1));
       }
       shard /= sf;
     }
@@ -411,18 +433,24 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     bucket_bytes.front() = bucket_bytes.back() = w.vocab_bytes;
   }
   std::vector<Route> bucket;
-  std::vector<double> bucket_sent;  // bytes a worker sends for each bucket, all levels
+  std::vector<double> bucket_sent, bucket_messages;  // what a worker sends for each bucket, all levels
   for (double bytes : bucket_bytes) {
     bucket_sent.push_back(0);
-    bucket.push_back(all_reduce(bytes, false, &bucket_sent.back()));
+    bucket_messages.push_back(0);
+    bucket.push_back(all_reduce(bytes, false, 1.0, &bucket_sent.back(), &bucket_messages.back()));
     c.allreduce_s += total(bucket.back());
   }
-  const Route base = base_bytes > 0 ? all_reduce(base_bytes, true) : Route{};
+  // base_bytes holds base_syncs_per_step already; its messages come that
+  // many times a step.
+  const Route base = base_bytes > 0 ? all_reduce(base_bytes, true, w.base_syncs_per_step) : Route{};
   c.allreduce_s += total(base);
   // The expert norm's sum: one round per level, inner first.
   Route norm_sum;
   for (int l = num_levels - 1; l >= 0; --l)
-    if (level_sizes[l] > 1) norm_sum.push_back({l, 0.0, links[l].alpha_s});
+    if (level_sizes[l] > 1) {
+      norm_sum.push_back({l, 0.0, links[l].alpha_s});
+      c.level_messages[l] += level_sizes[l] - 1;
+    }
   c.allreduce_s += total(norm_sum);
 
   // Held experts cost GEMM calls: 3 forward, 6 backward each, per chunk.
@@ -469,7 +497,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     c.a2a_s += total(route);
     if (!w.overlapped) {
       wait_for(*free);
-      const double cpu = w.exchange_cpu_s_per_byte * bytes;
+      const double cpu = w.exchange_cpu_s_per_byte * bytes + w.exchange_cpu_s_per_message * a2a_chunk_messages;
       wait_for(t + cpu);
       c.exchange_cpu_s += cpu;
     }
@@ -589,7 +617,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   if (!norm_in_backward) norm_done = send(t, norm_sum);
   if (!w.overlapped)
     for (size_t b = 0; b < bucket.size(); ++b) {
-      const double cpu = w.exchange_cpu_s_per_byte * bucket_sent[b];  // the bucket's exchange CPU, as for an A2A
+      const double cpu = w.exchange_cpu_s_per_byte * bucket_sent[b] +  // the bucket's exchange CPU, as an A2A's
+                         w.exchange_cpu_s_per_message * bucket_messages[b];
       dense_done = send(std::max(t, dense_done), bucket[b]) + cpu;
       c.exchange_cpu_s += cpu;
     }
@@ -604,18 +633,21 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 }
 
 // Overlapped, the transport's threads run beside the compute and take its
-// cores for their CPU time per byte sent (a worker receives about as much):
-// the compute stretches by that much, spread over the step.
+// cores for their CPU time per message and per byte sent (a worker receives
+// about as much): the compute stretches by that much, spread over the step.
 PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_sizes,
                                const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
                                int rb, bool late) {
   PlanCandidate c =
       evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
-  if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0) || !(c.compute_s > 0)) return c;
-  double bytes = 0;
+  if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0) ||
+      !(c.compute_s > 0))
+    return c;
+  double bytes = 0, messages = 0;
   for (double b : c.level_bytes) bytes += b;
-  const double cpu = w.transport_cpu_s_per_byte * bytes;
+  for (double m : c.level_messages) messages += m;
+  const double cpu = w.transport_cpu_s_per_byte * bytes + w.transport_cpu_s_per_message * messages;
   c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
                            memory_cap_bytes, link_codecs, r, rb, late);
   c.transport_cpu_s = cpu;

@@ -96,10 +96,12 @@ struct ComputeModel {
   // receives as much of), in wall time on the cores its compute runs on.
   // Overlapped, it dilates compute; 0 when the threads have cores of their own.
   double transport_cpu_s_per_byte = 0;
-  // The same CPU time per byte, at the worker's share of a core, whoever's
-  // cores: not overlapped, each token exchange and dense bucket runs it while
-  // the compute thread waits, so it adds to the step.
+  double transport_cpu_s_per_message = 0;  // the same per message sent (wake-ups and hand-offs)
+  // The same CPU time per byte and per message, at the worker's share of a
+  // core, whoever's cores: not overlapped, each token exchange and dense
+  // bucket runs it while the compute thread waits, so it adds to the step.
   double exchange_cpu_s_per_byte = 0;
+  double exchange_cpu_s_per_message = 0;
 };
 
 // The routing's A2A imbalance F per level of each domain-size candidate.
@@ -183,8 +185,10 @@ struct Workload {
   double attention_qkv_fwd_s = 0;  // norm and q/k/v projections: FarSkip's part (a)
   double shared_fwd_s = 0;         // shared experts
   double router_fwd_s = 0;         // the router's GEMMs (the simulator's "router" span)
-  double transport_cpu_s_per_byte = 0;  // ComputeModel's
-  double exchange_cpu_s_per_byte = 0;   // ComputeModel's
+  double transport_cpu_s_per_byte = 0;     // ComputeModel's
+  double transport_cpu_s_per_message = 0;  // ComputeModel's
+  double exchange_cpu_s_per_byte = 0;      // ComputeModel's
+  double exchange_cpu_s_per_message = 0;   // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
   RoutedImbalance routed_a2a_imbalance;  // PlannerInputs'
   // The schedule (docs/overlap.md).
@@ -225,6 +229,7 @@ struct PlanCandidate {
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
+  std::vector<double> level_messages;  // messages a worker sends per level per iteration
   std::vector<double> a2a_imbalance;  // the F per level it was planned with (empty: 1)
   bool feasible = true;
   std::string why_infeasible;

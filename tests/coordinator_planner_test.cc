@@ -525,6 +525,55 @@ TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsBytes) {
   EXPECT_DOUBLE_EQ(evaluate_candidate(simple, {2}, links, {1}, 1e300).compute_s, simple_compute);
 }
 
+// What a worker sends in a step, in messages, over every level.
+double messages_sent(const PlanCandidate& c) {
+  double messages = 0;
+  for (double m : c.level_messages) messages += m;
+  return messages;
+}
+
+// A token exchange sends each peer a message per chunk, r a direction
+// forward and as many backward; the AG and the replica gradients one per
+// domain peer; the norm's sum one per other member.
+TEST(Planner, EveryChunkOfAnExchangeIsAMessageToEachPeer) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}};
+  const PlanCandidate ep1 = evaluate_candidate(farskip_layer(true, 1), {4}, links, {1}, 1e300);
+  const PlanCandidate ep2 = evaluate_candidate(farskip_layer(true, 2), {4}, links, {1}, 1e300);
+  EXPECT_DOUBLE_EQ(messages_sent(ep1), 2 * (1 + 1) * 3 + 3);
+  EXPECT_DOUBLE_EQ(messages_sent(ep2), 2 * (2 + 2) * 3 + 3);
+  const PlanCandidate hybrid = evaluate_candidate(farskip_layer(true, 1), {4}, links, {2}, 1e300);
+  EXPECT_DOUBLE_EQ(messages_sent(hybrid), 2 * (1 + 1) * 1 + 2 + 3);
+}
+
+// Overlapped, the transport's CPU time per message sent stretches compute
+// as its time per byte does.
+TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsMessagesToo) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}};
+  Workload w = farskip_layer(true, 2);
+  const PlanCandidate plain = evaluate_candidate(w, {4}, links, {1}, 1e300);
+  w.transport_cpu_s_per_message = 1e-3;
+  const PlanCandidate loaded = evaluate_candidate(w, {4}, links, {1}, 1e300);
+  EXPECT_NEAR(loaded.transport_cpu_s, 1e-3 * messages_sent(loaded), 1e-12);
+  EXPECT_NEAR(loaded.compute_s, plain.compute_s + loaded.transport_cpu_s, 1e-9);
+  w.transport_cpu_s_per_byte = 1e-8;
+  const PlanCandidate both = evaluate_candidate(w, {4}, links, {1}, 1e300);
+  EXPECT_NEAR(both.transport_cpu_s, 1e-3 * messages_sent(both) + 1e-8 * bytes_sent(both), 1e-12);
+}
+
+// Not overlapped, each exchange's CPU time per message is the compute
+// thread's wait, in the exposed time.
+TEST(Planner, NotOverlappedEachExchangesCpuPerMessageIsWaitedOut) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  Workload w = farskip_layer(false, 1);
+  const PlanCandidate plain = evaluate_candidate(w, {4}, links, {1}, 1e300);
+  w.exchange_cpu_s_per_message = 0.01;
+  const PlanCandidate loaded = evaluate_candidate(w, {4}, links, {1}, 1e300);
+  // Four exchanges (Dispatch, Combine and their backwards), each a message
+  // to each of 3 peers.
+  EXPECT_NEAR(loaded.exchange_cpu_s, 4 * 3 * 0.01, 1e-12);
+  EXPECT_NEAR(loaded.iteration_s, plain.iteration_s + loaded.exchange_cpu_s, 1e-9);
+}
+
 // Each A2A hop lasts as long as its larger side: F times the mean bytes on
 // the link. What a worker sends on average (the bound's bytes) stays.
 TEST(Planner, AnA2AImbalanceStretchesEveryHopOfItsLevelByItsFactor) {
@@ -808,6 +857,9 @@ TEST(LinkProbe, ShapedLinkFitRecoversOneOverBandwidth) {
   // some, and far below the wall time per byte of this 80 mbit/s link.
   EXPECT_GT(fit->cpu_s_per_byte, 0);
   EXPECT_LT(fit->cpu_s_per_byte, 0.5 * fit->beta);
+  // Each message costs its wake-ups and hand-offs, far below its latency.
+  EXPECT_GT(fit->cpu_s_per_message, 0);
+  EXPECT_LT(fit->cpu_s_per_message, fit->alpha);
 }
 
 TEST(LinkProbe, SlowLinksGetSmallerMessagesToStayWithinTheBudget) {
