@@ -513,7 +513,10 @@ void Coordinator::Impl::fail(const Status& st) {
 namespace {
 std::string domains_text(const std::vector<int>& d) {
   std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(d[i]);
+  }
   return s + "]";
 }
 }  // namespace

@@ -112,14 +112,21 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
   // Rounds over all sizes, keeping each size's fastest time: load on the
   // machine only ever delays a delivery, and a burst of it hits one round.
   std::vector<double> best(sizes.size(), 1e300), cpu(sizes.size(), 0.0);
+  std::vector<int> sent(sizes.size(), 0);
+  auto timed = [&](size_t i) -> Status {
+    const double cpu0 = process_cpu_seconds();
+    auto t = send_one(sizes[i]);
+    if (!t) return t.status();
+    cpu[i] += process_cpu_seconds() - cpu0;
+    ++sent[i];
+    best[i] = std::min(best[i], *t);
+    return Status::ok();
+  };
   for (int r = 0; r < reps; ++r)
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      const double cpu0 = process_cpu_seconds();
-      auto t = send_one(sizes[i]);
-      if (!t) return t.status();
-      cpu[i] += process_cpu_seconds() - cpu0;
-      best[i] = std::min(best[i], *t);
-    }
+    for (size_t i = 0; i < sizes.size(); ++i) XD_RETURN_IF_ERROR(timed(i));
+  // The smallest messages' CPU time is mostly the fixed part per message,
+  // a small and noisy figure: a few more of them steady it.
+  for (int extra = 0; extra < options.extra_small_messages; ++extra) XD_RETURN_IF_ERROR(timed(0));
   std::vector<std::pair<double, double>> samples;
   for (size_t i = 0; i < sizes.size(); ++i) samples.emplace_back(double(sizes[i]), best[i]);
   LinkFit fit{fit_line(std::move(samples))};
@@ -127,7 +134,8 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
   // transports' work, one send and one receive of each message. Its mean
   // per message of the smallest and of the largest size give the line.
   const double small = double(sizes.front()), large = double(sizes.back());
-  const double cpu_small = std::max(0.0, cpu.front() / reps), cpu_large = std::max(0.0, cpu.back() / reps);
+  const double cpu_small = std::max(0.0, cpu.front() / sent.front());
+  const double cpu_large = std::max(0.0, cpu.back() / sent.back());
   fit.cpu_s_per_byte = large > small ? std::max(0.0, (cpu_large - cpu_small) / (large - small)) : cpu_large / large;
   fit.cpu_s_per_message = std::max(0.0, cpu_small - fit.cpu_s_per_byte * small);
   return fit;
