@@ -40,7 +40,7 @@ struct LinkProbeOptions {
   // ones (at least three sizes stay), and repetitions drop to fit the budget.
   double max_message_s = 0.4;
   double time_budget_s = 3.0;
-  int extra_small_messages = 8;  // more of the smallest size, for the CPU time per message
+  int extra_small_messages = 8;  // a batch of the smallest size, for the CPU time per message
   std::chrono::milliseconds timeout{20000};  // per message
 };
 

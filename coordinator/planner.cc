@@ -302,7 +302,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   bool base_sync = false;
   int a2a_levels = 0;     // levels with all-to-all peers
   double a2a_chunk_messages = 0;  // one chunk of one direction: a message to each peer of every level
-  bool outer_lossy = false;       // an outer level's AG codec is lossy: inner levels relay its messages
+  double relayed_origins = 0;     // blocks of lossy outer levels a raw inner level relays, per peer
   bool raw_tokens = true;  // no token codec on any level
   for (int l = 0; l < num_levels; ++l) {
     const LinkModel& link = links[l];
@@ -339,13 +339,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
                                   ag_bytes * codec.grad_fraction);
     // A token exchange sends each peer of the level a message per chunk, r
     // a direction forward and rb backward. The AG sends each domain peer the
-    // worker's block and, relaying a lossy outer level, each block that
-    // crossed it too; the replica gradients go back a message per peer.
-    const bool relays = outer_lossy && !codec.gather_lossy();
+    // worker's block and, on a raw level below lossy ones, each lossy
+    // block as it arrived (one per origin: ExpertCommunicator's relays);
+    // the replica gradients go back a message per peer.
+    const double relayed = codec.gather_lossy() ? 0.0 : relayed_origins;
     a2a_chunk_messages += a2a_msgs;
-    c.level_messages[l] += layers * (2.0 * (r + rb) * a2a_msgs +
-                                     (s - 1) * ((relays ? gathered_per_layer_experts : 1.0) + 1.0));
-    outer_lossy = outer_lossy || codec.gather_lossy();
+    c.level_messages[l] += layers * (2.0 * (r + rb) * a2a_msgs + (s - 1) * (1.0 + relayed + 1.0));
+    if (s > 1) relayed_origins = codec.gather_lossy() ? relayed_origins + (s - 1) : relayed_origins * s;
     gathered_per_layer_experts *= s;
   }
   // A backward exchange of `span` chunks: the bytes (and codec time) of
@@ -384,8 +384,11 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // `bytes` of dense gradients, or of the base (`base`): a reduce-scatter
   // hop per level, inner first, then the all-gathers back, or one hop where
   // the runtime all-reduces in one round (dense_stage); adds its bytes, and
-  // its messages (one to each other member a round) `times` over, per level,
-  // and their sums to *sent and *messages when given.
+  // its messages (sf - 1 a phase: one to each other member at once, or one
+  // to the next in each round of a ring) `times` over, per level, and their
+  // sums to *sent and *messages when given. (Blocks above the collectives'
+  // 4 MB message size and an outer stage spanning several levels send a few
+  // more than this counts.)
   auto all_reduce = [&](double bytes, bool base, double times, double* sent_total = nullptr,
                         double* messages_total = nullptr) {
     auto count = [&](int l, double sent, double messages) {
@@ -490,8 +493,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   };
   // Starts an A2A chunk now; returns when it lands. Not overlapped, compute
   // waits for it at once, and then for the exchange's own packing, sending,
-  // receiving and unpacking of `bytes`: it runs on the compute thread (the
-  // probe's transport CPU per byte).
+  // receiving and unpacking of `bytes` in a message to each peer: it runs on
+  // the compute thread (the probe's transport CPU per message and per byte).
   auto a2a = [&](const Route& route, double bytes, double* free) {
     *free = direct ? std::max(*free, send(t, route)) : send(std::max(t, *free), route);
     c.a2a_s += total(route);

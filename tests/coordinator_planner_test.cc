@@ -538,11 +538,32 @@ double messages_sent(const PlanCandidate& c) {
 TEST(Planner, EveryChunkOfAnExchangeIsAMessageToEachPeer) {
   const std::vector<LinkModel> links = {{1e-3, 1e-7}};
   const PlanCandidate ep1 = evaluate_candidate(farskip_layer(true, 1), {4}, links, {1}, 1e300);
-  const PlanCandidate ep2 = evaluate_candidate(farskip_layer(true, 2), {4}, links, {1}, 1e300);
+  Workload two = farskip_layer(true, 2);
+  two.backward_pipeline_degree = 2;
+  const PlanCandidate ep2 = evaluate_candidate(two, {4}, links, {1}, 1e300);
   EXPECT_DOUBLE_EQ(messages_sent(ep1), 2 * (1 + 1) * 3 + 3);
   EXPECT_DOUBLE_EQ(messages_sent(ep2), 2 * (2 + 2) * 3 + 3);
   const PlanCandidate hybrid = evaluate_candidate(farskip_layer(true, 1), {4}, links, {2}, 1e300);
   EXPECT_DOUBLE_EQ(messages_sent(hybrid), 2 * (1 + 1) * 1 + 2 + 3);
+}
+
+// Below a lossy level, a raw level relays each block that crossed it as it
+// arrived: a message per origin to each peer, beside the worker's own.
+TEST(Planner, ARawLevelBelowALossyOneRelaysAMessagePerOrigin) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}, {1e-4, 1e-8}};
+  Workload w = one_layer(1e5, 0);
+  w.overlapped = true;
+  LinkCodecCost lossy;
+  lossy.gather_fraction = 0.1;
+  const std::vector<LinkCodecCost> codecs = {lossy, LinkCodecCost{}};
+  const PlanCandidate raw = evaluate_candidate(w, {4, 2}, links, {4, 2}, 1e300);
+  const PlanCandidate relayed = evaluate_candidate(w, {4, 2}, links, {4, 2}, 1e300, codecs);
+  // Outer: 3 AG and 3 replica-gradient messages, and the norm's 3. Inner:
+  // 1 and 1, and the norm's 1; relaying, 3 more AG messages (one per origin).
+  EXPECT_DOUBLE_EQ(raw.level_messages[0], 3 + 3 + 3);
+  EXPECT_DOUBLE_EQ(raw.level_messages[1], 1 + 1 + 1);
+  EXPECT_DOUBLE_EQ(relayed.level_messages[0], 3 + 3 + 3);
+  EXPECT_DOUBLE_EQ(relayed.level_messages[1], 1 + 3 + 1 + 1);
 }
 
 // Overlapped, the transport's CPU time per message sent stretches compute
