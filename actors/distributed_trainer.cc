@@ -240,7 +240,10 @@ Status DistributedTrainer::switch_plan(const PlanUpdate& plan) {
   opts_.predicted_step_s = plan.predicted_step_s;
   model_->set_pipeline_degree(plan.pipeline_degree, plan.backward_pipeline_degree);
   std::string domains;
-  for (int s : plan.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
+  for (int s : plan.domain_sizes) {
+    if (!domains.empty()) domains += 'x';
+    domains += std::to_string(s);
+  }
   XD_LOG_INFO("trainer",
               "rank %d: from step %lld, domains %s, r = %d, backward r = %d, replicas' weight gradients %s (%s)",
               opts_.rank, (long long)plan.step, domains.c_str(), plan.pipeline_degree, plan.backward_pipeline_degree,

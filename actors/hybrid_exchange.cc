@@ -47,6 +47,12 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
   peak_bytes_.assign(topology_.num_levels(), 0.0);
   for (int l = 0; l < topology_.num_levels(); ++l) local_only_ = local_only_ && topology_.a2a_peers(rank_, l).empty();
+  // Where each owner's rows go at each level's Dispatch hop: fixed with the
+  // topology, looked up per row.
+  dispatch_member_.assign(topology_.num_levels(), std::vector<int>(topology_.world_size()));
+  for (int l = 0; l < topology_.num_levels(); ++l)
+    for (int owner = 0; owner < topology_.world_size(); ++owner)
+      dispatch_member_[l][owner] = topology_.dispatch_coordinate(rank_, l, owner);
   set_overlapped(true);
 }
 
@@ -164,10 +170,7 @@ void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {
 
 HybridExpertExchange::Hop HybridExpertExchange::dispatch_hop(int l, const std::vector<int>& ids) const {
   const int members = topology_.level_sizes()[l];
-  // Where each owner's rows go, once per owner rather than per row.
-  std::vector<int> to_member(topology_.world_size());
-  for (int owner = 0; owner < topology_.world_size(); ++owner)
-    to_member[owner] = topology_.dispatch_coordinate(rank_, l, owner);
+  const std::vector<int>& to_member = dispatch_member_[l];
   std::vector<int> dest(ids.size());
   for (size_t k = 0; k < ids.size(); ++k) dest[k] = to_member[owner_of(ids[k])];
   Hop hop;

@@ -218,6 +218,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   std::vector<int> peer_class_;  // per rank, fixed before the first exchange; empty: the hop's level
   double codec_s_ = 0;                                              // under mu_
   Topology topology_;
+  std::vector<std::vector<int>> dispatch_member_;  // per level, per owner rank: the hop's member it goes to
   int rank_;
   int num_experts_, experts_per_worker_;
   std::vector<int> computed_;       // global expert ids computed here, ascending

@@ -129,12 +129,13 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
   // each follows the largest, whose last work (its release, the wait for
   // its acks) may fall in the small one's window; the batch follows one
   // untimed small message, and its mean is the small size's figure.
+  double cpu_small = cpu.front() / sent.front();
   if (options.extra_small_messages > 0) {
     auto w = send_one(sizes.front());
     if (!w) return w.status();
-    cpu.front() = 0;
-    sent.front() = 0;
+    const double before = cpu.front();
     for (int extra = 0; extra < options.extra_small_messages; ++extra) XD_RETURN_IF_ERROR(timed(0));
+    cpu_small = (cpu.front() - before) / options.extra_small_messages;
   }
   std::vector<std::pair<double, double>> samples;
   for (size_t i = 0; i < sizes.size(); ++i) samples.emplace_back(double(sizes[i]), best[i]);
@@ -143,7 +144,7 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
   // transports' work, one send and one receive of each message. Its mean
   // per message of the smallest and of the largest size give the line.
   const double small = double(sizes.front()), large = double(sizes.back());
-  const double cpu_small = std::max(0.0, cpu.front() / sent.front());
+  cpu_small = std::max(0.0, cpu_small);
   const double cpu_large = std::max(0.0, cpu.back() / sent.back());
   fit.cpu_s_per_byte = large > small ? std::max(0.0, (cpu_large - cpu_small) / (large - small)) : cpu_large / large;
   fit.cpu_s_per_message = std::max(0.0, cpu_small - fit.cpu_s_per_byte * small);

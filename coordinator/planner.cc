@@ -343,8 +343,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     // block as it arrived (one per origin: ExpertCommunicator's relays);
     // the replica gradients go back a message per peer.
     const double relayed = codec.gather_lossy() ? 0.0 : relayed_origins;
+    const double ag_messages = (s - 1) * (1.0 + relayed), rs_messages = s - 1;
     a2a_chunk_messages += a2a_msgs;
-    c.level_messages[l] += layers * (2.0 * (r + rb) * a2a_msgs + (s - 1) * (1.0 + relayed + 1.0));
+    c.level_messages[l] += layers * (2.0 * (r + rb) * a2a_msgs + ag_messages + rs_messages);
     if (s > 1) relayed_origins = codec.gather_lossy() ? relayed_origins + (s - 1) : relayed_origins * s;
     gathered_per_layer_experts *= s;
   }
