@@ -139,9 +139,11 @@ int run_plan(const PlanOptions& o) {
                     {"transport_cpu_s_per_message", compute.transport_cpu_s_per_message},
                     {"exchange_cpu_s_per_byte", compute.exchange_cpu_s_per_byte},
                     {"exchange_cpu_s_per_message", compute.exchange_cpu_s_per_message},
+                    {"codecs_share_compute_cores", compute.codecs_share_compute_cores},
                     {"step_probe_tokens", step_probe.tokens},
                     {"step_probe_copies", step_probe.copies},
-                    {"step_probe_s", step_probe.seconds}};
+                    {"step_probe_s", step_probe.seconds},
+                    {"step_probe_windows_s", planned->step_probe_windows}};
     if (planned->routing.workers > 0)
       j["routing_probe"] = {{"tokens_per_worker", planned->routing.tokens_per_worker},
                             {"seconds", planned->routing.seconds}};
@@ -172,6 +174,7 @@ int run_plan(const PlanOptions& o) {
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
                                  {"compute_s", c.compute_s},
                                  {"transport_cpu_s", c.transport_cpu_s},
+                                 {"codec_cpu_s", c.codec_cpu_s},
                                  {"exchange_cpu_s", c.exchange_cpu_s},
                                  {"a2a_s", c.a2a_s},
                                  {"exposed_a2a_s", c.exposed_a2a_s},
@@ -204,11 +207,19 @@ int run_plan(const PlanOptions& o) {
                 w.num_moe_layers, w.experts_per_worker, fmt_bytes(w.expert_bytes).c_str(),
                 fmt_bytes(w.token_bytes).c_str(), in.tokens_per_worker,
                 fmt_bytes(w.dense_param_bytes).c_str());
+    std::string windows;  // the step probe's windows, when more than one ran
+    if (planned->step_probe_windows.size() > 1) {
+      windows = ", the median of " + std::to_string(planned->step_probe_windows.size()) + " windows: ";
+      windows += fmt_seconds(planned->step_probe_windows.front());
+      windows += " to ";
+      windows += fmt_seconds(planned->step_probe_windows.back());
+    }
     std::printf("compute: %.2f GFLOP/s + %s per GEMM call (local sgemm probe, r2 %.4f), x %.2f for "
-                "the non-GEMM work (a model step of %lld tokens took %s, %s); the optimizer "
+                "the non-GEMM work (a model step of %lld tokens took %s%s, %s); the optimizer "
                 "%s per step (%.1f ns per parameter)\n",
                 compute.flops_per_s / 1e9, fmt_seconds(compute.gemm_overhead_s).c_str(), gemm_fit.r2,
                 compute.non_gemm_factor, step_probe.tokens, fmt_seconds(step_probe.seconds).c_str(),
+                windows.c_str(),
                 step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
                                       : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
@@ -219,6 +230,10 @@ int run_plan(const PlanOptions& o) {
                   fmt_seconds(w.transport_cpu_s_per_message).c_str(), w.transport_cpu_s_per_byte * 1e9,
                   std::accumulate(choice.level_messages.begin(), choice.level_messages.end(), 0.0),
                   fmt_seconds(choice.transport_cpu_s).c_str());
+    if (w.codecs_share_compute_cores && choice.codec_cpu_s > 0)
+      std::printf("the codecs' encode and decode share them too: overlapped, compute stretches by their %s a "
+                  "step (the chosen plan's, at the measured seconds per byte)\n",
+                  fmt_seconds(choice.codec_cpu_s).c_str());
     if (!w.overlapped && (w.exchange_cpu_s_per_byte > 0 || w.exchange_cpu_s_per_message > 0))
       std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %s per "
                   "message and %.2f ns per byte sent of transport CPU that compute waits out (the chosen "

@@ -122,22 +122,39 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
   return out;
 }
 
-ComputeModel fit_compute_model(const JobConfig& job, JobPlan* out) {
+// The step probe's timings come in windows spread over the start-up (one
+// before the link probes, one after each of the first two classes, the
+// rest at the end): the machine's speed moves over seconds, and a run's
+// mean step sees all of it, so the median window stands for it.
+constexpr int kStepProbeWindows = 3;
+
+Expected<StepProbe> probe_step_window(const JobConfig& job) {
+  StepProbeOptions po;
+  po.copies = std::min(workers_per_core_set(job), kMaxStepProbeCopies);
+  po.max_seconds /= kStepProbeWindows;
+  return probe_model_step(job.train.model, job.train.seq_len,
+                          static_cast<long long>(job.train.batch_size) * job.train.seq_len, po);
+}
+
+// The compute model from the GEMM probe and the step probe's windows (the
+// median one's figures; GEMMs only when every window failed).
+ComputeModel fit_compute_model(const JobConfig& job, std::vector<StepProbe> windows, const std::string& failure,
+                               JobPlan* out) {
   ComputeModel compute;
-  out->gemm_fit = probe_gemm();
   if (out->gemm_fit.beta > 0) {
     compute.flops_per_s = 1.0 / out->gemm_fit.beta;
     compute.gemm_overhead_s = std::max(0.0, out->gemm_fit.alpha);
   }
-  StepProbeOptions po;
-  po.copies = std::min(workers_per_core_set(job), kMaxStepProbeCopies);
-  auto probe = probe_model_step(job.train.model, job.train.seq_len,
-                                static_cast<long long>(job.train.batch_size) * job.train.seq_len, po);
-  if (probe) {
-    compute = calibrated_compute_model(compute, *probe);
-    out->step_probe = *probe;
+  if (!windows.empty()) {
+    std::sort(windows.begin(), windows.end(),
+              [](const StepProbe& a, const StepProbe& b) { return a.seconds < b.seconds; });
+    const StepProbe& median = windows[windows.size() / 2];
+    compute = calibrated_compute_model(compute, median);
+    out->step_probe = median;
+    out->step_probe_windows.clear();
+    for (const StepProbe& w : windows) out->step_probe_windows.push_back(w.seconds);
   } else {
-    out->compute_note = "model step probe failed (" + probe.status().message() + "); compute counts GEMMs only";
+    out->compute_note = "model step probe failed (" + failure + "); compute counts GEMMs only";
   }
   compute.flops_per_s *= core_share(job);
   return compute;
@@ -149,7 +166,17 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
   XD_RETURN_IF_ERROR(job.validate());
   JobPlan out;
   if (options.progress) options.progress("timing GEMMs and one step of the model");
-  out.compute = fit_compute_model(job, &out);
+  out.gemm_fit = probe_gemm();
+  std::vector<StepProbe> step_windows;
+  std::string step_failure;
+  int step_attempts = 0;
+  auto step_window = [&] {
+    ++step_attempts;
+    auto w = probe_step_window(job);
+    if (w) step_windows.push_back(*w);
+    else step_failure = w.status().message();
+  };
+  step_window();
 
   const std::vector<LinkModel> spec = spec_link_models(job.cluster);
   std::vector<LinkModel> models;
@@ -175,7 +202,10 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     }
     models.push_back(e.model);
     out.links.push_back(e);
+    if (step_attempts < kStepProbeWindows - 1) step_window();
   }
+  while (step_attempts < kStepProbeWindows) step_window();
+  out.compute = fit_compute_model(job, std::move(step_windows), step_failure, &out);
   // The most a probe measured per byte and per message, in wall time at each
   // worker's share of a core. Not overlapped, it is the compute thread's
   // wait wherever the transport's threads run; overlapped, it dilates
@@ -190,6 +220,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
   if (workers_per_core_set(job) >= this_machine_cores()) {
     out.compute.transport_cpu_s_per_byte = out.compute.exchange_cpu_s_per_byte;
     out.compute.transport_cpu_s_per_message = out.compute.exchange_cpu_s_per_message;
+    out.compute.codecs_share_compute_cores = true;
   }
   out.inputs = planner_inputs_for(job, models, out.compute);
   out.inputs.link_codecs = measure_link_codecs(job, &out.links);

@@ -66,7 +66,8 @@ struct JobPlan {
   std::vector<LinkEstimate> links;  // one per level
   ComputeModel compute;
   LinearFit gemm_fit;
-  StepProbe step_probe;  // tokens == 0 when the step probe failed
+  StepProbe step_probe;  // the median window's; tokens == 0 when the step probe failed
+  std::vector<double> step_probe_windows;  // each window's step seconds, in increasing order
   std::string compute_note;  // why the compute model counts GEMMs only, if it does
   RoutingProbe routing;      // workers == 0 when not probed
   std::string routing_note;  // why not

@@ -128,14 +128,21 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
   // a small and noisy figure: a batch of them steadies it. In the rounds
   // each follows the largest, whose last work (its release, the wait for
   // its acks) may fall in the small one's window; the batch follows one
-  // untimed small message, and its mean is the small size's figure.
+  // untimed small message, and its median is the small size's figure (a
+  // timer or another thread's wake-up landing in one message's window
+  // leaves it).
   double cpu_small = cpu.front() / sent.front();
   if (options.extra_small_messages > 0) {
     auto w = send_one(sizes.front());
     if (!w) return w.status();
-    const double before = cpu.front();
-    for (int extra = 0; extra < options.extra_small_messages; ++extra) XD_RETURN_IF_ERROR(timed(0));
-    cpu_small = (cpu.front() - before) / options.extra_small_messages;
+    std::vector<double> each;
+    for (int extra = 0; extra < options.extra_small_messages; ++extra) {
+      const double before = cpu.front();
+      XD_RETURN_IF_ERROR(timed(0));
+      each.push_back(cpu.front() - before);
+    }
+    std::nth_element(each.begin(), each.begin() + each.size() / 2, each.end());
+    cpu_small = each[each.size() / 2];
   }
   std::vector<std::pair<double, double>> samples;
   for (size_t i = 0; i < sizes.size(); ++i) samples.emplace_back(double(sizes[i]), best[i]);

@@ -178,6 +178,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.transport_cpu_s_per_message = in.compute.transport_cpu_s_per_message;
   w.exchange_cpu_s_per_byte = in.compute.exchange_cpu_s_per_byte;
   w.exchange_cpu_s_per_message = in.compute.exchange_cpu_s_per_message;
+  w.codecs_share_compute_cores = in.compute.codecs_share_compute_cores;
   w.a2a_imbalance = in.a2a_imbalance;
   w.routed_a2a_imbalance = in.routed_a2a_imbalance;
   const int every = in.expert_parallel.base_sync_every;
@@ -337,6 +338,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     }
     c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + ag_wire +
                                   ag_bytes * codec.grad_fraction);
+    // Each token direction runs forward and backward; the AG's codec time
+    // counts one encode per peer (exact at s = 2, the lossy outer level).
+    c.codec_cpu_s += layers * (2 * a2a_bytes * (codec.dispatch_s_per_byte + codec.combine_s_per_byte) + ag_codec_s +
+                               ag_bytes * codec.grad_s_per_byte);
     // A token exchange sends each peer of the level a message per chunk, r
     // a direction forward and rb backward. The AG sends each domain peer the
     // worker's block and, on a raw level below lossy ones, each lossy
@@ -638,20 +643,22 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 
 // Overlapped, the transport's threads run beside the compute and take its
 // cores for their CPU time per message and per byte sent (a worker receives
-// about as much): the compute stretches by that much, spread over the step.
+// about as much), and so do the codecs where they share the cores: the
+// compute stretches by that much, spread over the step.
 PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_sizes,
                                const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
                                int rb, bool late) {
   PlanCandidate c =
       evaluate_with_degree(w, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
-  if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0) ||
+  const double codec_cpu = w.codecs_share_compute_cores ? c.codec_cpu_s : 0.0;
+  if (!w.overlapped || !(w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0 || codec_cpu > 0) ||
       !(c.compute_s > 0))
     return c;
   double bytes = 0, messages = 0;
   for (double b : c.level_bytes) bytes += b;
   for (double m : c.level_messages) messages += m;
-  const double cpu = w.transport_cpu_s_per_byte * bytes + w.transport_cpu_s_per_message * messages;
+  const double cpu = w.transport_cpu_s_per_byte * bytes + w.transport_cpu_s_per_message * messages + codec_cpu;
   c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
                            memory_cap_bytes, link_codecs, r, rb, late);
   c.transport_cpu_s = cpu;

@@ -102,6 +102,10 @@ struct ComputeModel {
   // bucket runs it while the compute thread waits, so it adds to the step.
   double exchange_cpu_s_per_byte = 0;
   double exchange_cpu_s_per_message = 0;
+  // The codecs' encode and decode (LinkCodecCost's seconds per byte) run on
+  // the same cores: overlapped, they too dilate compute, whichever thread
+  // runs them. Set with transport_cpu_* where the workers fill the cores.
+  bool codecs_share_compute_cores = false;
 };
 
 // The routing's A2A imbalance F per level of each domain-size candidate.
@@ -189,6 +193,7 @@ struct Workload {
   double transport_cpu_s_per_message = 0;  // ComputeModel's
   double exchange_cpu_s_per_byte = 0;      // ComputeModel's
   double exchange_cpu_s_per_message = 0;   // ComputeModel's
+  bool codecs_share_compute_cores = false;  // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
   RoutedImbalance routed_a2a_imbalance;  // PlannerInputs'
   // The schedule (docs/overlap.md).
@@ -213,7 +218,10 @@ Workload with_compute_scaled(Workload w, double factor);
 struct PlanCandidate {
   std::vector<int> domain_sizes;
   double compute_s = 0;       // the compute stream
-  double transport_cpu_s = 0;  // part of it: the transport's threads on the compute's cores (overlapped)
+  // Part of it: the transport's threads and the codecs on the compute's
+  // cores (overlapped; codec_cpu_s where they share them).
+  double transport_cpu_s = 0;
+  double codec_cpu_s = 0;  // a step's encode + decode seconds, every traffic kind and level
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
   double rs_s = 0;            // the replica-gradient reduce-scatter stream, total

@@ -18,6 +18,16 @@
 
 namespace xd {
 
+namespace {
+
+// The upper median of a few timings.
+double median(std::vector<double>& v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, long long tokens,
                                      const StepProbeOptions& options) {
   XD_RETURN_IF_ERROR(job_model.validate());
@@ -38,8 +48,7 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
     MoeTransformer<float> net;
     AdamW<float> optimizer;
     std::vector<int32_t> inputs, targets;
-    double best_step = std::numeric_limits<double>::infinity();
-    double best_update = std::numeric_limits<double>::infinity();
+    std::vector<double> steps, updates;  // the timed repetitions' seconds
   };
   ParamLayout layout(model);
   const int copies = std::max(1, options.copies);
@@ -78,17 +87,19 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
     if (i == 0)
       repetitions = std::clamp(static_cast<int>(options.max_seconds / std::max(1e-9, warm)) - 1, 1, repetitions);
     together.arrive_and_wait();
-    // Fastest of the repetitions: other load on the machine only slows a step.
+    // The median of the repetitions, not the fastest: the planner predicts
+    // a run's mean step, which the machine's other load slows as it slows
+    // any step, and the fastest of a few is a quiet moment's.
     for (int r = 0; r < repetitions; ++r) {
       together.arrive_and_wait();
-      c.best_step = std::min(c.best_step, one_step());
+      c.steps.push_back(one_step());
     }
     // The update after it, on the gradients backward left.
     for (int r = 0; r < repetitions; ++r) {
       together.arrive_and_wait();
       const double t0 = steady_seconds();
       c.optimizer.step(c.net.params().data(), c.net.grads().data(), 1e-6);
-      c.best_update = std::min(c.best_update, steady_seconds() - t0);
+      c.updates.push_back(steady_seconds() - t0);
     }
   };
   std::vector<std::thread> others;
@@ -105,10 +116,10 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   for (std::thread& t : others) t.join();
   if (options.threads > 0) openblas_set_num_threads(saved_threads);
   double step_s = 0, update_s = 0;
-  for (const auto& c : runs)
-    if (c->best_step < std::numeric_limits<double>::infinity()) {  // it ran
-      step_s += c->best_step / timed;
-      update_s += c->best_update / timed;
+  for (auto& c : runs)
+    if (!c->steps.empty()) {  // it ran
+      step_s += median(c->steps) / timed;
+      update_s += median(c->updates) / timed;
     }
   StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, step_s};
   probe.copies = timed;

@@ -24,7 +24,7 @@ struct StepProbeOptions {
   long long max_tokens = 2048;  // the probe's batch: min(this, the job's tokens per worker)
   int max_layers = 2;           // the probe's model: the job's, cut to these many layers
   int max_experts = 8;          // ... and routed experts (top_k is kept, capped by it)
-  int repetitions = 3;          // timed steps after one warm-up; the fastest counts
+  int repetitions = 5;          // timed steps after one warm-up; their median counts
   double max_seconds = 2.0;     // fewer repetitions when a step is slow
   int threads = 1;              // as every worker runs
   // Copies timed at once, each on its own thread: as many as workers will
@@ -37,8 +37,8 @@ struct StepProbe {
   ModelConfig model;     // what was timed
   long long tokens = 0;  // tokens of the timed batch
   int seq_len = 0;
-  double seconds = 0;    // fastest forward + backward
-  // The fastest AdamW update of the probe's parameters (the clipping norm
+  double seconds = 0;    // forward + backward, the repetitions' median
+  // The median AdamW update of the probe's parameters (the clipping norm
   // included), per parameter: the planner adds it once per step for the
   // parameters a worker updates.
   double optimizer_s_per_param = 0;

@@ -13,6 +13,9 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "job_runner.h"
 #include "model/safetensors.h"
@@ -77,6 +80,25 @@ TEST_F(Cli, PlanSaysWhichLinkClassRelaysTheExpertsThatCrossedACompressedOne) {
   auto [raw_code, raw_out] = run(bin + " plan --farskip --no-probe");
   ASSERT_EQ(raw_code, 0) << raw_out;
   EXPECT_EQ(raw_out.find("relays"), std::string::npos) << "nothing is lossy, nothing is relayed:\n" << raw_out;
+}
+
+// The step probe times the model in three windows, and the compute model
+// takes the median one's figure; the codecs' CPU share of the cores is said.
+TEST_F(Cli, PlanTakesTheMedianOfTheStepProbesWindows) {
+  auto [code, out] = run("(" + bin + " plan --farskip --sr-codecs --no-probe --json 2>/dev/null)");
+  ASSERT_EQ(code, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  const std::vector<double> windows = j.at("compute").at("step_probe_windows_s").get<std::vector<double>>();
+  ASSERT_EQ(windows.size(), 3u) << out;
+  EXPECT_LE(windows[0], windows[1]);
+  EXPECT_LE(windows[1], windows[2]);
+  EXPECT_GT(windows[0], 0);
+  EXPECT_DOUBLE_EQ(j.at("compute").at("step_probe_s").get<double>(), windows[1]);
+  EXPECT_EQ(j.at("compute").at("codecs_share_compute_cores").get<bool>(), std::thread::hardware_concurrency() <= 4)
+      << "the codecs share the compute's cores where the 4 workers fill them";
+  const nlohmann::json& chosen = j.at("candidates").at(j.at("chosen").get<size_t>());
+  EXPECT_GT(chosen.at("codec_cpu_s").get<double>(), 0) << "the outer link's experts are coded";
 }
 
 TEST_F(Cli, ForwardEvaluatesAFileLongerThanTheContextWithASlidingWindow) {

@@ -581,6 +581,39 @@ TEST(Planner, OverlappedTheTransportsCpuTimeStretchesComputeByItsMessagesToo) {
   EXPECT_NEAR(both.transport_cpu_s, 1e-3 * messages_sent(both) + 1e-8 * bytes_sent(both), 1e-12);
 }
 
+// Where the codecs share the compute's cores, their encode and decode
+// seconds stretch the overlapped compute as the transport's CPU time does:
+// a step's every coded byte, each token direction forward and backward, the
+// AG's and the replica gradients'. Where they have cores of their own, only
+// the hops carry them.
+TEST(Planner, OverlappedTheCodecsCpuTimeStretchesComputeWhereTheyShareItsCores) {
+  const std::vector<LinkModel> links = {{1e-3, 1e-7}};
+  Workload w = farskip_layer(true, 1);
+  w.expert_bytes = 1e5;
+  LinkCodecCost coded;
+  coded.dispatch_fraction = coded.combine_fraction = 0.5;
+  coded.dispatch_s_per_byte = 1e-9;
+  coded.combine_s_per_byte = 2e-9;
+  coded.gather_fraction = coded.grad_fraction = 0.1;
+  coded.gather_s_per_byte = 3e-9;
+  coded.grad_s_per_byte = 4e-9;
+  const std::vector<LinkCodecCost> codecs = {coded};
+  const PlanCandidate apart = evaluate_candidate(w, {4}, links, {2}, 1e300, codecs);
+  const double a2a_bytes = w.token_bytes * (1 - 2.0 / 4), own = w.experts_per_worker * w.expert_bytes;
+  EXPECT_NEAR(apart.codec_cpu_s, 2 * a2a_bytes * 3e-9 + own * 3e-9 + own * 4e-9, 1e-15);
+  EXPECT_EQ(apart.transport_cpu_s, 0);
+  w.codecs_share_compute_cores = true;
+  const PlanCandidate shared = evaluate_candidate(w, {4}, links, {2}, 1e300, codecs);
+  EXPECT_NEAR(shared.transport_cpu_s, shared.codec_cpu_s, 1e-15);
+  EXPECT_NEAR(shared.compute_s, apart.compute_s + shared.codec_cpu_s, 1e-9);
+  EXPECT_GT(shared.iteration_s, apart.iteration_s);
+  Workload simple = farskip_layer(false, 1), simple_apart = farskip_layer(false, 1);
+  simple.expert_bytes = simple_apart.expert_bytes = 1e5;
+  simple.codecs_share_compute_cores = true;
+  EXPECT_DOUBLE_EQ(evaluate_candidate(simple, {4}, links, {2}, 1e300, codecs).compute_s,
+                   evaluate_candidate(simple_apart, {4}, links, {2}, 1e300, codecs).compute_s);
+}
+
 // Not overlapped, each exchange's CPU time per message is the compute
 // thread's wait, in the exposed time.
 TEST(Planner, NotOverlappedEachExchangesCpuPerMessageIsWaitedOut) {

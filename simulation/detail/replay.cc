@@ -26,7 +26,10 @@ void Replay::build() {
   nic_.assign(world(), std::vector<sg4::Host*>(levels(), nullptr));
   for (int m = 0; m < world(); ++m)
     for (int l = 0; l < levels(); ++l) {
-      const std::string name = "w" + std::to_string(m) + "-l" + std::to_string(l);
+      std::string name = "w";  // appended, not "w" + ...: GCC 12 misreads that as an overlapping copy
+      name += std::to_string(m);
+      name += "-l";
+      name += std::to_string(l);
       sg4::Host* h = zone->create_host(name, 1e9)->seal();
       // Latency is added on arrival (Replay::deliver), so that messages
       // queued behind each other pay it once, as behind a token bucket.
