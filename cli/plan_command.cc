@@ -101,6 +101,15 @@ int run_plan(const PlanOptions& o) {
   }
   const Workload w = workload_of(in);
   const Plan& plan = planned->plan;
+  // The chosen domains again with every worker computing as many routed
+  // rows: what the routing's imbalance costs the step.
+  double even_load_s = plan.choice().iteration_s;
+  if (!planned->inputs.routed_expert_imbalance.empty()) {
+    PlannerInputs even = planned->inputs;
+    even.routed_expert_imbalance.clear();
+    for (const PlanCandidate& c : plan_iteration(even).candidates)
+      if (c.domain_sizes == plan.choice().domain_sizes) even_load_s = c.iteration_s;
+  }
   const PlanCandidate& choice = plan.choice();
   const ExpertParallelSpec& ep = job.cluster.expert_parallel;
 
@@ -163,6 +172,7 @@ int run_plan(const PlanOptions& o) {
     j["memory_cap_bytes"] = std::isinf(ep.memory_cap_bytes) ? nlohmann::json(nullptr)
                                                             : nlohmann::json(ep.memory_cap_bytes);
     j["chosen"] = plan.chosen;
+    j["even_expert_load_iteration_s"] = even_load_s;
     j["chosen_domain_sizes"] = choice.domain_sizes;
     j["chosen_pipeline_degree"] = choice.pipeline_degree;
     j["chosen_backward_pipeline_degree"] = choice.backward_pipeline_degree;
@@ -192,6 +202,7 @@ int run_plan(const PlanOptions& o) {
                                  {"level_bytes", c.level_bytes},
                                  {"level_messages", c.level_messages},
                                  {"a2a_imbalance", c.a2a_imbalance},
+                                 {"expert_imbalance", c.expert_imbalance},
                                  {"feasible", c.feasible},
                                  {"why_infeasible", c.why_infeasible}});
     std::printf("%s\n", j.dump(2).c_str());
@@ -288,12 +299,21 @@ int run_plan(const PlanOptions& o) {
           fs += one;
         }
       }
-      std::string names;
+      std::string names, loads;
       for (const LinkEstimate& ls : links) names += (names.empty() ? "" : ", ") + ls.name;
+      for (const PlanCandidate& c : plan.candidates) {
+        char one[64];
+        std::snprintf(one, sizeof one, "%s%s %.2f", loads.empty() ? " " : ", ", fmt_list(c.domain_sizes).c_str(),
+                      c.expert_imbalance);
+        loads += one;
+      }
       std::printf("routing: each worker's first %lld tokens through the initial weights (%s): a token A2A hop lasts "
                   "F times the mean rows' time, F per level (%s):%s; the run re-fits F from what it measures\n",
                   planned->routing.tokens_per_worker, fmt_seconds(planned->routing.seconds).c_str(), names.c_str(),
                   fs.c_str());
+      std::printf("routed experts: the busiest worker computes this many times the mean worker's rows, and every "
+                  "layer's exchanges wait for it:%s; with even loads the chosen plan would take %s a step\n",
+                  loads.c_str(), fmt_seconds(even_load_s).c_str());
     }
     std::printf("\n  %-10s %10s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s\n", "domains", "gathered", "r",
                 "compute", "a2a", "exp.a2a", "ag", "rs", "exp.ag", "exp.rs", "allreduce", "exp.ar", "iteration");
@@ -342,14 +362,16 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->footer(
       "The same path as the coordinator's at start-up (coordinator/job_planner.h), so the\n"
       "choice shown is the one `xdmoe launch` makes from the same measurements: compute\n"
-      "from a short GEMM probe and one timed step (and optimizer update) of the job's\n"
-      "model on this machine (about 0.3-1 s; as many copies at once as workers will share\n"
-      "its cores); shaped links from loopback probes, unshaped ones from the config. The\n"
-      "link probes also measure the transport's CPU time per message and per byte, which\n"
-      "an overlapped schedule takes from compute when the workers fill this machine's\n"
-      "cores (for each message and byte a candidate sends a step). The\n"
-      "routing probe runs each worker's first batch through the initial weights for the\n"
-      "token A2As' imbalance F under each candidate's domains (the run re-fits it).\n"
+      "from a short GEMM probe and timed steps (and optimizer updates) of the job's\n"
+      "model on this machine, the median of three windows spread over the probes (about\n"
+      "0.5-2 s; as many copies at once as workers will share its cores); shaped links\n"
+      "from loopback probes, unshaped ones from the config. The link probes also\n"
+      "measure the transport's CPU time per message and per byte, which an overlapped\n"
+      "schedule takes from compute when the workers fill this machine's cores (for each\n"
+      "message and byte a candidate sends a step), with the codecs' encode and decode\n"
+      "time. The routing probe runs each worker's first batch through the initial\n"
+      "weights for the token A2As' imbalance F under each candidate's domains (the run\n"
+      "re-fits it) and the busiest worker's share of the routed experts' rows.\n"
       "Probes measure: two runs on a busy machine can differ. The cost model: docs/planner.md.");
   cmd->add_option("--config", opts->config, "Job YAML with a cluster section (default: built-in)")
       ->check(CLI::ExistingFile);

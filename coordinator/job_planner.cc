@@ -231,8 +231,11 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     if (auto routing = probe_routing(job)) {
       out.routing = std::move(*routing);
       const std::vector<int> levels = job.cluster.level_sizes();
-      for (const std::vector<int>& domains : domain_candidates(levels))
-        out.inputs.routed_a2a_imbalance[domains] = routed_a2a_imbalance(out.routing, Topology(levels, domains));
+      for (const std::vector<int>& domains : domain_candidates(levels)) {
+        const Topology topology(levels, domains);
+        out.inputs.routed_a2a_imbalance[domains] = routed_a2a_imbalance(out.routing, topology);
+        out.inputs.routed_expert_imbalance[domains] = routed_expert_imbalance(out.routing, topology);
+      }
     } else {
       out.routing_note = routing.status().message();
     }

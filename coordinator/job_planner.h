@@ -1,8 +1,9 @@
 // plan_job: the one path from a job's configuration to its plan, shared by the
 // coordinator and `xdmoe plan`, so that `xdmoe plan` shows exactly what a
 // launch will pick from the same measurements. It
-//   1. fits the compute model: a one-thread GEMM probe, calibrated by a timed
-//      step of the job's model (coordinator/step_probe.h), and shared among
+//   1. fits the compute model: a one-thread GEMM probe, calibrated by timed
+//      steps of the job's model (coordinator/step_probe.h) in three windows
+//      spread over the link probes (the median window's), and shared among
 //      the workers when they all run on this machine (no host list);
 //   2. fits each shaped link class's alpha/beta with a short loopback probe
 //      (coordinator/link_probe.h), or takes the spec's figures (unshaped
@@ -13,7 +14,8 @@
 //      decode time (per core, shared like compute when every worker runs
 //      here); raw costs nothing and is not measured;
 //   4. routes each worker's first batch through the job's initial weights
-//      (coordinator/routing_probe.h) for each candidate's A2A imbalance F;
+//      (coordinator/routing_probe.h) for each candidate's A2A imbalance F
+//      and the busiest worker's share of the routed experts' rows;
 //      where it cannot (the data is not here, the model is too large) or
 //      the caller says why not (a resumed run, flat EP), F is 1 until the
 //      run measures it, and routing_note says why;

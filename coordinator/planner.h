@@ -118,6 +118,11 @@ std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const
 // F is the larger side of a hop over the mean of both sides: from 1 (even)
 // to 2 (every row one way).
 inline bool a2a_imbalance_in_range(double f) { return f >= 1 && f <= 2; }
+// The routed experts' compute imbalance of each domain-size candidate: the
+// busiest worker's rows over the mean, summed over layers (>= 1).
+using RoutedExpertImbalance = std::map<std::vector<int>, double>;
+// The candidate's entry, else 1 (every worker computes as many rows).
+double expert_imbalance_for(const RoutedExpertImbalance& routed, const std::vector<int>& domain_sizes);
 inline constexpr const char* kA2aImbalanceRange =
     "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
 
@@ -146,6 +151,10 @@ struct PlannerInputs {
   RoutedImbalance routed_a2a_imbalance;
   // a2a_imbalance_for(a2a_imbalance, routed_a2a_imbalance, domain_sizes).
   std::vector<double> a2a_imbalance_for(const std::vector<int>& domain_sizes) const;
+  // Per domain-size candidate, how much longer than the mean worker's the
+  // routed experts' compute lasts on the busiest (the same first batch):
+  // every layer's exchanges wait for it. Empty: 1.
+  RoutedExpertImbalance routed_expert_imbalance;
 
   Status validate() const;
 };
@@ -196,6 +205,7 @@ struct Workload {
   bool codecs_share_compute_cores = false;  // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
   RoutedImbalance routed_a2a_imbalance;  // PlannerInputs'
+  RoutedExpertImbalance routed_expert_imbalance;  // PlannerInputs'
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
@@ -239,6 +249,7 @@ struct PlanCandidate {
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
   std::vector<double> level_messages;  // messages a worker sends per level per iteration
   std::vector<double> a2a_imbalance;  // the F per level it was planned with (empty: 1)
+  double expert_imbalance = 1;        // the routed experts' compute, busiest over mean, it was planned with
   bool feasible = true;
   std::string why_infeasible;
 };

@@ -78,41 +78,76 @@ Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOpt
   return probe;
 }
 
-std::vector<double> routed_a2a_imbalance(const RoutingProbe& probe, const Topology& topology) {
-  XD_CHECK(topology.world_size() == probe.workers);
+namespace {
+
+// One layer's rows through the Dispatch hops of `topology`: `at` holds the
+// rows of (worker, expert) its tokens send and ends holding those each
+// worker's experts compute; `hop(l, out, in)` sees each level's rows sent
+// and received per worker.
+template <class Hop>
+void dispatch_layer(const RoutingProbe& probe, const Topology& topology, int layer, std::vector<long long>* at,
+                    Hop hop) {
   const int world = probe.workers, levels = topology.num_levels(), experts = probe.experts;
   const int per_worker = experts / world;
+  XD_CHECK(topology.world_size() == world);
   XD_CHECK(per_worker > 0 && per_worker * world == experts);
-  std::vector<double> peak(levels, 0.0), sent(levels, 0.0);
-  // Rows of one layer by (worker holding them, expert), moved hop by hop.
-  std::vector<long long> at(static_cast<size_t>(world) * experts), next(at.size());
-  std::vector<long long> out(world), in(world);
-  for (int layer = 0; layer < probe.layers; ++layer) {
+  at->assign(static_cast<size_t>(world) * experts, 0);
+  for (int m = 0; m < world; ++m)
+    for (int e = 0; e < experts; ++e) (*at)[static_cast<size_t>(m) * experts + e] = probe.at(m, layer, e);
+  std::vector<long long> next(at->size()), out(world), in(world);
+  for (int l = 0; l < levels; ++l) {
+    std::fill(next.begin(), next.end(), 0);
+    std::fill(out.begin(), out.end(), 0);
+    std::fill(in.begin(), in.end(), 0);
     for (int m = 0; m < world; ++m)
-      for (int e = 0; e < experts; ++e) at[static_cast<size_t>(m) * experts + e] = probe.at(m, layer, e);
-    for (int l = 0; l < levels; ++l) {
-      std::fill(next.begin(), next.end(), 0);
-      std::fill(out.begin(), out.end(), 0);
-      std::fill(in.begin(), in.end(), 0);
-      for (int m = 0; m < world; ++m)
-        for (int e = 0; e < experts; ++e) {
-          const long long rows = at[static_cast<size_t>(m) * experts + e];
-          if (rows == 0) continue;
-          const int to = topology.with_coordinate(m, l, topology.dispatch_coordinate(m, l, e / per_worker));
-          next[static_cast<size_t>(to) * experts + e] += rows;
-          if (to != m) out[m] += rows, in[to] += rows;
-        }
-      for (int m = 0; m < world; ++m) {
-        peak[l] += double(std::max(out[m], in[m]));
-        sent[l] += double(out[m]);
+      for (int e = 0; e < experts; ++e) {
+        const long long rows = (*at)[static_cast<size_t>(m) * experts + e];
+        if (rows == 0) continue;
+        const int to = topology.with_coordinate(m, l, topology.dispatch_coordinate(m, l, e / per_worker));
+        next[static_cast<size_t>(to) * experts + e] += rows;
+        if (to != m) out[m] += rows, in[to] += rows;
       }
-      at.swap(next);
-    }
+    hop(l, out, in);
+    at->swap(next);
   }
+}
+
+}  // namespace
+
+std::vector<double> routed_a2a_imbalance(const RoutingProbe& probe, const Topology& topology) {
+  const int levels = topology.num_levels();
+  std::vector<double> peak(levels, 0.0), sent(levels, 0.0);
+  std::vector<long long> at;
+  for (int layer = 0; layer < probe.layers; ++layer)
+    dispatch_layer(probe, topology, layer, &at,
+                   [&](int l, const std::vector<long long>& out, const std::vector<long long>& in) {
+                     for (size_t m = 0; m < out.size(); ++m) {
+                       peak[l] += double(std::max(out[m], in[m]));
+                       sent[l] += double(out[m]);
+                     }
+                   });
   std::vector<double> f(levels, 1.0);
   for (int l = 0; l < levels; ++l)
     if (sent[l] > 0) f[l] = std::max(1.0, peak[l] / sent[l]);
   return f;
+}
+
+double routed_expert_imbalance(const RoutingProbe& probe, const Topology& topology) {
+  double busiest = 0, total = 0;
+  std::vector<long long> at;
+  for (int layer = 0; layer < probe.layers; ++layer) {
+    dispatch_layer(probe, topology, layer, &at, [](int, const auto&, const auto&) {});
+    long long most = 0, sum = 0;
+    for (int m = 0; m < probe.workers; ++m) {
+      long long rows = 0;
+      for (int e = 0; e < probe.experts; ++e) rows += at[static_cast<size_t>(m) * probe.experts + e];
+      most = std::max(most, rows);
+      sum += rows;
+    }
+    busiest += double(most);
+    total += double(sum) / probe.workers;
+  }
+  return total > 0 ? std::max(1.0, busiest / total) : 1.0;
 }
 
 }  // namespace xd

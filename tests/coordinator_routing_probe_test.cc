@@ -68,6 +68,23 @@ TEST(RoutingProbe, RowsWalkTheLevelsOuterFirstAndAGatheredLevelCarriesNone) {
   EXPECT_EQ(routed_a2a_imbalance(p, Topology({2, 2}, {2, 2})), (std::vector<double>{1.0, 1.0}));
 }
 
+// Each layer's exchanges wait for the worker whose experts compute the
+// most rows. In EP on two workers both send expert 0 three rows and expert
+// 1 one: worker 0 computes 6, worker 1 two, the mean 4. Gathered (domains
+// of 2), each computes its own 4.
+TEST(RoutingProbe, TheBusiestWorkersRowsSetTheExpertComputeImbalance) {
+  const RoutingProbe p = probe_of({{3, 1}, {3, 1}});
+  EXPECT_DOUBLE_EQ(routed_expert_imbalance(p, Topology({2}, {1})), 6.0 / 4.0);
+  EXPECT_DOUBLE_EQ(routed_expert_imbalance(p, Topology({2}, {2})), 1.0);
+  // Over layers it is the sum of each layer's busiest over the sum of its
+  // means: a second layer routed the other way is busiest on worker 1, and
+  // though both workers compute 8 rows a step, each layer waits for 6.
+  RoutingProbe two = p;
+  two.layers = 2;
+  two.rows = {3, 1, 1, 3, 3, 1, 1, 3};  // (worker, layer, expert)
+  EXPECT_DOUBLE_EQ(routed_expert_imbalance(two, Topology({2}, {1})), (6.0 + 6.0) / (4.0 + 4.0));
+}
+
 TEST(RoutingProbe, CountsEveryRoutedRowOfEachWorkersFirstBatch) {
   const JobConfig job = small_job();
   const RoutingProbeOptions whole{.max_seconds = 0};  // no time budget: the same sequences every time
