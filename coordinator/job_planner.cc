@@ -125,8 +125,11 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
 // The step probe's timings come in windows spread over the start-up (one
 // before the link probes, one after each of the first two classes, the
 // rest at the end): the machine's speed moves over seconds, and a run's
-// mean step sees all of it, so the median window stands for it.
+// mean step sees all of it, so the median window stands for it. A window
+// that took longer than kOneStepProbeWindowS (a large model: building its
+// copies and one step already span seconds) is the only one.
 constexpr int kStepProbeWindows = 3;
+constexpr double kOneStepProbeWindowS = 2.0;
 
 Expected<StepProbe> probe_step_window(const JobConfig& job) {
   StepProbeOptions po;
@@ -170,9 +173,12 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
   std::vector<StepProbe> step_windows;
   std::string step_failure;
   int step_attempts = 0;
+  double first_window_s = 0;
   auto step_window = [&] {
-    ++step_attempts;
+    if (++step_attempts > 1 && first_window_s > kOneStepProbeWindowS) return;
+    const double t0 = steady_seconds();
     auto w = probe_step_window(job);
+    if (step_attempts == 1) first_window_s = steady_seconds() - t0;
     if (w) step_windows.push_back(*w);
     else step_failure = w.status().message();
   };
