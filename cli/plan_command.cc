@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/check.h"
 #include "cluster/job_config.h"
 #include "coordinator/job_planner.h"
 
@@ -104,11 +105,15 @@ int run_plan(const PlanOptions& o) {
   // The chosen domains again with every worker computing as many routed
   // rows: what the routing's imbalance costs the step.
   double even_load_s = plan.choice().iteration_s;
-  if (!planned->inputs.routed_expert_imbalance.empty()) {
+  if (!planned->inputs.routed_expert_load.empty()) {
     PlannerInputs even = planned->inputs;
-    even.routed_expert_imbalance.clear();
-    for (const PlanCandidate& c : plan_iteration(even).candidates)
-      if (c.domain_sizes == plan.choice().domain_sizes) even_load_s = c.iteration_s;
+    even.routed_expert_load.clear();
+    const Plan again = plan_iteration(even);
+    const auto same = std::find_if(again.candidates.begin(), again.candidates.end(), [&](const PlanCandidate& c) {
+      return c.domain_sizes == plan.choice().domain_sizes;
+    });
+    XD_CHECK(same != again.candidates.end());  // the same inputs but the loads: the same candidates
+    even_load_s = same->iteration_s;
   }
   const PlanCandidate& choice = plan.choice();
   const ExpertParallelSpec& ep = job.cluster.expert_parallel;
@@ -203,6 +208,7 @@ int run_plan(const PlanOptions& o) {
                                  {"level_messages", c.level_messages},
                                  {"a2a_imbalance", c.a2a_imbalance},
                                  {"expert_imbalance", c.expert_imbalance},
+                                 {"expert_wait_s", c.expert_wait_s},
                                  {"feasible", c.feasible},
                                  {"why_infeasible", c.why_infeasible}});
     std::printf("%s\n", j.dump(2).c_str());
@@ -234,17 +240,21 @@ int run_plan(const PlanOptions& o) {
                 step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
                                       : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
+    // The chosen plan's stretch holds the codecs' part where they share the cores.
+    const double codec_part =
+        w.overlapped && w.codecs_share_compute_cores && choice.transport_cpu_s > 0 ? choice.codec_cpu_s : 0.0;
     if (w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0)
       std::printf("the transport's threads share the compute's cores (workers fill this machine): overlapped, "
                   "compute stretches by %s per message and %.2f ns per byte sent (the chosen plan: %.0f "
                   "messages, %s a step)\n",
                   fmt_seconds(w.transport_cpu_s_per_message).c_str(), w.transport_cpu_s_per_byte * 1e9,
                   std::accumulate(choice.level_messages.begin(), choice.level_messages.end(), 0.0),
-                  fmt_seconds(choice.transport_cpu_s).c_str());
-    if (w.codecs_share_compute_cores && choice.codec_cpu_s > 0)
-      std::printf("the codecs' encode and decode share them too: overlapped, compute stretches by their %s a "
-                  "step (the chosen plan's, at the measured seconds per byte)\n",
-                  fmt_seconds(choice.codec_cpu_s).c_str());
+                  fmt_seconds(choice.transport_cpu_s - codec_part).c_str());
+    if (codec_part > 0)
+      std::printf("the codecs' encode and decode share the compute's cores (workers fill this machine): "
+                  "overlapped, compute stretches by their %s a step (the chosen plan's, at the measured seconds "
+                  "per byte)\n",
+                  fmt_seconds(codec_part).c_str());
     if (!w.overlapped && (w.exchange_cpu_s_per_byte > 0 || w.exchange_cpu_s_per_message > 0))
       std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %s per "
                   "message and %.2f ns per byte sent of transport CPU that compute waits out (the chosen "

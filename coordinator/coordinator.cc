@@ -821,7 +821,7 @@ void Coordinator::Impl::write_summary() {
     // left of the error is the communication and overlap model's. The
     // measured compute holds the transport's CPU time already.
     const PlanCandidate& choice = plan.choice();
-    const double predicted_compute = choice.compute_s - choice.transport_cpu_s;
+    const double predicted_compute = choice.run_compute_s();
     if (predicted_compute > 0 && mean.compute_s > 0) {
       Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / predicted_compute);
       w.transport_cpu_s_per_byte = 0;

@@ -168,7 +168,7 @@ ComputeModel fit_compute_model(const JobConfig& job, std::vector<StepProbe> wind
 Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) {
   XD_RETURN_IF_ERROR(job.validate());
   JobPlan out;
-  if (options.progress) options.progress("timing GEMMs and one step of the model");
+  if (options.progress) options.progress("timing GEMMs and steps of the model");
   out.gemm_fit = probe_gemm();
   std::vector<StepProbe> step_windows;
   std::string step_failure;
@@ -208,7 +208,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
     }
     models.push_back(e.model);
     out.links.push_back(e);
-    if (step_attempts < kStepProbeWindows - 1) step_window();
+    if (static_cast<int>(l) + 1 < kStepProbeWindows) step_window();
   }
   while (step_attempts < kStepProbeWindows) step_window();
   out.compute = fit_compute_model(job, std::move(step_windows), step_failure, &out);
@@ -240,7 +240,7 @@ Expected<JobPlan> plan_job(const JobConfig& job, const JobPlanOptions& options) 
       for (const std::vector<int>& domains : domain_candidates(levels)) {
         const Topology topology(levels, domains);
         out.inputs.routed_a2a_imbalance[domains] = routed_a2a_imbalance(out.routing, topology);
-        out.inputs.routed_expert_imbalance[domains] = routed_expert_imbalance(out.routing, topology);
+        out.inputs.routed_expert_load[domains] = routed_expert_load(out.routing, topology);
       }
     } else {
       out.routing_note = routing.status().message();

@@ -17,9 +17,9 @@ std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const
   return it == routed.end() ? std::vector<double>{} : it->second;
 }
 
-double expert_imbalance_for(const RoutedExpertImbalance& routed, const std::vector<int>& domain_sizes) {
+ExpertLoad expert_load_for(const RoutedExpertLoad& routed, const std::vector<int>& domain_sizes) {
   const auto it = routed.find(domain_sizes);
-  return it == routed.end() ? 1.0 : it->second;
+  return it == routed.end() ? ExpertLoad{} : it->second;
 }
 
 std::vector<double> PlannerInputs::a2a_imbalance_for(const std::vector<int>& domain_sizes) const {
@@ -70,9 +70,11 @@ Status PlannerInputs::validate() const {
     for (double f : fs)
       if (!a2a_imbalance_in_range(f)) return bad(kA2aImbalanceRange);
   }
-  for (const auto& [domains, f] : routed_expert_imbalance)
-    if (domains.size() != level_sizes.size() || !(f >= 1) || !std::isfinite(f))
-      return bad("a routed expert imbalance needs a domain size per level and a finite figure >= 1");
+  for (const auto& [domains, load] : routed_expert_load)
+    if (domains.size() != level_sizes.size() || !(load.busiest_worker >= 1) ||
+        !(load.layers_busiest >= load.busiest_worker) || !std::isfinite(load.layers_busiest))
+      return bad("a routed expert load needs a domain size per level and 1 <= busiest_worker <= layers_busiest, "
+                 "finite");
   int g = 1;
   for (int s : level_sizes) g *= s;
   if (model.num_experts % g != 0)
@@ -189,7 +191,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.codecs_share_compute_cores = in.compute.codecs_share_compute_cores;
   w.a2a_imbalance = in.a2a_imbalance;
   w.routed_a2a_imbalance = in.routed_a2a_imbalance;
-  w.routed_expert_imbalance = in.routed_expert_imbalance;
+  w.routed_expert_load = in.routed_expert_load;
   const int every = in.expert_parallel.base_sync_every;
   w.base_syncs_per_step = every > 0 ? 1.0 / every : 0.0;
   w.base_outer_sign = in.expert_parallel.base_codec == "sign";
@@ -473,7 +475,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
 
   // Held experts cost GEMM calls: 3 forward, 6 backward each, per chunk.
   // Their flops are the busiest worker's, whom each layer's exchanges wait for.
-  c.expert_imbalance = expert_imbalance_for(w.routed_expert_imbalance, domain_sizes);
+  const ExpertLoad load = expert_load_for(w.routed_expert_load, domain_sizes);
+  c.expert_imbalance = load.layers_busiest;
+  c.expert_wait_s = layers * (w.expert_fwd_s + w.expert_bwd_s) * (load.layers_busiest - load.busiest_worker);
   const double expert_fwd = w.expert_fwd_s * c.expert_imbalance / r + 3 * held * w.gemm_overhead_s;
   const double expert_bwd = w.expert_bwd_s * c.expert_imbalance / r + 6 * held * w.gemm_overhead_s;
   const double bwd_scale = w.pre_expert_fwd_s > 0 ? w.pre_expert_bwd_s / w.pre_expert_fwd_s : 2.0;

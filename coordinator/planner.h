@@ -118,11 +118,18 @@ std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const
 // F is the larger side of a hop over the mean of both sides: from 1 (even)
 // to 2 (every row one way).
 inline bool a2a_imbalance_in_range(double f) { return f >= 1 && f <= 2; }
-// The routed experts' compute imbalance of each domain-size candidate: the
-// busiest worker's rows over the mean, summed over layers (>= 1).
-using RoutedExpertImbalance = std::map<std::vector<int>, double>;
-// The candidate's entry, else 1 (every worker computes as many rows).
-double expert_imbalance_for(const RoutedExpertImbalance& routed, const std::vector<int>& domain_sizes);
+// The rows a candidate's workers' routed experts compute, over the mean
+// worker's, summed over layers: each layer's busiest worker's (every layer's
+// exchanges wait for it), and the busiest worker's own (what a run measures
+// as its slowest worker's compute; the rest of the first is that worker's
+// wait for the others). 1 <= busiest_worker <= layers_busiest.
+struct ExpertLoad {
+  double layers_busiest = 1;
+  double busiest_worker = 1;
+};
+using RoutedExpertLoad = std::map<std::vector<int>, ExpertLoad>;
+// The candidate's entry, else 1 and 1 (every worker computes as many rows).
+ExpertLoad expert_load_for(const RoutedExpertLoad& routed, const std::vector<int>& domain_sizes);
 inline constexpr const char* kA2aImbalanceRange =
     "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
 
@@ -152,9 +159,9 @@ struct PlannerInputs {
   // a2a_imbalance_for(a2a_imbalance, routed_a2a_imbalance, domain_sizes).
   std::vector<double> a2a_imbalance_for(const std::vector<int>& domain_sizes) const;
   // Per domain-size candidate, how much longer than the mean worker's the
-  // routed experts' compute lasts on the busiest (the same first batch):
-  // every layer's exchanges wait for it. Empty: 1.
-  RoutedExpertImbalance routed_expert_imbalance;
+  // routed experts' compute lasts on the busiest (the same first batch).
+  // Empty: 1.
+  RoutedExpertLoad routed_expert_load;
 
   Status validate() const;
 };
@@ -205,7 +212,7 @@ struct Workload {
   bool codecs_share_compute_cores = false;  // ComputeModel's
   std::vector<double> a2a_imbalance;    // PlannerInputs'
   RoutedImbalance routed_a2a_imbalance;  // PlannerInputs'
-  RoutedExpertImbalance routed_expert_imbalance;  // PlannerInputs'
+  RoutedExpertLoad routed_expert_load;  // PlannerInputs'
   // The schedule (docs/overlap.md).
   bool overlapped = false;
   int pipeline_degree = 1;                 // r; 0: each candidate takes the best of 1, 2, 4, 8
@@ -231,7 +238,7 @@ struct PlanCandidate {
   // Part of it: the transport's threads and the codecs on the compute's
   // cores (overlapped; codec_cpu_s where they share them).
   double transport_cpu_s = 0;
-  double codec_cpu_s = 0;  // a step's encode + decode seconds, every traffic kind and level
+  double codec_cpu_s = 0;  // a step's encode + decode seconds of the token, AG and replica-gradient codecs
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
   double rs_s = 0;            // the replica-gradient reduce-scatter stream, total
@@ -249,7 +256,15 @@ struct PlanCandidate {
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
   std::vector<double> level_messages;  // messages a worker sends per level per iteration
   std::vector<double> a2a_imbalance;  // the F per level it was planned with (empty: 1)
-  double expert_imbalance = 1;        // the routed experts' compute, busiest over mean, it was planned with
+  double expert_imbalance = 1;        // ExpertLoad::layers_busiest it was planned with
+  // Part of compute_s: what the slowest worker waits for each layer's
+  // busiest (layers_busiest - busiest_worker of the routed experts' flops),
+  // which a run counts as exposed time, not compute.
+  double expert_wait_s = 0;
+  // The compute a run measures on its slowest worker for this plan: the
+  // transport's and codecs' stretch and the wait for busier workers are
+  // in the run's other figures (its measured compute holds the first).
+  double run_compute_s() const { return compute_s - transport_cpu_s - expert_wait_s; }
   bool feasible = true;
   std::string why_infeasible;
 };

@@ -182,10 +182,12 @@ std::optional<double> Replanner::drifted_mean(const std::vector<double>& window,
 }
 
 std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
-  // The plan's compute as the run measures it: without the transport's
-  // CPU time, which the workers do not count as compute.
+  // The plan's compute as the run measures it (PlanCandidate::run_compute_s):
+  // without the transport's and codecs' stretch, which the measured compute
+  // holds already, and without the wait for each layer's busiest worker,
+  // which the run counts as exposed time.
   const PlanCandidate& now = plan_.choice();
-  const double assumed = now.compute_s - now.transport_cpu_s;
+  const double assumed = now.run_compute_s();
   const std::optional<double> drifted = drifted_mean(compute_window_, assumed);
   if (!drifted) return std::nullopt;
   const double measured = *drifted;

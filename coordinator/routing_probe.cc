@@ -132,8 +132,9 @@ std::vector<double> routed_a2a_imbalance(const RoutingProbe& probe, const Topolo
   return f;
 }
 
-double routed_expert_imbalance(const RoutingProbe& probe, const Topology& topology) {
-  double busiest = 0, total = 0;
+ExpertLoad routed_expert_load(const RoutingProbe& probe, const Topology& topology) {
+  double layers_busiest = 0, total = 0;
+  std::vector<double> own(probe.workers, 0.0);  // each worker's rows, over layers
   std::vector<long long> at;
   for (int layer = 0; layer < probe.layers; ++layer) {
     dispatch_layer(probe, topology, layer, &at, [](int, const auto&, const auto&) {});
@@ -143,11 +144,14 @@ double routed_expert_imbalance(const RoutingProbe& probe, const Topology& topolo
       for (int e = 0; e < probe.experts; ++e) rows += at[static_cast<size_t>(m) * probe.experts + e];
       most = std::max(most, rows);
       sum += rows;
+      own[m] += double(rows);
     }
-    busiest += double(most);
+    layers_busiest += double(most);
     total += double(sum) / probe.workers;
   }
-  return total > 0 ? std::max(1.0, busiest / total) : 1.0;
+  if (!(total > 0)) return {};
+  const double busiest_worker = std::max(1.0, *std::max_element(own.begin(), own.end()) / total);
+  return {std::max(busiest_worker, layers_busiest / total), busiest_worker};
 }
 
 }  // namespace xd

@@ -10,7 +10,7 @@
 // topology's Dispatch hops (Topology::dispatch_coordinate, the rule
 // HybridExpertExchange follows) and gives, per level, the planner's A2A
 // imbalance F: the sum over workers and layers of max(rows sent, rows
-// received) over the rows sent; routed_expert_imbalance() the rows each
+// received) over the rows sent; routed_expert_load() the rows each
 // worker's experts compute. A run measures the same A2A quantity
 // (LINK/moe_peak_raw over its raw token bytes); at one chunk a hop, with
 // each worker's whole batch probed, step 1 measures exactly this. Training moves the routing, so the coordinator
@@ -26,6 +26,7 @@
 #include "cluster/job_config.h"
 #include "cluster/topology.h"
 #include "common/status.h"
+#include "coordinator/planner.h"
 
 namespace xd {
 
@@ -58,12 +59,11 @@ Expected<RoutingProbe> probe_routing(const JobConfig& job, const RoutingProbeOpt
 // experts of every layer.
 std::vector<double> routed_a2a_imbalance(const RoutingProbe& probe, const Topology& topology);
 
-// The routed experts' compute imbalance of `topology`: the sum over layers
-// of the most rows one worker's experts compute (the rows it holds after
-// Dispatch) over the sum of the mean, >= 1. Every layer's exchanges wait for
-// its busiest worker, so a step's expert compute lasts this much longer
-// than the mean worker's. 1 where every worker computes its own rows (every
-// expert gathered everywhere).
-double routed_expert_imbalance(const RoutingProbe& probe, const Topology& topology);
+// The rows the routed experts of `topology`'s workers compute (those a
+// worker holds after Dispatch) over the mean worker's, summed over layers:
+// each layer's most (every layer's exchanges wait for its busiest worker)
+// and the busiest worker's own sum. 1 and 1 where every worker computes its
+// own rows (every expert gathered everywhere).
+ExpertLoad routed_expert_load(const RoutingProbe& probe, const Topology& topology);
 
 }  // namespace xd

@@ -614,29 +614,37 @@ TEST(Planner, OverlappedTheCodecsCpuTimeStretchesComputeWhereTheyShareItsCores) 
                    evaluate_candidate(simple_apart, {4}, links, {2}, 1e300, codecs).compute_s);
 }
 
-// The routed experts' flops are the busiest worker's: a candidate's expert
-// compute, forward and backward, scales by its imbalance; another
-// candidate's entry leaves it alone.
+// The routed experts' flops are each layer's busiest worker's: a
+// candidate's expert compute, forward and backward, scales by its
+// layers_busiest; another candidate's entry leaves it alone. Of that, what
+// lies beyond the busiest worker's own rows is its wait for the others,
+// which a run counts as exposed time (run_compute_s leaves it out).
 TEST(Planner, TheBusiestWorkersRowsStretchTheRoutedExpertsCompute) {
   Workload w = farskip_layer(false, 1);
   const PlanCandidate even = evaluate_candidate(w, {2}, kSlowLink, {1}, 1e300);
   EXPECT_EQ(even.expert_imbalance, 1.0);
-  w.routed_expert_imbalance[{2}] = 1.5;
+  EXPECT_EQ(even.expert_wait_s, 0.0);
+  w.routed_expert_load[{2}] = {1.5, 1.2};
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2}, kSlowLink, {1}, 1e300).compute_s, even.compute_s);
-  w.routed_expert_imbalance[{1}] = 1.5;
+  w.routed_expert_load[{1}] = {1.5, 1.2};
   const PlanCandidate busy = evaluate_candidate(w, {2}, kSlowLink, {1}, 1e300);
+  const double expert_s = w.expert_fwd_s + w.expert_bwd_s;
   EXPECT_EQ(busy.expert_imbalance, 1.5);
-  EXPECT_NEAR(busy.compute_s, even.compute_s + 0.5 * (w.expert_fwd_s + w.expert_bwd_s), 1e-9);
-  EXPECT_NEAR(busy.iteration_s, even.iteration_s + 0.5 * (w.expert_fwd_s + w.expert_bwd_s), 1e-9);
+  EXPECT_NEAR(busy.compute_s, even.compute_s + 0.5 * expert_s, 1e-9);
+  EXPECT_NEAR(busy.iteration_s, even.iteration_s + 0.5 * expert_s, 1e-9);
+  EXPECT_NEAR(busy.expert_wait_s, 0.3 * expert_s, 1e-9);
+  EXPECT_NEAR(busy.run_compute_s(), even.compute_s + 0.2 * expert_s, 1e-9);
   PlannerInputs in;
   in.model = default_train_config().model;
   in.level_sizes = {2};
   in.links = {LinkModel{1e-3, 1e-9}};
-  in.routed_expert_imbalance[{1}] = 1.5;
+  in.routed_expert_load[{1}] = {1.5, 1.2};
   EXPECT_TRUE(in.validate().is_ok()) << in.validate().message();
-  in.routed_expert_imbalance[{1}] = 0.5;
+  in.routed_expert_load[{1}] = {1.5, 0.5};
   EXPECT_FALSE(in.validate().is_ok()) << "below 1";
-  in.routed_expert_imbalance[{1}] = std::nan("");
+  in.routed_expert_load[{1}] = {1.1, 1.2};
+  EXPECT_FALSE(in.validate().is_ok()) << "each layer's busiest below the busiest worker's own";
+  in.routed_expert_load[{1}] = {std::nan(""), 1.0};
   EXPECT_FALSE(in.validate().is_ok()) << "not a number";
 }
 

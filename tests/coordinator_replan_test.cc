@@ -239,7 +239,7 @@ TEST(Replanner, UnshapedLinksAndSwitchesPastTheLastStepAreLeftAlone) {
 }
 
 // The plan's compute as the workers measure it (without the transport's CPU time).
-double planned_compute(const Plan& p) { return p.choice().compute_s - p.choice().transport_cpu_s; }
+double planned_compute(const Plan& p) { return p.choice().run_compute_s(); }
 
 TEST(Replanner, ComputeMeasuredSlowerInEveryStepOfAWindowReFitsThePredictionAndKeepsTheDomains) {
   const JobConfig job = demo_job("bandwidth: 1gbit, latency: 1ms");

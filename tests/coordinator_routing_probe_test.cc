@@ -74,15 +74,21 @@ TEST(RoutingProbe, RowsWalkTheLevelsOuterFirstAndAGatheredLevelCarriesNone) {
 // of 2), each computes its own 4.
 TEST(RoutingProbe, TheBusiestWorkersRowsSetTheExpertComputeImbalance) {
   const RoutingProbe p = probe_of({{3, 1}, {3, 1}});
-  EXPECT_DOUBLE_EQ(routed_expert_imbalance(p, Topology({2}, {1})), 6.0 / 4.0);
-  EXPECT_DOUBLE_EQ(routed_expert_imbalance(p, Topology({2}, {2})), 1.0);
+  const ExpertLoad ep = routed_expert_load(p, Topology({2}, {1}));
+  EXPECT_DOUBLE_EQ(ep.layers_busiest, 6.0 / 4.0);
+  EXPECT_DOUBLE_EQ(ep.busiest_worker, 6.0 / 4.0);
+  const ExpertLoad gathered = routed_expert_load(p, Topology({2}, {2}));
+  EXPECT_DOUBLE_EQ(gathered.layers_busiest, 1.0);
+  EXPECT_DOUBLE_EQ(gathered.busiest_worker, 1.0);
   // Over layers it is the sum of each layer's busiest over the sum of its
   // means: a second layer routed the other way is busiest on worker 1, and
   // though both workers compute 8 rows a step, each layer waits for 6.
   RoutingProbe two = p;
   two.layers = 2;
   two.rows = {3, 1, 1, 3, 3, 1, 1, 3};  // (worker, layer, expert)
-  EXPECT_DOUBLE_EQ(routed_expert_imbalance(two, Topology({2}, {1})), (6.0 + 6.0) / (4.0 + 4.0));
+  const ExpertLoad alternating = routed_expert_load(two, Topology({2}, {1}));
+  EXPECT_DOUBLE_EQ(alternating.layers_busiest, (6.0 + 6.0) / (4.0 + 4.0));
+  EXPECT_DOUBLE_EQ(alternating.busiest_worker, 1.0) << "each worker computes 8 rows of the mean 8";
 }
 
 TEST(RoutingProbe, CountsEveryRoutedRowOfEachWorkersFirstBatch) {
