@@ -118,6 +118,8 @@ std::vector<double> a2a_imbalance_for(const std::vector<double>& measured, const
 // F is the larger side of a hop over the mean of both sides: from 1 (even)
 // to 2 (every row one way).
 inline bool a2a_imbalance_in_range(double f) { return f >= 1 && f <= 2; }
+inline constexpr const char* kA2aImbalanceRange =
+    "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
 // The rows a candidate's workers' routed experts compute, over the mean
 // worker's, summed over layers: each layer's busiest worker's (every layer's
 // exchanges wait for it), and the busiest worker's own (what a run measures
@@ -130,8 +132,6 @@ struct ExpertLoad {
 using RoutedExpertLoad = std::map<std::vector<int>, ExpertLoad>;
 // The candidate's entry, else 1 and 1 (every worker computes as many rows).
 ExpertLoad expert_load_for(const RoutedExpertLoad& routed, const std::vector<int>& domain_sizes);
-inline constexpr const char* kA2aImbalanceRange =
-    "an A2A imbalance must be in [1, 2] (1: uniform routing; 2: every row one way)";
 
 struct PlannerInputs {
   ModelConfig model;
