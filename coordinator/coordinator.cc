@@ -83,6 +83,7 @@ class Coordinator::Impl {
   int64_t last_logged_step = 0, last_replan_step = 0;
   double startup_predicted_s = 0;  // the start-up plan's step, before any re-plan or re-fit
   std::vector<double> startup_a2a_imbalance;  // the F per level it assumed (the routing probe's; empty: 1)
+  double startup_expert_imbalance = 1;        // the routed experts' load it assumed (ExpertLoad::layers_busiest)
   double running_since = 0;  // when the workers were assigned
   ProgressLine progress;     // stdout: a live bar on a terminal, plain lines elsewhere
 
@@ -448,6 +449,7 @@ void Coordinator::Impl::assign_all() {
   a.predicted_step_s = plan.choice().iteration_s;
   startup_predicted_s = a.predicted_step_s;
   startup_a2a_imbalance = plan.choice().a2a_imbalance;
+  startup_expert_imbalance = plan.choice().expert_imbalance;
   a.hold = opts.hold;
   a.resume_dir = resume_dir;
   a.job = job;
@@ -767,6 +769,7 @@ void Coordinator::Impl::write_summary() {
                       {"predicted_step_s", plan.choice().iteration_s},
                       {"startup_predicted_step_s", startup_predicted_s}};
   if (!startup_a2a_imbalance.empty()) j["startup_a2a_imbalance"] = startup_a2a_imbalance;
+  j["startup_expert_imbalance"] = startup_expert_imbalance;
   if (!outcome.is_ok()) j["error"] = outcome.message();
   nlohmann::json losses = nlohmann::json::array(), step_times = nlohmann::json::array(),
                  step_numbers = nlohmann::json::array();

@@ -149,6 +149,9 @@ TEST(Distributed, TheFirstStepMeasuresTheImbalanceTheRoutingProbeForetold) {
                               {"--mode", "hybrid", "--domains", domains, "--pipeline-degree", "1"});
     ASSERT_TRUE(r.ok()) << r.logs();
     ASSERT_TRUE(r.summary.contains("startup_a2a_imbalance")) << r.coordinator_log;
+    // The start-up plan's expert load is in the summary too.
+    ASSERT_TRUE(r.summary.contains("startup_expert_imbalance")) << r.coordinator_log;
+    EXPECT_GE(r.summary["startup_expert_imbalance"].get<double>(), 1.0);
     const auto& assumed = r.summary["startup_a2a_imbalance"];
     const auto& bytes = r.summary["bytes_per_step"];
     ASSERT_EQ(assumed.size(), 2u);
