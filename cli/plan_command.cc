@@ -190,6 +190,7 @@ int run_plan(const PlanOptions& o) {
                                  {"compute_s", c.compute_s},
                                  {"transport_cpu_s", c.transport_cpu_s},
                                  {"codec_cpu_s", c.codec_cpu_s},
+                                 {"codec_stretch_s", c.codec_stretch_s},
                                  {"exchange_cpu_s", c.exchange_cpu_s},
                                  {"a2a_s", c.a2a_s},
                                  {"exposed_a2a_s", c.exposed_a2a_s},
@@ -240,21 +241,18 @@ int run_plan(const PlanOptions& o) {
                 step_probe.copies > 1 ? (std::to_string(step_probe.copies) + " copies at once").c_str()
                                       : "one copy",
                 fmt_seconds(w.optimizer_s).c_str(), compute.optimizer_s_per_param * 1e9);
-    // The chosen plan's stretch holds the codecs' part where they share the cores.
-    const double codec_part =
-        w.overlapped && w.codecs_share_compute_cores && choice.transport_cpu_s > 0 ? choice.codec_cpu_s : 0.0;
     if (w.transport_cpu_s_per_byte > 0 || w.transport_cpu_s_per_message > 0)
       std::printf("the transport's threads share the compute's cores (workers fill this machine): overlapped, "
                   "compute stretches by %s per message and %.2f ns per byte sent (the chosen plan: %.0f "
                   "messages, %s a step)\n",
                   fmt_seconds(w.transport_cpu_s_per_message).c_str(), w.transport_cpu_s_per_byte * 1e9,
                   std::accumulate(choice.level_messages.begin(), choice.level_messages.end(), 0.0),
-                  fmt_seconds(choice.transport_cpu_s - codec_part).c_str());
-    if (codec_part > 0)
+                  fmt_seconds(choice.transport_cpu_s).c_str());
+    if (choice.codec_stretch_s > 0)
       std::printf("the codecs' encode and decode share the compute's cores (workers fill this machine): "
                   "overlapped, compute stretches by their %s a step (the chosen plan's, at the measured seconds "
                   "per byte)\n",
-                  fmt_seconds(codec_part).c_str());
+                  fmt_seconds(choice.codec_stretch_s).c_str());
     if (!w.overlapped && (w.exchange_cpu_s_per_byte > 0 || w.exchange_cpu_s_per_message > 0))
       std::printf("not overlapped, each token exchange and dense bucket runs on the compute thread: %s per "
                   "message and %.2f ns per byte sent of transport CPU that compute waits out (the chosen "

@@ -194,9 +194,7 @@ int run_simulate(const SimulateOptions& o) {
     probe.domain_sizes = plan.choice().domain_sizes;
     const double c = schedule_compute_seconds(*schedule, probe);
     if (c > 0) workload = with_compute_scaled(workload, o.measured_compute_s / c);
-    workload.transport_cpu_s_per_byte = 0;  // the measured compute holds it
-    workload.transport_cpu_s_per_message = 0;
-    workload.codecs_share_compute_cores = false;
+    drop_core_sharing(&workload);  // the measured compute holds it
     plan = plan_workload(workload, in.level_sizes, in.links, in.expert_parallel, in.link_codecs);
     const ScheduleShape again = shape_of(plan.choice());
     if (again.pipeline_degree != shape.pipeline_degree ||

@@ -827,9 +827,7 @@ void Coordinator::Impl::write_summary() {
     const double predicted_compute = choice.run_compute_s();
     if (predicted_compute > 0 && mean.compute_s > 0) {
       Workload w = with_compute_scaled(workload_of(plan_inputs), mean.compute_s / predicted_compute);
-      w.transport_cpu_s_per_byte = 0;
-      w.transport_cpu_s_per_message = 0;
-      w.codecs_share_compute_cores = false;
+      drop_core_sharing(&w);
       w.pipeline_degree = choice.pipeline_degree;
       w.backward_pipeline_degree = choice.backward_pipeline_degree;
       w.replica_weight_gradients = replica_weight_gradients();

@@ -6,11 +6,18 @@
 
 #include <cblas.h>
 
+#include "common/check.h"
 #include "common/clock.h"
 #include "model/gemm.h"
 #include "transport/transport.h"
 
 namespace xd {
+
+double upper_median(std::vector<double> values) {
+  XD_CHECK(!values.empty());
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
 
 LinearFit fit_line(std::vector<std::pair<double, double>> samples) {
   LinearFit f;
@@ -141,8 +148,7 @@ Expected<LinkFit> probe_link(const LinkShaping& shaping, const LinkProbeOptions&
       XD_RETURN_IF_ERROR(timed(0));
       each.push_back(cpu.front() - before);
     }
-    std::nth_element(each.begin(), each.begin() + each.size() / 2, each.end());
-    cpu_small = each[each.size() / 2];
+    cpu_small = upper_median(std::move(each));
   }
   std::vector<std::pair<double, double>> samples;
   for (size_t i = 0; i < sizes.size(); ++i) samples.emplace_back(double(sizes[i]), best[i]);

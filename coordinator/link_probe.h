@@ -32,6 +32,9 @@ struct LinearFit {
 // Ordinary least squares of seconds on n. Fewer than two distinct n: beta = 0,
 // alpha = the mean, r2 = 0.
 LinearFit fit_line(std::vector<std::pair<double, double>> samples);
+// The upper median of a few timings (the step probe's and this probe's);
+// `values` must not be empty.
+double upper_median(std::vector<double> values);
 
 struct LinkProbeOptions {
   std::vector<size_t> sizes = {1 << 10, 64 << 10, 512 << 10, 2 << 20};

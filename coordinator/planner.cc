@@ -205,6 +205,18 @@ Workload with_compute_scaled(Workload w, double factor) {
   return w;
 }
 
+void drop_core_sharing(ComputeModel* compute) {
+  compute->transport_cpu_s_per_byte = 0;
+  compute->transport_cpu_s_per_message = 0;
+  compute->codecs_share_compute_cores = false;
+}
+
+void drop_core_sharing(Workload* workload) {
+  workload->transport_cpu_s_per_byte = 0;
+  workload->transport_cpu_s_per_message = 0;
+  workload->codecs_share_compute_cores = false;
+}
+
 std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_sizes) {
   std::vector<std::vector<int>> out = {{}};
   for (int sf : level_sizes) {
@@ -673,10 +685,11 @@ PlanCandidate evaluate_dilated(const Workload& w, const std::vector<int>& level_
   double bytes = 0, messages = 0;
   for (double b : c.level_bytes) bytes += b;
   for (double m : c.level_messages) messages += m;
-  const double cpu = w.transport_cpu_s_per_byte * bytes + w.transport_cpu_s_per_message * messages + codec_cpu;
-  c = evaluate_with_degree(with_compute_scaled(w, 1 + cpu / c.compute_s), level_sizes, links, domain_sizes,
-                           memory_cap_bytes, link_codecs, r, rb, late);
-  c.transport_cpu_s = cpu;
+  const double transport = w.transport_cpu_s_per_byte * bytes + w.transport_cpu_s_per_message * messages;
+  c = evaluate_with_degree(with_compute_scaled(w, 1 + (transport + codec_cpu) / c.compute_s), level_sizes, links,
+                           domain_sizes, memory_cap_bytes, link_codecs, r, rb, late);
+  c.transport_cpu_s = transport;
+  c.codec_stretch_s = codec_cpu;
   return c;
 }
 

@@ -231,13 +231,16 @@ Workload workload_of(const PlannerInputs& in);
 // the start-up probe's: the transport's threads take CPU time beside it, and
 // routing loads some workers more than others).
 Workload with_compute_scaled(Workload w, double factor);
+// For a compute model fitted to a run's measured compute, which holds the
+// transport's threads' and the codecs' CPU time already: none on top.
+void drop_core_sharing(ComputeModel* compute);
+void drop_core_sharing(Workload* workload);
 
 struct PlanCandidate {
   std::vector<int> domain_sizes;
   double compute_s = 0;       // the compute stream
-  // Part of it: the transport's threads and the codecs on the compute's
-  // cores (overlapped; codec_cpu_s where they share them).
-  double transport_cpu_s = 0;
+  double transport_cpu_s = 0;  // part of it: the transport's threads on the compute's cores (overlapped)
+  double codec_stretch_s = 0;  // part of it: the codecs on those cores (overlapped, where they share them)
   double codec_cpu_s = 0;  // a step's encode + decode seconds of the token, AG and replica-gradient codecs
   double a2a_s = 0;           // all token A2As (never overlapped)
   double ag_s = 0;            // the expert AG stream, total
@@ -264,7 +267,7 @@ struct PlanCandidate {
   // The compute a run measures on its slowest worker for this plan: the
   // transport's and codecs' stretch and the wait for busier workers are
   // in the run's other figures (its measured compute holds the first).
-  double run_compute_s() const { return compute_s - transport_cpu_s - expert_wait_s; }
+  double run_compute_s() const { return compute_s - transport_cpu_s - codec_stretch_s - expert_wait_s; }
   bool feasible = true;
   std::string why_infeasible;
 };

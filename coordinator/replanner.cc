@@ -195,9 +195,7 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   // fitted model counts none on top.
   PlannerInputs fitted = inputs_;
   fitted.compute = slower_by(inputs_.compute, measured / assumed);
-  fitted.compute.transport_cpu_s_per_byte = 0;
-  fitted.compute.transport_cpu_s_per_message = 0;
-  fitted.compute.codecs_share_compute_cores = false;
+  drop_core_sharing(&fitted.compute);
   std::optional<Plan> next = predict_current(fitted);
   if (!next) return std::nullopt;
   PlanChange c = refit_change(step, "compute", *next);

@@ -12,21 +12,12 @@
 
 #include "common/clock.h"
 #include "common/rng.h"
+#include "coordinator/link_probe.h"
 #include "model/adamw.h"
 #include "model/moe_transformer.h"
 #include "model/param_layout.h"
 
 namespace xd {
-
-namespace {
-
-// The upper median of a few timings.
-double median(std::vector<double>& v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, long long tokens,
                                      const StepProbeOptions& options) {
@@ -118,8 +109,8 @@ Expected<StepProbe> probe_model_step(const ModelConfig& job_model, int seq_len, 
   double step_s = 0, update_s = 0;
   for (auto& c : runs)
     if (!c->steps.empty()) {  // it ran
-      step_s += median(c->steps) / timed;
-      update_s += median(c->updates) / timed;
+      step_s += upper_median(c->steps) / timed;
+      update_s += upper_median(c->updates) / timed;
     }
   StepProbe probe{model, static_cast<long long>(batch) * seq_len, seq_len, step_s};
   probe.copies = timed;

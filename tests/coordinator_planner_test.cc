@@ -602,10 +602,13 @@ TEST(Planner, OverlappedTheCodecsCpuTimeStretchesComputeWhereTheyShareItsCores) 
   const double a2a_bytes = w.token_bytes * (1 - 2.0 / 4), own = w.experts_per_worker * w.expert_bytes;
   EXPECT_NEAR(apart.codec_cpu_s, 2 * a2a_bytes * 3e-9 + own * 3e-9 + own * 4e-9, 1e-15);
   EXPECT_EQ(apart.transport_cpu_s, 0);
+  EXPECT_EQ(apart.codec_stretch_s, 0);
   w.codecs_share_compute_cores = true;
   const PlanCandidate shared = evaluate_candidate(w, {4}, links, {2}, 1e300, codecs);
-  EXPECT_NEAR(shared.transport_cpu_s, shared.codec_cpu_s, 1e-15);
+  EXPECT_NEAR(shared.codec_stretch_s, shared.codec_cpu_s, 1e-15);
+  EXPECT_EQ(shared.transport_cpu_s, 0) << "no transport CPU priced";
   EXPECT_NEAR(shared.compute_s, apart.compute_s + shared.codec_cpu_s, 1e-9);
+  EXPECT_NEAR(shared.run_compute_s(), apart.compute_s, 1e-9);
   EXPECT_GT(shared.iteration_s, apart.iteration_s);
   Workload simple = farskip_layer(false, 1), simple_apart = farskip_layer(false, 1);
   simple.expert_bytes = simple_apart.expert_bytes = 1e5;
