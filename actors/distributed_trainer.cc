@@ -385,8 +385,15 @@ Expected<StepMetrics> DistributedTrainer::step() {
   double gather_wait = 0;
   for (double w : gather_wait_) gather_wait += w;
   const std::array<double, 2> blocked = exchange_->take_blocked_seconds();
+  const double replica_wait = comm_->take_reduce_wait_seconds(), bucket_wait = buckets_->take_wait_seconds();
   m.fwd_exposed_s = std::min(forward_s, blocked[0] + gather_wait);
-  m.bwd_exposed_s = blocked[1] + comm_->take_reduce_wait_seconds() + buckets_->take_wait_seconds() + norm_wait_s_;
+  m.bwd_exposed_s = blocked[1] + replica_wait + bucket_wait + norm_wait_s_;
+  m.waits_s = {{step_waits::kForwardTokenExchange, blocked[0]},
+               {step_waits::kForwardExpertAllGather, gather_wait},
+               {step_waits::kBackwardTokenExchange, blocked[1]},
+               {step_waits::kBackwardReplicaGradients, replica_wait},
+               {step_waits::kBackwardDenseAllReduce, bucket_wait},
+               {step_waits::kBackwardGradientNorm, norm_wait_s_}};
   norm_wait_s_ = 0;
   m.exposed_comm_s = m.fwd_exposed_s + m.bwd_exposed_s;
   m.compute_s = std::max(0.0, m.step_s - m.exposed_comm_s);

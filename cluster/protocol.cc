@@ -159,6 +159,7 @@ json to_json(const StepMetrics& m) {
           {"bytes", m.bytes},
           {"nmse", m.nmse},
           {"gather_wait_s", m.gather_wait_s},
+          {"waits_s", m.waits_s},
           {"link_bursts", m.link_bursts},
           {"skipped", m.skipped}};
 }
@@ -190,12 +191,17 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("bytes", &m.bytes);
     f.get("nmse", &m.nmse);
     f.get("gather_wait_s", &m.gather_wait_s);
+    f.get("waits_s", &m.waits_s);
     f.get("link_bursts", &m.link_bursts);
     f.get("skipped", &m.skipped);
   }));
   if (!(m.cpu_s >= 0) || !std::isfinite(m.cpu_s)) return Status::invalid_argument("metrics.cpu_s must be finite and >= 0");
   for (int c : m.cpus)
     if (c < 0 || c >= 1 << 20) return Status::invalid_argument("metrics.cpus holds a CPU id out of range");
+  if (m.waits_s.size() > 64) return Status::invalid_argument("metrics.waits_s holds more than 64 waits");
+  for (const auto& [name, w] : m.waits_s)
+    if (name.empty() || name.size() > 64 || !(w >= 0) || !std::isfinite(w))
+      return Status::invalid_argument("metrics.waits_s: each wait needs a name of 1-64 bytes and finite seconds >= 0");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

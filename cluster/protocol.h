@@ -42,8 +42,9 @@ namespace xd {
 // carry the worker process's CPU time, the CPUs it may run on and its machine.
 // 8: the assigned expert_parallel and plan updates carry the backward's
 // pipeline degree. 9: the assigned expert_parallel and plan updates carry
-// when the replicas' weight gradients are computed.
-inline constexpr int kProtocolVersion = 9;
+// when the replicas' weight gradients are computed. 10: metrics carry the
+// compute thread's waits by what it waited for.
+inline constexpr int kProtocolVersion = 10;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -99,6 +100,16 @@ struct Assignment {
 struct Heartbeat {};
 
 // worker -> coordinator: per-step figures; the coordinator aggregates them.
+// The keys of StepMetrics::waits_s, "direction/wait". Only appended to.
+namespace step_waits {
+inline constexpr const char* kForwardTokenExchange = "forward/token_exchange";        // Dispatch, Combine
+inline constexpr const char* kForwardExpertAllGather = "forward/expert_all_gather";   // gathered replicas
+inline constexpr const char* kBackwardTokenExchange = "backward/token_exchange";      // their backward
+inline constexpr const char* kBackwardReplicaGradients = "backward/replica_gradients";  // to the owners
+inline constexpr const char* kBackwardDenseAllReduce = "backward/dense_all_reduce";    // the buckets
+inline constexpr const char* kBackwardGradientNorm = "backward/gradient_norm";        // the clip's global norm
+}  // namespace step_waits
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, ce_loss = 0, aux_loss = 0;
@@ -139,6 +150,10 @@ struct StepMetrics {
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;
+  // This step's exposed communication by what the compute thread waited for
+  // (the step_waits:: keys, "direction/wait"): the parts of fwd_exposed_s
+  // and bwd_exposed_s. Absent from a report that predates it.
+  std::map<std::string, double> waits_s;
   // Per link class name, this step's {bursts, bytes, seconds} of the periods
   // during which some of its bytes waited to leave this worker
   // (TransportStats::class_bursts): what the coordinator re-fits links from.

@@ -819,6 +819,7 @@ void Coordinator::Impl::write_summary() {
     j["critical_fwd_overlap_percent"] = mean.critical_fwd_overlap_percent();
     j["mean_critical_bwd_exposed_s"] = mean.critical_bwd_exposed_s;
     j["critical_bwd_overlap_percent"] = mean.critical_bwd_overlap_percent();
+    j["mean_critical_waits_s"] = mean.critical_waits_s;
     j["step_over_bound"] = mean.step_over_bound();
     // The prediction again with the compute this run measured, so what is
     // left of the error is the communication and overlap model's. The
@@ -872,6 +873,8 @@ void Coordinator::Impl::write_summary() {
                 "overlap %.0f%%)\n",
                 mean.bwd_comm_s * 1e3, mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent(),
                 mean.critical_bwd_exposed_s * 1e3, mean.critical_bwd_overlap_percent());
+    if (const std::string waits = waits_text(mean.critical_waits_s); !waits.empty())
+      std::printf("  the slowest worker waited for (ms): %s\n", waits.c_str());
     std::printf("  compute spread %.1f ms: the slowest worker's compute minus the fastest's, which the others "
                 "wait out as exposed communication\n",
                 mean.compute_spread_s() * 1e3);

@@ -24,6 +24,7 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   if (s.reporters == 1 || m.compute_s > s.compute_s) {  // the slowest worker so far
     s.critical_fwd_exposed_s = m.fwd_exposed_s;
     s.critical_bwd_exposed_s = m.bwd_exposed_s;
+    s.critical_waits_s = m.waits_s;
   }
   s.compute_s = std::max(s.compute_s, m.compute_s);
   s.compute_min_s = s.reporters == 1 ? m.compute_s : std::min(s.compute_min_s, m.compute_s);
@@ -75,6 +76,30 @@ double StepSummary::a2a_imbalance(const std::string& link) const {
   return raw > 0 && peak > 0 ? std::max(1.0, peak / raw) : 0.0;
 }
 
+std::string waits_text(const std::map<std::string, double>& waits_s) {
+  std::string out;
+  for (const char* pass : {"forward", "backward"}) {
+    std::string parts;
+    for (const auto& [key, v] : waits_s) {
+      const auto slash = key.find('/');
+      if (key.compare(0, slash, pass) != 0 || v < 0.5e-4) continue;
+      std::string what = slash == std::string::npos ? key : key.substr(slash + 1);
+      std::replace(what.begin(), what.end(), '_', ' ');
+      char ms[32];
+      std::snprintf(ms, sizeof ms, " %.1f", v * 1e3);
+      if (!parts.empty()) parts += ", ";
+      parts += what;
+      parts += ms;
+    }
+    if (parts.empty()) continue;
+    if (!out.empty()) out += "; ";
+    out += pass;
+    out += ": ";
+    out += parts;
+  }
+  return out;
+}
+
 int64_t JobMetrics::latest_step() const {
   int64_t latest = 0;
   for (const auto& [rank, m] : last_by_rank_) latest = std::max(latest, m.step);
@@ -108,6 +133,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.bwd_exposed_s += s.bwd_exposed_s;
     out.critical_fwd_exposed_s += s.critical_fwd_exposed_s;
     out.critical_bwd_exposed_s += s.critical_bwd_exposed_s;
+    for (const auto& [k, v] : s.critical_waits_s) out.critical_waits_s[k] += v;
     out.codec_s += s.codec_s;
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
@@ -143,6 +169,7 @@ StepSummary JobMetrics::mean(int skip) const {
   for (auto& [k, v] : out.bytes) v /= n;
   for (auto& [k, v] : out.nmse) v /= nmse_steps[k];  // over the steps that reported it
   for (double& w : out.gather_wait_s) w /= n;
+  for (auto& [k, v] : out.critical_waits_s) v /= n;  // a step without the key waited 0 for it
   out.step = complete_.back().step;
   out.reporters = n;
   return out;
@@ -172,6 +199,7 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"critical_fwd_overlap_percent", s.critical_fwd_overlap_percent()},
           {"critical_bwd_exposed_s", s.critical_bwd_exposed_s},
           {"critical_bwd_overlap_percent", s.critical_bwd_overlap_percent()},
+          {"critical_waits_s", s.critical_waits_s},
           {"codec_s", s.codec_s},
           {"bound_s", s.bound_s()},
           {"step_over_bound", s.step_over_bound()},
@@ -267,6 +295,15 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       for (const Direction& d : directions)
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
           << d.values[f] << "\n";
+    }
+    if (!s->critical_waits_s.empty()) {
+      gauge("critical_wait_seconds",
+            "Time the slowest worker's compute (the critical path) waited in the step, by pass and by what for.");
+      for (const auto& [key, v] : s->critical_waits_s) {
+        const auto slash = key.find('/');
+        o << "xdmoe_critical_wait_seconds{" << label << ",direction=\"" << key.substr(0, slash) << "\",wait=\""
+          << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
+      }
     }
     // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the fp32
     // bytes before any codec): two metrics with the same labels.

@@ -106,6 +106,7 @@ void control_messages() {
   m.bytes = {{"dc/moe_dispatch", 1e6}};
   m.nmse = {{"dc/expert_gather", 0.01}};
   m.gather_wait_s = {0.01, 0.02};
+  m.waits_s = {{xd::step_waits::kForwardExpertAllGather, 0.03}, {xd::step_waits::kBackwardGradientNorm, 0.01}};
   m.link_bursts = {{"dc", {2, 1e6, 0.1}}};
   control("metrics", xd::to_json(m));
 

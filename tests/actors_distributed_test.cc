@@ -161,6 +161,15 @@ TEST(Distributed, TheFirstStepMeasuresTheImbalanceTheRoutingProbeForetold) {
     const std::vector<int> domain_sizes = domains == "1,1" ? std::vector<int>{1, 1} : std::vector<int>{2, 1};
     EXPECT_DOUBLE_EQ(r.summary["startup_expert_imbalance"].get<double>(),
                      routed_expert_load(*probe, Topology({2, 2}, domain_sizes)).layers_busiest);
+    // The slowest worker's waits by what for are its exposed time, split.
+    ASSERT_TRUE(r.summary.contains("mean_critical_waits_s")) << r.coordinator_log;
+    double forward = 0, backward = 0;
+    for (const auto& [key, seconds] : r.summary["mean_critical_waits_s"].items())
+      (key.rfind("forward/", 0) == 0 ? forward : backward) += seconds.get<double>();
+    EXPECT_EQ(r.summary["mean_critical_waits_s"].size(), 6u) << r.summary["mean_critical_waits_s"].dump();
+    EXPECT_NEAR(backward, r.summary["mean_critical_bwd_exposed_s"].get<double>(), 1e-9);
+    EXPECT_GE(forward + 1e-9, r.summary["mean_critical_fwd_exposed_s"].get<double>())
+        << "the forward's exposed time is its waits, at most the pass";
     const auto& assumed = r.summary["startup_a2a_imbalance"];
     const auto& bytes = r.summary["bytes_per_step"];
     ASSERT_EQ(assumed.size(), 2u);

@@ -227,6 +227,17 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
   json bad_cpu = to_json(m);
   bad_cpu["cpus"] = json::array({0, -3});
   EXPECT_EQ(from_json(bad_cpu, &m2).code(), Status::Code::kInvalidArgument);
+  m.waits_s = {{step_waits::kForwardExpertAllGather, 0.012}, {step_waits::kBackwardGradientNorm, 0.008}};
+  ASSERT_TRUE(from_json(json::parse(to_json(m).dump()), &m2).is_ok());
+  EXPECT_EQ(m2.waits_s, m.waits_s);
+  for (const double bad : {-0.001, std::numeric_limits<double>::infinity()}) {
+    json bad_wait = to_json(m);
+    bad_wait["waits_s"][step_waits::kBackwardGradientNorm] = bad;
+    EXPECT_NE(from_json(bad_wait, &m2).message().find("metrics.waits_s"), std::string::npos) << bad;
+  }
+  json nameless = to_json(m);
+  nameless["waits_s"][""] = 0.1;
+  EXPECT_EQ(from_json(nameless, &m2).code(), Status::Code::kInvalidArgument);
 
   ErrorReport e{"boom"}, e2;
   ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());

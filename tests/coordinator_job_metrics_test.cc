@@ -215,5 +215,31 @@ TEST(JobMetrics, TheCriticalOverlapIsTheSlowestWorkersWhateverOrderTheReportsCam
             std::string::npos) << text;
 }
 
+// Where the step's critical path waits: the slowest worker's waits by what
+// for, kept whole (not mixed with the faster workers'), averaged over steps.
+TEST(JobMetrics, TheWaitsByWhatForAreTheSlowestWorkersAndTheirMeanOverSteps) {
+  JobMetrics metrics(2);
+  StepMetrics fast = report(1, 0.30, 0.2), slow = report(1, 0.42, 0.2);
+  fast.waits_s = {{step_waits::kForwardTokenExchange, 0.09}, {step_waits::kBackwardDenseAllReduce, 0.05}};
+  slow.waits_s = {{step_waits::kForwardExpertAllGather, 0.004}, {step_waits::kBackwardGradientNorm, 0.012}};
+  metrics.record(0, fast);
+  metrics.record(1, slow);
+  EXPECT_EQ(metrics.last_complete()->critical_waits_s, slow.waits_s);
+  StepMetrics a = report(2, 0.5, 0.2), b = report(2, 0.3, 0.2);
+  a.waits_s = {{step_waits::kBackwardGradientNorm, 0.006}};
+  metrics.record(1, b);
+  metrics.record(0, a);
+  const StepSummary mean = metrics.mean(0);
+  EXPECT_DOUBLE_EQ(mean.critical_waits_s.at(step_waits::kBackwardGradientNorm), 0.009);
+  EXPECT_DOUBLE_EQ(mean.critical_waits_s.at(step_waits::kForwardExpertAllGather), 0.002)
+      << "a step that did not wait for it counts as 0";
+  EXPECT_EQ(waits_text(mean.critical_waits_s), "forward: expert all gather 2.0; backward: gradient norm 9.0");
+  EXPECT_EQ(waits_text({{step_waits::kForwardTokenExchange, 1e-5}}), "") << "under 0.05 ms is left out";
+  const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_critical_wait_seconds{job=\"j\",direction=\"backward\",wait=\"gradient_norm\"} 0.006\n"),
+            std::string::npos) << text;
+  EXPECT_NE(metrics.to_json()["last_step"]["critical_waits_s"].dump().find("gradient_norm"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace xd

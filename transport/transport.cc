@@ -31,7 +31,11 @@ MatchKey match_key(const FrameHeader& h) {
   return {static_cast<uint8_t>(h.kind), h.step, h.layer, h.phase, h.chunk, h.src};
 }
 
-std::string routing_id(int rank) { return "w" + std::to_string(rank); }
+std::string routing_id(int rank) {
+  std::string id = "w";  // appended, not "w" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  id += std::to_string(rank);
+  return id;
+}
 
 // "w<rank>" -> rank, or -1.
 int parse_routing_id(const zmq::message_t& m) {
