@@ -202,7 +202,8 @@ void DistributedTrainer::wire_backward_hooks(ExpertCommunicator* c) {
   const ModelConfig& mc = job_.train.model;
   MoeTransformer<float>::BackwardHooks hooks;
   // Overlapped, the owned experts' weight gradients run while the replicas'
-  // and the last dense buckets cross the links, instead of before them. With
+  // and the last dense buckets cross the links, instead of before them
+  // (without replicas, layer 0's: MoeTransformer::BackwardHooks). With
   // two levels of replicas (domains such as 2 x 2) an outer level's
   // gradients leave without them too: an inner level's share of the owned
   // experts' is held back until they are final (detail::HeldBackGradients).
@@ -216,7 +217,9 @@ void DistributedTrainer::wire_backward_hooks(ExpertCommunicator* c) {
     c->owned_grads_final(layer);
     // Backward ends with layer 0; with no replicas nothing comes back to the
     // owned experts, so their norm is final now and its sum (a latency per
-    // level) hides behind the rest of backward.
+    // level) leaves beside the last dense buckets. (Layer 0's weight
+    // gradients ran after the embedding's bucket left, hiding its flight: the
+    // norm's sum, one small message a level, is the shorter wait.)
     if (layer == 0 && norm_in_backward) start_norm_sum();
   };
   hooks.grads_ready = [this, layers](int group) {

@@ -176,6 +176,13 @@ def launch(xdmoe, config, runs, steps, run_dir, trace_step):
     return summaries
 
 
+# The slowest worker's waits by what for (the summary's mean_critical_waits_s,
+# docs/overlap.md), in the order they come in a step, with short column names.
+WAITS = [("forward/token_exchange", "f:tok"), ("forward/expert_all_gather", "f:ag"),
+         ("backward/token_exchange", "b:tok"), ("backward/replica_gradients", "b:rep"),
+         ("backward/dense_all_reduce", "b:dense"), ("backward/gradient_norm", "b:norm")]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--xdmoe", default="build/xdmoe")
@@ -225,6 +232,9 @@ def main():
                 "predicted_measured_compute_ms": round(j.get("predicted_with_measured_compute_s", 0) * 1e3, 1),
                 "final_loss": round(j["final_loss"], 4),
             })
+            waits = j.get("mean_critical_waits_s", {})
+            for key, _ in WAITS:
+                rows[-1]["wait_" + key.replace("/", "_") + "_ms"] = round(waits.get(key, 0) * 1e3, 1)
         traced = [r for r in s["runs"] if r.endswith("farskip+r0")][0]
         trace_dir = os.path.join(run_dir, traced, "trace")
         png = os.path.join(a.out, f"farskip_trace_{name}.png")
@@ -248,12 +258,22 @@ def main():
                      f"{r['step_over_bound']:>8.2f} {r['step_over_phase_floor']:>8.2f} {r['step_over_cpu_floor']:>8.2f} {r['predicted_ms']:>8} {r['predicted_live_ms']:>8} "
                      f"{r['predicted_measured_compute_ms']:>7} "
                      f"{r['final_loss']:>7}")
+    lines.append("")
+    lines.append(f"{'setting':11} {'schedule':34} {'r':>2} " + " ".join(f"{short:>7}" for _, short in WAITS) +
+                 "   the slowest worker's waits (ms) by what for")
+    for r in rows:
+        lines.append(f"{r['setting']:11} {r['schedule']:34} {r['pipeline_degree']:>2} " +
+                     " ".join(f"{r['wait_' + key.replace('/', '_') + '_ms']:>7}" for key, _ in WAITS))
+    lines.append("")
     for name in a.settings.split(","):
         ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
         lines.append(f"{name}: busiest link's transmit time / compute = {ratio:.2f} (first run)")
     lines.append("fwd/bwd ovl%, exp ms: overlap and exposed communication of the most-waiting worker; slowest: "
                  "fwd/bwd overlap of the slowest worker (the critical path; no spread in its waits); spread: the "
                  "slowest worker's compute minus the fastest's, which the others wait out as exposed time")
+    lines.append("f:/b: forward/backward waits of the slowest worker: tok token exchanges, ag gathered experts, rep "
+                 "replica gradients, dense the dense buckets after backward, norm the gradient norm's sum "
+                 "(docs/overlap.md)")
     lines.append("step/flr: step / phase floor, each phase's own max(compute, link) summed (docs/overlap.md)")
     lines.append("step/cpu: step / CPU floor, the workers' CPU time (every thread) over this machine's cores: "
                  "1.00 kept every core busy with the job (docs/overlap.md)")

@@ -177,7 +177,7 @@ int run_simulate(const SimulateOptions& o) {
     int levels = 0;  // of gathered replicas
     for (int s : c.domain_sizes) levels += s > 1 ? 1 : 0;
     shape.gathers_experts = levels > 0;
-    shape.defers_owned_expert_weights = shape.overlapped && levels > 0;
+    shape.defers_owned_expert_weights = shape.overlapped;  // as DistributedTrainer's hooks
     shape.defers_replica_expert_weights = c.replica_weights_late;
     return shape;
   };

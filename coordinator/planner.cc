@@ -603,7 +603,9 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // Overlapped, a dense bucket leaves as soon as backward has finished it.
   double dense_done = 0, rs_done = 0, norm_done = -1;
   // Overlapped with no replicas, the norm's sum leaves as soon as layer 0's
-  // experts are done (their gradients are final then).
+  // experts are done (their gradients are final then), and layer 0's weight
+  // gradients wait until the embedding's bucket has left, to hide the last
+  // buckets' flight (MoeTransformer::BackwardHooks).
   const bool norm_in_backward = w.overlapped && rs_layer.empty();
   auto release_bucket = [&](int group) {  // MoeTransformer's grads_ready(group)
     if (w.overlapped) dense_done = std::max(dense_done, send(t, bucket[dense_bucket_of_group(layers, group)]));
@@ -629,11 +631,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       wait_for(to_experts[i]);
       compute(span * expert_bwd / 2);    // input gradients, chunk by chunk
       returned = a2a(to_sources_span, span * to_sources_chunk_bytes, &to_sources_free);  // backward of Dispatch
-      compute(span * expert_bwd / 2 * kept_weights);  // weight gradients
+      if (k > 0 || !norm_in_backward) compute(span * expert_bwd / 2 * kept_weights);  // weight gradients
     }
     // This layer's replica gradients go home.
     if (!rs_layer.empty() && !late) rs_done = std::max(rs_done, send(t, rs_layer));
-    if (k == 0 && norm_in_backward) norm_done = send(t, norm_sum);
     if (attention_after_experts) compute(attention_fwd * bwd_scale);
     if (!shared_first) compute(w.shared_fwd_s * bwd_scale);
     wait_for(returned);
@@ -641,6 +642,10 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     release_bucket(k);
   }
   release_bucket(-1);  // the embedding's
+  if (norm_in_backward) {
+    compute(rb * span * expert_bwd / 2 * kept_weights);  // layer 0's weight gradients
+    norm_done = send(t, norm_sum);
+  }
   for (int k = layers - 1; k >= 0 && late; --k) {
     compute(r * expert_bwd / 2 * (1 - kept_weights));
     rs_done = std::max(rs_done, send(t, rs_layer));

@@ -385,6 +385,8 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
   std::vector<T>& dv = bw_.dv;
   const bool replicas = computes_replicas(*exchange);
   const bool defer = hooks_.defer_owned_expert_weights && replicas;
+  // Without replicas only layer 0's wait (see BackwardHooks).
+  const bool defer_first_layer = hooks_.defer_owned_expert_weights && !replicas;
   const bool defer_replicas = defer && hooks_.defer_replica_expert_weights;
   std::vector<std::function<void()>> deferred;  // the owned experts' weight gradients, in order
   std::vector<std::function<void()>> deferred_replicas;  // the replicas', each layer's then its send
@@ -443,10 +445,10 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     if (shared_first) shared_backward();
     {
       ScopedSpan span(timeline_, "routed experts backward", l);
-      moe_experts_backward(&c.moe, mw, exchange, dm, defer ? &deferred : nullptr,
+      moe_experts_backward(&c.moe, mw, exchange, dm, defer || (defer_first_layer && l == 0) ? &deferred : nullptr,
                            defer_replicas ? &deferred_replicas : nullptr);
     }
-    if (hooks_.experts_done && !defer) hooks_.experts_done(l);
+    if (hooks_.experts_done && !defer && !(defer_first_layer && l == 0)) hooks_.experts_done(l);
     if (attention_after_experts) attention_backward_pass(dp.data());
     if (!shared_first) shared_backward();
     for (size_t j = 0; j < Nd; ++j) dnorm2[j] += dshared_xn[j];
@@ -480,6 +482,11 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     for (auto& weights : deferred) weights();
     if (hooks_.experts_done)
       for (int l = L - 1; l >= 0; --l) hooks_.experts_done(l);
+  }
+  if (defer_first_layer) {
+    ScopedSpan span(timeline_, "owned experts' weight gradients", 0);
+    for (auto& weights : deferred) weights();
+    if (hooks_.experts_done) hooks_.experts_done(0);
   }
 }
 

@@ -55,8 +55,12 @@ class MoeTransformer {
   // there as well and run first, layer by layer from the last down, each
   // layer's leaving when they are done (ExpertExchange::replicas_backward_done):
   // the dense buckets of the first layers and the embedding then leave
-  // sooner, at the cost of the replicas' gradients leaving later. The sums
-  // are the same bits.
+  // sooner, at the cost of the replicas' gradients leaving later. With
+  // `defer_owned_expert_weights` and no replicas, only layer 0's owned
+  // experts' weight gradients wait until after the embedding's (the layers
+  // before keep theirs where they hide their own exchanges): they then hide
+  // the last dense buckets' flight, which nothing was left to hide, and
+  // experts_done(0) comes after them. The sums are the same bits.
   struct BackwardHooks {
     std::function<void(int layer)> experts_done;
     std::function<void(int group)> grads_ready;

@@ -60,11 +60,25 @@ std::string StepSchedule::describe() const {
       const ScheduledComm& c = comms[op.comm];
       out += op.type == StepOp::Type::kStart ? "start   " : "wait    ";
       out += comm_kind_name(c.kind);
-      if (c.kind == CommKind::kDenseBucket) out += " " + std::to_string(c.chunk);
-      else if (c.span > 1) out += " chunks " + std::to_string(c.chunk) + ".." + std::to_string(c.chunk + c.span - 1);
-      else if (pipeline_degree > 1 && c.kind <= CommKind::kDispatchBackward) out += " chunk " + std::to_string(c.chunk);
+      // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "lit" + std::to_string().
+      if (c.kind == CommKind::kDenseBucket) {
+        out += ' ';
+        out += std::to_string(c.chunk);
+      } else if (c.span > 1) {
+        out += " chunks ";
+        out += std::to_string(c.chunk);
+        out += "..";
+        out += std::to_string(c.chunk + c.span - 1);
+      } else if (pipeline_degree > 1 && c.kind <= CommKind::kDispatchBackward) {
+        out += " chunk ";
+        out += std::to_string(c.chunk);
+      }
     }
-    if (op.layer >= 0) out += " (layer " + std::to_string(op.layer) + ")";
+    if (op.layer >= 0) {
+      out += " (layer ";
+      out += std::to_string(op.layer);
+      out += ')';
+    }
     out += "\n";
   }
   return out;
@@ -249,6 +263,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
   s.gathers_experts = shape.gathers_experts;
   s.defers_owned_expert_weights = shape.defers_owned_expert_weights && shape.gathers_experts;
   s.defers_replica_expert_weights = s.defers_owned_expert_weights && shape.defers_replica_expert_weights;
+  s.defers_first_layer_expert_weights = shape.defers_owned_expert_weights && !shape.gathers_experts;
   Recorder rec(&s);
   const int L = cfg.num_layers;
 
@@ -353,7 +368,7 @@ Expected<StepSchedule> record_step_schedule(const ScheduleShape& shape) {
           for (int c = 0; c < s.comms[m.comm].span; ++c) {
             if (handed_over && k == CommKind::kCombineBackward)
               s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsInputBackward, -1, open_layer});
-            if (sent_back && k == CommKind::kDispatchBackward)
+            if (sent_back && k == CommKind::kDispatchBackward && !(s.defers_first_layer_expert_weights && open_layer == 0))
               s.ops.push_back({StepOp::Type::kCompute, ComputeKind::kExpertsWeightBackward, -1, open_layer});
           }
         }

@@ -67,7 +67,7 @@ enum class ComputeKind : int {
   kSharedBackward = 11,
   kOptimizer = 12,             // the update, once every gradient is in
   kOwnedExpertsWeightBackward = 13,  // overlapped HybridEP: every layer's owned experts'
-                                     // weight gradients, after the embedding's
+                                     // weight gradients, after the embedding's; EP: layer 0's
   kReplicaExpertsWeightBackward = 14,  // late replica weight gradients: one layer's (before
                                        // its send), after the embedding's, before the owned ones
 };
@@ -98,6 +98,9 @@ struct StepSchedule {
   bool gathers_experts = false;
   bool defers_owned_expert_weights = false;  // kOwnedExpertsWeightBackward at the end of backward
   bool defers_replica_expert_weights = false;  // kReplicaExpertsWeightBackward before it
+  // Overlapped without replicas: layer 0's weight gradients are its
+  // kOwnedExpertsWeightBackward after the embedding's, not its chunks'.
+  bool defers_first_layer_expert_weights = false;
   std::string describe() const;  // one op per line, for `xdmoe simulate --show-schedule`
 };
 
@@ -106,8 +109,9 @@ struct ScheduleShape {
   int pipeline_degree = 1;      // r
   bool overlapped = false;      // farskip.overlapped
   bool gathers_experts = false; // some domain size > 1 (HybridEP): AG and replica gradients
-  // Overlapped with replicas (a domain size > 1), the runtime computes the
-  // owned experts' weight gradients after the embedding's (DistributedTrainer).
+  // Overlapped, the runtime computes the owned experts' weight gradients
+  // after the embedding's (DistributedTrainer): with replicas (a domain size
+  // > 1) every layer's, without them layer 0's (MoeTransformer::BackwardHooks).
   bool defers_owned_expert_weights = false;
   // expert_parallel.replica_weight_gradients: late (with the above): the
   // replicas' weight gradients too, before the owned ones.

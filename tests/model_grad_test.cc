@@ -320,6 +320,51 @@ TEST(MoeTransformer, LateReplicaWeightGradientsComeAfterEveryDenseBucketAndChang
   }
 }
 
+// Without replicas (EP), the overlapped schedule defers only layer 0's
+// weight gradients: the layers before keep theirs, which hide their own
+// exchanges; layer 0's hide the last dense buckets' flight instead, so its
+// experts are reported done after the embedding's bucket. No sum moves.
+TEST(MoeTransformer, WithoutReplicasOnlyLayerZerosWeightGradientsWaitForTheEmbeddingsBucket) {
+  ModelConfig cfg = tiny_config(Gating::kSoftmaxTopK, Connectivity::kFarSkip);
+  ParamLayout layout(cfg);
+  auto in = random_tokens(12, cfg.vocab_size, 1), tg = random_tokens(12, cfg.vocab_size, 2);
+  MoeTransformer<double> plain(layout);
+  plain.init(7);
+  plain.set_pipeline_degree(2);
+  plain.forward(in.data(), tg.data(), 2, 6);
+  plain.backward();
+  MoeTransformer<double> model(layout);
+  model.init(7);
+  model.set_pipeline_degree(2);
+  std::vector<std::string> order;
+  auto layer_expert_grads = [&](int layer) {
+    double sum = 0;
+    for (const TensorSlot& t : layout.slots())
+      if (t.is_routed_expert() && t.layer == layer)
+        for (size_t i = t.offset; i < t.offset + t.numel(); ++i) sum += std::abs(model.grads()[i]);
+    return sum;
+  };
+  double layer0_then = -1, layer1_then = -1;
+  MoeTransformer<double>::BackwardHooks hooks;
+  hooks.experts_done = [&](int l) { order.push_back("owned " + std::to_string(l)); };
+  hooks.grads_ready = [&](int g) {
+    order.push_back("dense " + std::to_string(g));
+    if (g == -1) layer0_then = layer_expert_grads(0), layer1_then = layer_expert_grads(1);
+  };
+  hooks.defer_owned_expert_weights = true;
+  model.set_backward_hooks(hooks);
+  ForwardingExchange<double> exchange(cfg.num_experts);
+  model.zero_grad();
+  model.forward(in.data(), tg.data(), 2, 6, &exchange);
+  model.backward(&exchange);
+  ASSERT_EQ(cfg.num_layers, 3);
+  EXPECT_EQ(order, (std::vector<std::string>{"dense 3", "owned 2", "dense 2", "owned 1", "dense 1", "dense 0",
+                                             "dense -1", "owned 0"}));
+  EXPECT_EQ(layer0_then, 0.0) << "layer 0's expert weight gradients come after the embedding's bucket";
+  EXPECT_GT(layer1_then, 0.0) << "layer 1's come with their layer";
+  EXPECT_EQ(model.grads(), plain.grads());
+}
+
 // Each dense bucket is handed to the all-reduce when backward reports it
 // complete (grads_ready), so nothing may write to it afterwards: a copy taken
 // at the report equals the final gradients, in every connectivity, with

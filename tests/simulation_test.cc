@@ -103,6 +103,34 @@ TEST(StepSchedule, LateReplicaWeightsComeLayerByLayerBeforeTheirSendAfterTheEmbe
   }
 }
 
+// Overlapped without replicas (EP), as the runtime: layer 0's weight
+// gradients run once the embedding's bucket has left, as one op, and the
+// norm's sum leaves after them; the other layers keep theirs per chunk.
+TEST(StepSchedule, WithoutReplicasLayerZerosWeightGradientsFollowTheEmbeddingsBucketThenTheNorm) {
+  ScheduleShape sh = shape(Connectivity::kFarSkip, true, 2, false);
+  sh.defers_owned_expert_weights = true;
+  auto s = record_step_schedule(sh);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  EXPECT_TRUE(s->defers_first_layer_expert_weights);
+  int last_bucket = -1, deferred = -1, norm = -1;
+  std::set<int> chunk_weight_layers;
+  for (size_t i = 0; i < s->ops.size(); ++i) {
+    const StepOp& op = s->ops[i];
+    if (op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kDenseBucket) last_bucket = (int)i;
+    if (op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kNormSum) norm = (int)i;
+    if (op.type != StepOp::Type::kCompute) continue;
+    if (op.compute == ComputeKind::kOwnedExpertsWeightBackward) {
+      EXPECT_EQ(deferred, -1) << "one op: " << s->describe();
+      EXPECT_EQ(op.layer, 0) << s->describe();
+      deferred = (int)i;
+    }
+    if (op.compute == ComputeKind::kExpertsWeightBackward) chunk_weight_layers.insert(op.layer);
+  }
+  EXPECT_GT(deferred, last_bucket) << s->describe();
+  EXPECT_GT(norm, deferred) << s->describe();
+  EXPECT_EQ(chunk_weight_layers, (std::set<int>{1, 2})) << s->describe();
+}
+
 TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
   auto s = record_step_schedule(shape(Connectivity::kFarSkip, false, 2, true));
   ASSERT_TRUE(s.has_value());

@@ -14,6 +14,7 @@ StepTraffic::StepTraffic(const SimulationInputs& in, const StepSchedule& schedul
   gathered_ = gathered;
   defers_owned_ = schedule.defers_owned_expert_weights;
   defers_replicas_ = schedule.defers_replica_expert_weights;
+  defers_first_layer_ = schedule.defers_first_layer_expert_weights;
 }
 
 double StepTraffic::compute_seconds(ComputeKind kind) const {
@@ -45,6 +46,7 @@ double StepTraffic::compute_seconds(ComputeKind kind) const {
     case ComputeKind::kExpertsWeightBackward:
       return defers_replicas_ ? 0.0 : expert_bwd / 2 * (defers_owned_ ? 1 - 1 / gathered_ : 1);
     case ComputeKind::kOwnedExpertsWeightBackward:
+      if (defers_first_layer_) return r_ * expert_bwd / 2;  // EP: layer 0's, every chunk
       return defers_owned_ ? w.num_moe_layers * r_ * expert_bwd / 2 / gathered_ : 0;
     case ComputeKind::kReplicaExpertsWeightBackward:  // one layer's, before its send
       return defers_replicas_ ? r_ * expert_bwd / 2 * (1 - 1 / gathered_) : 0;

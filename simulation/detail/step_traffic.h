@@ -58,6 +58,7 @@ class StepTraffic {
   double gathered_ = 1;        // experts held per owned one (the domain sizes' product)
   bool defers_owned_ = false;  // owned experts' weight gradients at the end (StepSchedule)
   bool defers_replicas_ = false;  // the replicas' too, before them
+  bool defers_first_layer_ = false;  // without replicas, layer 0's alone (StepSchedule)
 };
 
 }  // namespace xd::detail
