@@ -4,12 +4,14 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cluster/protocol.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/planner.h"
 #include "transport/control_channel.h"
 #include "common/units.h"
@@ -97,6 +99,33 @@ void print_codec_time(const nlohmann::json& last_step) {
                 num(last_step, "codec_s", "%.1f", 1e3).c_str());
 }
 
+// The slowest worker's waits by what for (docs/overlap.md), wrapped at 80
+// columns after a comma or semicolon.
+void print_waits(const nlohmann::json& last_step) {
+  const auto it = last_step.find("critical_waits_s");
+  if (it == last_step.end() || !it->is_object()) return;
+  std::map<std::string, double> waits;
+  for (auto w = it->begin(); w != it->end(); ++w)
+    if (w.value().is_number()) waits[w.key()] = w.value().get<double>();
+  const std::string text = waits_text(waits);
+  if (text.empty()) return;
+  std::string line = "  the slowest worker waited (ms):";
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find_first_of(",;", at);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string piece = text.substr(at, end - at);
+    if (line.size() + 1 + piece.size() > 80 && line.size() > 4) {
+      std::printf("%s\n", line.c_str());
+      line = "   ";
+    }
+    line += ' ';
+    line += piece[0] == ' ' ? piece.substr(1) : piece;
+    at = end;
+  }
+  std::printf("%s\n", line.c_str());
+}
+
 // Every line fits 80 columns: long names are cut with "~".
 void print_status(const nlohmann::json& s) {
   std::printf("job %s (id %s): %s, %s workers\n", fit(s.value("job", "?"), 16).c_str(), list_of(s, "job_id").c_str(),
@@ -169,6 +198,7 @@ void print_status(const nlohmann::json& s) {
                 num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
                 num(l, "critical_bwd_overlap_percent", "%.0f").c_str());
+    print_waits(l);
     print_codec_time(l);
   }
 }
@@ -274,6 +304,7 @@ int run_metrics(const MonitorFlags& f) {
                 num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str());
     std::printf("  compute spread %s ms (slowest worker's compute minus the fastest's: exposed time no overlap hides)\n",
                 num(l, "compute_spread_s", "%.1f", 1e3).c_str());
+    print_waits(l);
     print_codec_time(l);
     std::printf("%-32s %14s\n", "link class / operation", "bytes");
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
