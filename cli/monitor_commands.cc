@@ -109,18 +109,19 @@ void print_waits(const nlohmann::json& last_step) {
     if (w.value().is_number()) waits[w.key()] = w.value().get<double>();
   const std::string text = waits_text(waits);
   if (text.empty()) return;
-  std::string line = "  the slowest worker waited (ms):";
+  std::string line = "  the slowest worker waited for (ms):";
   size_t at = 0;
   while (at < text.size()) {
     size_t end = text.find_first_of(",;", at);
     end = end == std::string::npos ? text.size() : end + 1;
-    const std::string piece = text.substr(at, end - at);
+    std::string piece = text.substr(at, end - at);
+    if (piece[0] == ' ') piece.erase(0, 1);
     if (line.size() + 1 + piece.size() > 80 && line.size() > 4) {
       std::printf("%s\n", line.c_str());
       line = "   ";
     }
     line += ' ';
-    line += piece[0] == ' ' ? piece.substr(1) : piece;
+    line += piece;
     at = end;
   }
   std::printf("%s\n", line.c_str());

@@ -143,6 +143,20 @@ json to_json(const Done&) { return {{"op", op::kDone}}; }
 json to_json(const StatusRequest&) { return {{"op", op::kStatus}}; }
 json to_json(const MetricsRequest&) { return {{"op", op::kMetrics}}; }
 
+namespace {
+// "direction/wait", each part 1-32 of a-z and '_': it goes into Prometheus
+// labels and 80-column screens as it is.
+bool is_wait_name(const std::string& name) {
+  const auto slash = name.find('/');
+  if (slash == std::string::npos || slash == 0 || slash > 32 || name.size() - slash - 1 < 1 ||
+      name.size() - slash - 1 > 32)
+    return false;
+  for (size_t i = 0; i < name.size(); ++i)
+    if (i != slash && !((name[i] >= 'a' && name[i] <= 'z') || name[i] == '_')) return false;
+  return true;
+}
+}  // namespace
+
 json to_json(const StepMetrics& m) {
   return {{"op", op::kMetrics},       {"step", m.step},
           {"loss", m.loss},           {"ce_loss", m.ce_loss},
@@ -200,8 +214,9 @@ Status from_json(const json& j, StepMetrics* out) {
     if (c < 0 || c >= 1 << 20) return Status::invalid_argument("metrics.cpus holds a CPU id out of range");
   if (m.waits_s.size() > 64) return Status::invalid_argument("metrics.waits_s holds more than 64 waits");
   for (const auto& [name, w] : m.waits_s)
-    if (name.empty() || name.size() > 64 || !(w >= 0) || !std::isfinite(w))
-      return Status::invalid_argument("metrics.waits_s: each wait needs a name of 1-64 bytes and finite seconds >= 0");
+    if (!is_wait_name(name) || !(w >= 0) || !std::isfinite(w))
+      return Status::invalid_argument("metrics.waits_s: each wait needs a name 'direction/wait' (a-z and _, "
+                                      "1-32 each) and finite seconds >= 0");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

@@ -99,7 +99,6 @@ struct Assignment {
 
 struct Heartbeat {};
 
-// worker -> coordinator: per-step figures; the coordinator aggregates them.
 // The keys of StepMetrics::waits_s, "direction/wait". Only appended to.
 namespace step_waits {
 inline constexpr const char* kForwardTokenExchange = "forward/token_exchange";        // Dispatch, Combine
@@ -110,6 +109,7 @@ inline constexpr const char* kBackwardDenseAllReduce = "backward/dense_all_reduc
 inline constexpr const char* kBackwardGradientNorm = "backward/gradient_norm";        // the clip's global norm
 }  // namespace step_waits
 
+// worker -> coordinator: per-step figures; the coordinator aggregates them.
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, ce_loss = 0, aux_loss = 0;
@@ -152,7 +152,7 @@ struct StepMetrics {
   std::vector<double> gather_wait_s;
   // This step's exposed communication by what the compute thread waited for
   // (the step_waits:: keys, "direction/wait"): the parts of fwd_exposed_s
-  // and bwd_exposed_s. Absent from a report that predates it.
+  // and bwd_exposed_s. Required from protocol version 10.
   std::map<std::string, double> waits_s;
   // Per link class name, this step's {bursts, bytes, seconds} of the periods
   // during which some of its bytes waited to leave this worker

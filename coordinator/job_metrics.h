@@ -85,7 +85,7 @@ struct StepSummary {
 };
 
 // StepSummary::critical_waits_s as one line, in milliseconds:
-// "forward: expert all-gather 3.1; backward: dense all-reduce 5.0, gradient
+// "forward: expert all gather 3.1; backward: dense all reduce 5.0, gradient
 // norm 9.8". Waits under 0.05 ms are left out; "" when none is left.
 std::string waits_text(const std::map<std::string, double>& waits_s);
 

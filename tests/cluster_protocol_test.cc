@@ -235,9 +235,17 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
     bad_wait["waits_s"][step_waits::kBackwardGradientNorm] = bad;
     EXPECT_NE(from_json(bad_wait, &m2).message().find("metrics.waits_s"), std::string::npos) << bad;
   }
-  json nameless = to_json(m);
-  nameless["waits_s"][""] = 0.1;
-  EXPECT_EQ(from_json(nameless, &m2).code(), Status::Code::kInvalidArgument);
+  // Names go into Prometheus labels and 80-column screens as they are.
+  for (const std::string& bad : std::vector<std::string>{"", "forward", "/token_exchange", "forward/", "forward/a\"b",
+                                                         "Forward/x", "forward/" + std::string(33, 'x')}) {
+    json bad_name = to_json(m);
+    bad_name["waits_s"][bad] = 0.1;
+    EXPECT_EQ(from_json(bad_name, &m2).code(), Status::Code::kInvalidArgument) << bad;
+  }
+  json many = to_json(m);
+  for (int i = 0; i < 65; ++i) many["waits_s"]["backward/w" + std::string(1, char('a' + i % 26)) +
+                                               std::string(i / 26 + 1, 'x')] = 0.1;
+  EXPECT_NE(from_json(many, &m2).message().find("more than 64"), std::string::npos) << from_json(many, &m2).message();
 
   ErrorReport e{"boom"}, e2;
   ASSERT_TRUE(from_json(to_json(e), &e2).is_ok());

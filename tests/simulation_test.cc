@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cluster/job_config.h"
+#include "simulation/simulator.h"
 #include "simulation/step_schedule.h"
 #include "tests/job_runner.h"
 #include "tests/test_util.h"
@@ -131,6 +132,35 @@ TEST(StepSchedule, WithoutReplicasLayerZerosWeightGradientsFollowTheEmbeddingsBu
   EXPECT_EQ(chunk_weight_layers, (std::set<int>{1, 2})) << s->describe();
 }
 
+// Moving layer 0's weight gradients to the end moves their compute and
+// changes none of it: the simulated step computes as long either way.
+TEST(StepSchedule, DeferringLayerZerosWeightGradientsChangesNoComputeTime) {
+  SimulationInputs in;
+  in.workload.num_moe_layers = 3;
+  in.workload.experts_per_worker = 2;
+  in.workload.pre_expert_fwd_s = 0.003;
+  in.workload.pre_expert_bwd_s = 0.006;
+  in.workload.expert_fwd_s = 0.004;
+  in.workload.expert_bwd_s = 0.008;
+  in.workload.shared_fwd_s = 0.001;
+  in.workload.post_s = 0.002;
+  in.level_sizes = {2};
+  in.domain_sizes = {1};
+  for (const int r : {1, 2, 4}) {
+    double seconds[2] = {0, 0};
+    for (const bool defers : {false, true}) {
+      ScheduleShape sh = shape(Connectivity::kFarSkip, true, r, false);
+      sh.defers_owned_expert_weights = defers;
+      auto s = record_step_schedule(sh);
+      ASSERT_TRUE(s.has_value()) << s.status().to_string();
+      EXPECT_EQ(s->defers_first_layer_expert_weights, defers);
+      seconds[defers] = schedule_compute_seconds(*s, in);
+    }
+    EXPECT_GT(seconds[0], 0.0);
+    EXPECT_NEAR(seconds[1], seconds[0], 1e-12) << "r = " << r;
+  }
+}
+
 TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
   auto s = record_step_schedule(shape(Connectivity::kFarSkip, false, 2, true));
   ASSERT_TRUE(s.has_value());
@@ -144,11 +174,15 @@ TEST(StepSchedule, NotOverlappedEveryExchangeIsWaitedForAtOnce) {
 
 // The owned experts' norm is final once layer 0's expert backward is done
 // when nothing comes back to them: overlapped without replicas its sum
-// leaves then, inside backward; with replicas, or simple, after backward.
-TEST(StepSchedule, WithoutReplicasTheNormSumLeavesInsideBackward) {
+// leaves then, right after layer 0's deferred weight gradients (as
+// `xdmoe simulate` and the runtime defer them); with replicas, or simple,
+// after backward.
+TEST(StepSchedule, WithoutReplicasTheNormSumLeavesOnceLayerZerosExpertsAreDone) {
   for (bool overlapped : {false, true})
     for (bool gathers : {false, true}) {
-      auto s = record_step_schedule(shape(Connectivity::kFarSkip, overlapped, 2, gathers));
+      ScheduleShape sh = shape(Connectivity::kFarSkip, overlapped, 2, gathers);
+      sh.defers_owned_expert_weights = overlapped;
+      auto s = record_step_schedule(sh);
       ASSERT_TRUE(s.has_value());
       const int norm = find_op(*s, [&](const StepOp& op) {
         return op.type == StepOp::Type::kStart && s->comms[op.comm].kind == CommKind::kNormSum;
@@ -158,13 +192,15 @@ TEST(StepSchedule, WithoutReplicasTheNormSumLeavesInsideBackward) {
         const StepOp& op = s->ops[i];
         if (op.type != StepOp::Type::kCompute || op.compute == ComputeKind::kOptimizer) continue;
         last_compute = static_cast<int>(i);
-        if (op.compute == ComputeKind::kExpertsWeightBackward && op.layer == 0) experts0 = static_cast<int>(i);
+        if ((op.compute == ComputeKind::kExpertsWeightBackward ||
+             op.compute == ComputeKind::kOwnedExpertsWeightBackward) && op.layer <= 0)
+          experts0 = static_cast<int>(i);
       }
       ASSERT_GE(norm, 0);
       ASSERT_GE(experts0, 0);
       if (overlapped && !gathers) {
-        EXPECT_GT(norm, experts0) << s->describe();
-        EXPECT_LT(norm, last_compute) << s->describe();
+        EXPECT_EQ(norm, experts0 + 1) << "right after layer 0's weight gradients\n" << s->describe();
+        EXPECT_EQ(experts0, last_compute) << "the last of backward\n" << s->describe();
       } else {
         EXPECT_GT(norm, last_compute) << "overlapped " << overlapped << " gathers " << gathers << "\n"
                                       << s->describe();
