@@ -377,6 +377,28 @@ TEST(Planner, OverlappedFarSkipHidesWhatTheScheduleLetsItHide) {
   EXPECT_LE(chosen.iteration_s, r4.iteration_s);
 }
 
+// Overlapped without replicas, layer 0's expert weight gradients run after
+// the embedding's bucket has left, so they hide the last buckets' flight:
+// more of that compute leaves less of the all-reduce exposed. (Before them,
+// the buckets' wait did not depend on it.)
+TEST(Planner, WithoutReplicasLayerZerosWeightGradientsHideTheLastBuckets) {
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  Workload w = farskip_layer(true, 1);
+  w.dense_param_bytes = 3e7;  // three buckets of 10 MB: the LM head's, the layer's, the embedding's
+  const PlanCandidate some = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  w.expert_bwd_s *= 2;  // 2 s more of layer 0's weight gradients
+  const PlanCandidate more = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  ASSERT_GT(some.exposed_allreduce_s, 0.0);
+  EXPECT_LT(more.exposed_allreduce_s, some.exposed_allreduce_s);
+  EXPECT_NEAR(more.iteration_s,
+              more.compute_s + more.exposed_a2a_s + more.exposed_ag_s + more.exposed_rs_s + more.exposed_allreduce_s,
+              1e-9);
+  // The simple schedule keeps them in place: the all-reduce runs after all compute.
+  w.overlapped = false;
+  const PlanCandidate simple = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  EXPECT_NEAR(simple.exposed_allreduce_s, simple.allreduce_s, 1e-9);
+}
+
 TEST(Planner, ChunksPayTheLatencyOfEveryChunk) {
   // Latency only: more chunks are only more start-ups.
   const std::vector<LinkModel> latency = {{0.1, 0.0}};
