@@ -443,12 +443,13 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     };
     const bool shared_first = !moe_combine_backward_landed(*exchange, dm);
     if (shared_first) shared_backward();
+    const bool defers_this_layer = defer || (defer_first_layer && l == 0);
     {
       ScopedSpan span(timeline_, "routed experts backward", l);
-      moe_experts_backward(&c.moe, mw, exchange, dm, defer || (defer_first_layer && l == 0) ? &deferred : nullptr,
+      moe_experts_backward(&c.moe, mw, exchange, dm, defers_this_layer ? &deferred : nullptr,
                            defer_replicas ? &deferred_replicas : nullptr);
     }
-    if (hooks_.experts_done && !defer && !(defer_first_layer && l == 0)) hooks_.experts_done(l);
+    if (hooks_.experts_done && !defers_this_layer) hooks_.experts_done(l);
     if (attention_after_experts) attention_backward_pass(dp.data());
     if (!shared_first) shared_backward();
     for (size_t j = 0; j < Nd; ++j) dnorm2[j] += dshared_xn[j];
@@ -477,16 +478,12 @@ void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {
     ScopedSpan span(timeline_, "replicas' weight gradients");
     for (auto& weights : deferred_replicas) weights();
   }
-  if (defer) {
-    ScopedSpan span(timeline_, "owned experts' weight gradients");
+  if (defer || defer_first_layer) {
+    // Every layer's (with replicas), or layer 0's alone (the span says which).
+    ScopedSpan span(timeline_, "owned experts' weight gradients", defer ? -1 : 0);
     for (auto& weights : deferred) weights();
     if (hooks_.experts_done)
-      for (int l = L - 1; l >= 0; --l) hooks_.experts_done(l);
-  }
-  if (defer_first_layer) {
-    ScopedSpan span(timeline_, "owned experts' weight gradients", 0);
-    for (auto& weights : deferred) weights();
-    if (hooks_.experts_done) hooks_.experts_done(0);
+      for (int l = defer ? L - 1 : 0; l >= 0; --l) hooks_.experts_done(l);
   }
 }
 
