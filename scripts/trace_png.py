@@ -15,6 +15,13 @@ grouped by what the others were waiting for (workers on one machine).
 
   scripts/trace_png.py runs/trace --step 20 --idle --cores 2
 
+With --layers it prints, per layer and pass, each worker's routed-expert
+compute, how much longer the layer's busiest worker computed, and each
+worker's waits on that layer's transfers: a wait as long as a peer's extra
+expert compute in that layer is the routing's imbalance, not a transfer.
+
+  scripts/trace_png.py runs/trace --step 20 --layers
+
 Traces come from `train.trace_steps` / `train.trace_dir` in the job config,
 or `xdmoe launch --trace-steps 20` (docs/overlap.md)."""
 import argparse
@@ -81,6 +88,49 @@ def idle_table(events, t0, cores):
     return "\n".join(lines)
 
 
+def layers_table(events):
+    """Per layer and pass, each worker's routed-expert compute and its compute
+    thread's waits on that layer's transfers. A worker whose experts drew more
+    tokens in a layer holds the others' Combine (forward) or backward of
+    Dispatch there: the "longest - own" column is how much longer the layer's
+    busiest worker computed, which no schedule hides in that layer."""
+    routed = collections.defaultdict(float)  # (pass, layer, rank) -> ms
+    waits = collections.defaultdict(float)
+    for e in events:
+        layer = e.get("args", {}).get("layer")
+        if layer is None or layer < 0:
+            continue
+        name = e["name"]
+        pass_ = "backward" if "backward" in name else "forward"
+        if e.get("cat") == "wait":
+            waits[(pass_, layer, e["pid"])] += e["dur"] / 1e3
+        elif name in ("routed experts", "routed experts backward"):
+            routed[(pass_, layer, e["pid"])] += e["dur"] / 1e3
+    ranks = sorted({e["pid"] for e in events})
+    keys = sorted({k[:2] for k in list(routed) + list(waits)}, key=lambda k: (k[0] == "backward", k[1]))
+    if not keys:
+        sys.exit("trace_png: the traces hold no per-layer spans")
+    cols = "".join(f"{'w' + str(r):>8}" for r in ranks)
+    width = 8 * len(ranks)
+    lines = ["experts: routed-expert compute; over: the layer's longest minus this worker's; "
+             "waits: on the layer's transfers (ms)",
+             f"{'pass':9}{'layer':>5}  {'experts':>{width}}  {'over':>{width}}  {'waits':>{width}}",
+             f"{'':14}  {cols}  {cols}  {cols}"]
+    total_excess, total_wait = collections.Counter(), collections.Counter()
+    for pass_, layer in keys:
+        own = [routed.get((pass_, layer, r), 0.0) for r in ranks]
+        excess = [max(own) - x for x in own]
+        wait = [waits.get((pass_, layer, r), 0.0) for r in ranks]
+        for r, x, w in zip(ranks, excess, wait):
+            total_excess[r] += x
+            total_wait[r] += w
+        lines.append(f"{pass_:9}{layer:5d}  " + "".join(f"{x:8.2f}" for x in own) + "  " +
+                     "".join(f"{x:8.2f}" for x in excess) + "  " + "".join(f"{x:8.2f}" for x in wait))
+    lines.append(f"{'all':14}  {' ' * width}  " + "".join(f"{total_excess[r]:8.2f}" for r in ranks) +
+                 "  " + "".join(f"{total_wait[r]:8.2f}" for r in ranks))
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="a trace directory, or one trace JSON file")
@@ -92,6 +142,9 @@ def main():
                         "computing than --cores, by what the others waited for")
     p.add_argument("--cores", type=int, default=os.cpu_count(),
                    help="with --idle: the cores the traced workers shared (default: this machine's)")
+    p.add_argument("--layers", action="store_true",
+                   help="print, per layer and pass, each worker's routed-expert compute and its waits on that "
+                        "layer's transfers (no PNG)")
     a = p.parse_args()
     if a.cores is None or a.cores < 1:
         sys.exit("trace_png: --cores must be at least 1")
@@ -111,6 +164,9 @@ def main():
     events, meta, t0 = load(files)
     if not events:
         sys.exit("trace_png: the traces hold no spans")
+    if a.layers:
+        print((f"step {step}:\n" if step is not None else "") + layers_table(events))
+        return
     if a.idle:
         print((f"step {step}: " if step is not None else "") + idle_table(events, t0, a.cores))
         return
