@@ -14,6 +14,9 @@ steps, once per codec choice on the inter-DC link:
 The experts start alike (model.expert_init_spread, default 0.2 here), as after
 sparse upcycling; with --spread 1 they start independent and the base holds
 nothing (see docs/compression.md). Links are not shaped: only the loss matters.
+A codec schedule (`PIPELINE@STEP:PIPELINE`) is written for 300 steps; with
+--steps N it switches at the same fraction of the run (step * N / 300), as the
+learning rate's schedule stretches with the run.
 
 usage: python3 bench/sr_loss_bench.py [--xdmoe build/xdmoe] [--steps 200]
            [--spread 0.2] [--runs raw,sr50,...] [--seed S] [--lr LR] [--out bench/results]
@@ -133,8 +136,15 @@ RUNS = {
 TAIL = 50  # steps averaged for the final loss: one step's loss is noisy
 
 
+def scaled_schedule(spec, steps):
+    """A schedule's switch steps (`@STEP:`) are written for 300 steps; a run of
+    another length switches at the same fraction of its steps, as its learning
+    rate schedule stretches with it."""
+    return re.sub(r"@(\d+):", lambda m: "@%d:" % round(int(m.group(1)) * steps / 300), spec)
+
+
 def job_yaml(base, run, steps, spread, seed=1, checkpoint_dir=None, lr=None):
-    codecs = {k: v for k, v in run.items() if k not in ("domains", "base_every", "base_codec")}
+    codecs = {k: scaled_schedule(v, steps) for k, v in run.items() if k not in ("domains", "base_every", "base_codec")}
     y = base
     if lr:  # the peak rate; the floor keeps the config's tenth of it
         y = re.sub(r"\n  learning_rate: .*", "\n  learning_rate: %g" % lr, y, count=1)
