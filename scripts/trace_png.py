@@ -92,7 +92,7 @@ def layers_table(events):
     """Per layer and pass, each worker's routed-expert compute and its compute
     thread's waits on that layer's transfers. A worker whose experts drew more
     tokens in a layer holds the others' Combine (forward) or backward of
-    Dispatch there: the "longest - own" column is how much longer the layer's
+    Dispatch there: the "over" column is how much longer the layer's
     busiest worker computed, which no schedule hides in that layer."""
     routed = collections.defaultdict(float)  # (pass, layer, rank) -> ms
     waits = collections.defaultdict(float)
