@@ -5,12 +5,15 @@
 // one-process FarSkip model on the global batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -396,6 +399,35 @@ TEST(FarSkipOverlap, ATracedStepGivesEachWorkerAChromeTraceAndAPng) {
     ASSERT_EQ(code, 0) << out;
     EXPECT_NE(out.find("step 4: 4 workers on 2 cores"), std::string::npos) << out;
     EXPECT_NE(out.find("idle core-ms  computing  waiting"), std::string::npos) << out;
+  }
+  {
+    // Per layer and pass: each worker's routed experts, how much longer the
+    // layer's busiest worker computed (0 for that worker), its waits.
+    auto [code, out] = testing::run("python3 " + std::string(XD_SOURCE_DIR) + "/scripts/trace_png.py " + dir +
+                                    "/trace --step 4 --layers");
+    ASSERT_EQ(code, 0) << out;
+    std::istringstream lines(out);
+    std::string line;
+    std::set<std::string> passes_seen;
+    while (std::getline(lines, line)) {
+      std::istringstream row(line);
+      std::string pass;
+      int layer = -1;
+      if (!(row >> pass >> layer) || (pass != "forward" && pass != "backward")) continue;
+      passes_seen.insert(pass);
+      std::vector<double> v;
+      for (double x; row >> x;) v.push_back(x);
+      ASSERT_EQ(v.size(), 12u) << "experts, over and waits for 4 workers: " << line;
+      double longest = 0, least_over = 1e9;
+      for (int w = 0; w < 4; ++w) {
+        longest = std::max(longest, v[w]);
+        least_over = std::min(least_over, v[4 + w]);
+      }
+      EXPECT_GT(longest, 0.0) << line;
+      EXPECT_EQ(least_over, 0.0) << "the layer's busiest worker is over by nothing: " << line;
+      for (int w = 0; w < 4; ++w) EXPECT_NEAR(v[4 + w], longest - v[w], 0.011) << line;
+    }
+    EXPECT_EQ(passes_seen.size(), 2u) << out;
   }
   if (testing::run("command -v gnuplot").first != 0) {
     GTEST_SKIP() << "gnuplot is not installed (scripts/install-deps.sh installs it): the PNG is not drawn";
