@@ -43,6 +43,40 @@ TEST(Gemm, BlasMatchesTheNaiveReferenceForEveryTransposeCombination) {
     }
 }
 
+// Thin products above OpenBLAS's small-matrix size are cut into row pieces,
+// summed in pieces over k, or multiplied with op(B) transposed first (gemm.cc);
+// uneven last pieces, padded leading dimensions and beta must all survive that.
+TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
+  struct Case { bool ta, tb; int m, n, k; };
+  const Case cases[] = {
+      {false, false, 1037, 64, 64},   // row pieces, the last one shorter
+      {false, true, 1037, 64, 64},    // op(B) transposed first, then row pieces
+      {true, false, 64, 48, 1501},    // the sum over k in pieces
+      {false, true, 31, 128, 256},    // too few rows to transpose: one call
+      {false, false, 300, 512, 64},   // too wide for pieces: one call
+      {true, false, 200, 200, 64},    // C too large for sum pieces: one call
+  };
+  for (const Case& t : cases)
+    for (float beta : {0.f, 2.f}) {
+      const int lda = (t.ta ? t.m : t.k) + 3, ldb = (t.tb ? t.k : t.n) + 5, ldc = t.n + 2;
+      const int a_rows = t.ta ? t.k : t.m, b_rows = t.tb ? t.n : t.k;
+      auto a = random_vector(static_cast<size_t>(a_rows) * lda, 1, 0.1);
+      auto b = random_vector(static_cast<size_t>(b_rows) * ldb, 2, 0.1);
+      auto c = random_vector(static_cast<size_t>(t.m) * ldc, 3);
+      std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+      std::vector<float> fast(c.begin(), c.end()), naive(c.begin(), c.end());
+      gemm<float>(t.ta, t.tb, t.m, t.n, t.k, 1.5f, af.data(), lda, bf.data(), ldb, beta,
+                  fast.data(), ldc);
+      gemm_reference<float>(t.ta, t.tb, t.m, t.n, t.k, 1.5f, af.data(), lda, bf.data(), ldb, beta,
+                            naive.data(), ldc);
+      double worst = 0;
+      for (size_t i = 0; i < fast.size(); ++i)
+        worst = std::max(worst, std::fabs(double(fast[i]) - naive[i]) / (1.0 + std::fabs(naive[i])));
+      EXPECT_LT(worst, 1e-5) << t.ta << t.tb << " " << t.m << "x" << t.n << "x" << t.k
+                             << " beta " << beta;
+    }
+}
+
 TEST(Linear, GradientsMatchFiniteDifferences) {
   const int n = 3, in = 5, out = 4;
   auto x = random_vector(n * in, 1), w = random_vector(out * in, 2), r = random_vector(n * out, 3);
