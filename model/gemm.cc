@@ -57,8 +57,10 @@ void gemm<float>(bool ta, bool tb, int m, int n, int k, float alpha, const float
     thread_local std::vector<float> transposed;
     if (static_cast<long>(transposed.size()) < b_elements) transposed.resize(b_elements);
     float* bt = transposed.data();
-    for (int j = 0; j < n; ++j)
-      for (int p = 0; p < k; ++p) bt[static_cast<long>(p) * n + j] = b[static_cast<long>(j) * ldb + p];
+    for (int j = 0; j < n; ++j) {
+      const float* row = b + static_cast<long>(j) * ldb;
+      for (int p = 0; p < k; ++p) bt[static_cast<long>(p) * n + j] = row[p];
+    }
     gemm<float>(false, false, m, n, k, alpha, a, lda, bt, n, beta, c, ldc);
   } else if (!ta) {
     if (!rows_fit) {
