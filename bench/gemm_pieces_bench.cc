@@ -1,12 +1,13 @@
-// gemm_pieces_bench: xd::gemm<float> (model/gemm.cc), which cuts thin
+// gemm_pieces_bench: the pieces of gemm_in_pieces (model/gemm.h), which cut thin
 // products into pieces OpenBLAS multiplies with its small-matrix kernels and
-// transposes a thin op(B) first, set beside one cblas_sgemm call of the same
-// product, in the same run. Shapes are the model's: the linear layers, the
-// SwiGLU experts' forward (op(B) transposed), input gradient (untransposed)
-// and weight gradient (op(A) transposed), at the Table V model (d = 64,
-// ff = 64) and the default one (d = 128, ff = 256), and wider ones the pieces
-// must leave whole. Samples of the two sides alternate, so load spikes hit
-// both; the ratio is of medians.
+// transpose a thin op(B) first, set beside one cblas_sgemm call of the same
+// product, in the same run. It also prints whether gemm<float> takes the
+// pieces on this machine (gemm_uses_pieces()). Shapes are the model's:
+// the linear layers, the SwiGLU experts' forward (op(B) transposed), input
+// gradient (untransposed) and weight gradient (op(A) transposed), at the
+// Table V model (d = 64, ff = 64) and the default one (d = 128, ff = 256),
+// and wider ones the pieces must leave whole. Samples of the two sides
+// alternate, so load spikes hit both; the ratio is of medians.
 //
 // usage: gemm_pieces_bench [--reps N] [--min-sample-ms X] [--csv FILE]
 // Threads are not set: use OPENBLAS_NUM_THREADS (1 is one worker per core).
@@ -95,16 +96,21 @@ int main(int argc, char** argv) {
       usage(2);
     }
   }
-  std::printf("gemm_pieces_bench: xd::gemm<float> vs one cblas_sgemm, same product\n");
-  std::printf("openblas: %s, threads %d\n\n", openblas_get_config(), openblas_get_num_threads());
+  std::printf("gemm_pieces_bench: thin products in pieces vs one cblas_sgemm, same product\n");
+  std::printf("openblas: %s, core %s, threads %d\n", openblas_get_config(),
+              openblas_get_corename(), openblas_get_num_threads());
+  std::printf("gemm<float> here: %s\n\n",
+              xd::gemm_uses_pieces()
+                  ? "pieces (a core with small-matrix kernels, or XDMOE_GEMM_PIECES=1)"
+                  : "one call (no small-matrix kernels on this core, or XDMOE_GEMM_PIECES=0)");
   std::printf("%-40s %5s %5s %5s | %9s %9s | %6s | %s\n", "product (C = op(A) op(B))", "m", "n",
-              "k", "one GF/s", "xd GF/s", "gain", "path");
+              "k", "one GF/s", "pieces", "gain", "path");
   FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
   if (!csv_path.empty() && !csv) {
     std::fprintf(stderr, "gemm_pieces_bench: cannot write %s\n", csv_path.c_str());
     return 1;
   }
-  if (csv) std::fprintf(csv, "product,ta,tb,m,n,k,beta,one_gflops,xd_gflops,gain_pct\n");
+  if (csv) std::fprintf(csv, "product,ta,tb,m,n,k,beta,one_gflops,pieces_gflops,gain_pct\n");
   xd::Rng rng(7);
   for (const Shape& s : kShapes) {
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
@@ -117,8 +123,8 @@ int main(int argc, char** argv) {
                   s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta, c.data(), s.n);
     };
     auto ours = [&] {
-      xd::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta,
-                      c.data(), s.n);
+      xd::gemm_in_pieces(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta,
+                         c.data(), s.n);
     };
     // Calls per sample: enough for min_sample_ms, from a timed warm-up.
     for (int w = 0; w < 3; ++w) { one(); ours(); }
@@ -146,6 +152,6 @@ int main(int argc, char** argv) {
                    s.k, s.beta, g_one, g_ours, gain);
   }
   if (csv) std::fclose(csv);
-  std::printf("\ngain: one call's median time / xd::gemm's - 1 (alternating samples).\n");
+  std::printf("\ngain: one call's median time / the pieces' - 1 (alternating samples).\n");
   return 0;
 }
