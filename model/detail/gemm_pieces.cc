@@ -30,8 +30,8 @@ void sgemm_call(bool ta, bool tb, int m, int n, int k, float alpha, const float*
 // 5-30% when B is at most 128 wide. Wider or deeper products lose, so they go
 // whole (bench/gemm_pieces_bench.cc measures each case against one call).
 // Only the AVX-512 cores have the small-matrix kernels; on the others a piece
-// is packed like a whole product and the pieces lose up to 27% (OpenBLAS's
-// Haswell kernels on this machine), hence thin_products_in_pieces().
+// is packed like a whole product and the pieces lose up to 29% (OpenBLAS's
+// Haswell kernels on an AMD Zen 4 core), hence thin_products_in_pieces().
 constexpr long kSmallProduct = 1000000;
 constexpr long kMaxPieceOperand = 32768;  // n * k (row pieces) or m * n (sum pieces)
 constexpr int kMaxWidthForRowPieces = 256;
@@ -48,7 +48,8 @@ bool decide_pieces() {
     if (std::string(forced) == "0") return false;
     if (std::string(forced) == "1") return true;
   }
-  std::string core = openblas_get_corename();
+  const char* name = openblas_get_corename();
+  std::string core = name ? name : "";
   for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
 }
