@@ -14,12 +14,12 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/rng.h"
 #include "model/gemm.h"
 
@@ -50,11 +50,6 @@ const Shape kShapes[] = {
     {"wide (whole): 1024 rows, 512 x 512", false, false, 1024, 512, 512, 1.f},
     {"wide (whole): dW 512 x 512 over 1024", true, false, 512, 512, 1024, 1.f},
 };
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 [[noreturn]] void usage(int code) {
   std::fprintf(code ? stderr : stdout,
@@ -128,17 +123,17 @@ int main(int argc, char** argv) {
     };
     // Calls per sample: enough for min_sample_ms, from a timed warm-up.
     for (int w = 0; w < 3; ++w) { one(); ours(); }
-    double t0 = seconds_now();
+    double t0 = xd::steady_seconds();
     one();
-    const double single = std::max(1e-7, seconds_now() - t0);
+    const double single = std::max(1e-7, xd::steady_seconds() - t0);
     const int calls = std::max(1, static_cast<int>(min_sample_ms * 1e-3 / single));
     std::vector<double> t_one, t_ours;
     for (int r = 0; r < reps; ++r) {
       for (int side = 0; side < 2; ++side) {
         const bool ours_now = (side == 0) == (r % 2 == 0);
-        double start = seconds_now();
+        double start = xd::steady_seconds();
         for (int i = 0; i < calls; ++i) ours_now ? ours() : one();
-        (ours_now ? t_ours : t_one).push_back((seconds_now() - start) / calls);
+        (ours_now ? t_ours : t_one).push_back((xd::steady_seconds() - start) / calls);
       }
     }
     const double flops = 2.0 * s.m * s.n * s.k;

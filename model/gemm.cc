@@ -2,27 +2,123 @@
 
 #include <cblas.h>
 
-#include "model/detail/gemm_pieces.h"
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 namespace xd {
 
-template <>
-void gemm<float>(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-                 const float* b, int ldb, float beta, float* c, int ldc) {
-  if (m == 0 || n == 0) return;
-  if (detail::thin_products_in_pieces()) {
-    detail::sgemm_in_pieces(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
+namespace {
+
+void sgemm_call(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
               n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-bool gemm_uses_pieces() { return detail::thin_products_in_pieces(); }
+// OpenBLAS multiplies a product of at most 100^3 multiply-adds with its
+// small-matrix kernels, which read the operands in place, and a larger one by
+// packing both operands into panels first. The model's products are thin
+// (64- to 128-wide weights against a few thousand rows), so the packing is a
+// large share of their time. With op(B) untransposed, cutting such a product
+// into pieces under that size runs 5-50% faster on one core, as long as each
+// piece keeps 30 or more rows and B is at most 256 wide; with op(B) transposed
+// the small kernel is slower than packing, but B is one weight matrix against
+// many rows: transposing it first and taking the untransposed path gains
+// 5-30% when B is at most 128 wide. Wider or deeper products lose, so they go
+// whole (bench/gemm_pieces_bench.cc measures each case against one call).
+// Only the AVX-512 cores have the small-matrix kernels; on the others a piece
+// is packed like a whole product and the pieces lose up to 29% (OpenBLAS's
+// Haswell kernels on an AMD Zen 4 core), hence gemm_uses_pieces().
+constexpr long kSmallProduct = 1000000;
+constexpr long kMaxPieceOperand = 32768;  // n * k (row pieces) or m * n (sum pieces)
+constexpr int kMaxWidthForRowPieces = 256;
+constexpr int kMaxWidthToTranspose = 128;
+constexpr int kMinRowsToTranspose = 32;
+
+int piece_count(long whole, long per_unit) {
+  long units = std::max(1L, kSmallProduct / std::max(1L, per_unit));
+  return static_cast<int>((whole + units - 1) / units);
+}
+
+bool decide_pieces() {
+  if (const char* forced = std::getenv("XDMOE_GEMM_PIECES")) {
+    if (std::string(forced) == "0") return false;
+    if (std::string(forced) == "1") return true;
+  }
+  const char* name = openblas_get_corename();
+  std::string core = name ? name : "";
+  for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+}
+
+}  // namespace
+
+bool gemm_uses_pieces() {
+  static const bool pieces = decide_pieces();
+  return pieces;
+}
 
 void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                     const float* b, int ldb, float beta, float* c, int ldc) {
-  detail::sgemm_in_pieces(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (m == 0 || n == 0) return;
+  const long product = static_cast<long>(m) * n * k;
+  const long b_elements = static_cast<long>(n) * k;
+  const bool rows_fit = n <= kMaxWidthForRowPieces && b_elements <= kMaxPieceOperand;
+  if (product <= kSmallProduct || (ta && tb)) {
+    sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (tb) {
+    if (!rows_fit || n > kMaxWidthToTranspose || m < kMinRowsToTranspose) {
+      sgemm_call(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // B is (n, k); op(B) = B^T is (k, n), written out row-major.
+    thread_local std::vector<float> transposed;
+    if (static_cast<long>(transposed.size()) < b_elements) transposed.resize(b_elements);
+    float* bt = transposed.data();
+    for (int j = 0; j < n; ++j) {
+      const float* row = b + static_cast<long>(j) * ldb;
+      for (int p = 0; p < k; ++p) bt[static_cast<long>(p) * n + j] = row[p];
+    }
+    gemm_in_pieces(false, false, m, n, k, alpha, a, lda, bt, n, beta, c, ldc);
+  } else if (!ta) {
+    if (!rows_fit) {
+      sgemm_call(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // Rows of C are independent: split them evenly, each piece its own product.
+    const int pieces = piece_count(m, b_elements);
+    const int rows = (m + pieces - 1) / pieces;
+    for (int i = 0; i < m; i += rows)
+      sgemm_call(false, false, std::min(rows, m - i), n, k, alpha, a + static_cast<long>(i) * lda,
+                 lda, b, ldb, beta, c + static_cast<long>(i) * ldc, ldc);
+  } else {
+    const long c_elements = static_cast<long>(m) * n;
+    if (c_elements > kMaxPieceOperand) {
+      sgemm_call(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // C = A^T B sums over the rows of A and B (a weight gradient over tokens):
+    // split that sum, the first piece scaling C by beta and the rest adding on.
+    const int pieces = piece_count(k, c_elements);
+    const int span = (k + pieces - 1) / pieces;
+    for (int p = 0; p < k; p += span)
+      sgemm_call(true, false, m, n, std::min(span, k - p), alpha, a + static_cast<long>(p) * lda,
+                 lda, b + static_cast<long>(p) * ldb, ldb, p == 0 ? beta : 1.0f, c, ldc);
+  }
+}
+
+template <>
+void gemm<float>(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc) {
+  if (gemm_uses_pieces()) {
+    gemm_in_pieces(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>

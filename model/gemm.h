@@ -1,8 +1,10 @@
 // gemm: C = alpha * op(A) * op(B) + beta * C on row-major matrices, through
 // OpenBLAS (sgemm/dgemm); where OpenBLAS has small-matrix kernels, the float
-// path cuts thin products into pieces for them (model/detail/gemm_pieces.h).
+// path cuts thin products into pieces for them (gemm_in_pieces below).
 // gemm_reference is the naive triple loop the tests compare the fast path
-// against. Both are thread-safe.
+// against. All are thread-safe: the only state is the choice of pieces, made
+// once, and a per-thread buffer of at most 32768 floats for a thin op(B)
+// transposed.
 #pragma once
 
 namespace xd {

@@ -46,7 +46,7 @@ TEST(Gemm, BlasMatchesTheNaiveReferenceForEveryTransposeCombination) {
 
 // Thin products above OpenBLAS's small-matrix size are cut into row pieces,
 // summed in pieces over k, or multiplied with op(B) transposed first
-// (gemm_in_pieces, model/detail/gemm_pieces.cc);
+// (gemm_in_pieces, model/gemm.cc);
 // uneven last pieces, padded leading dimensions and beta must all survive that.
 TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
   struct Case { bool ta, tb; int m, n, k; };
