@@ -23,17 +23,20 @@ void sgemm_call(bool ta, bool tb, int m, int n, int k, float alpha, const float*
 // packing both operands into panels first. The model's products are thin
 // (64- to 128-wide weights against a few thousand rows), so the packing is a
 // large share of their time. With op(B) untransposed, cutting such a product
-// into pieces under that size runs 5-50% faster on one core, as long as each
-// piece keeps 30 or more rows and B is at most 256 wide; with op(B) transposed
-// the small kernel is slower than packing, but B is one weight matrix against
-// many rows: transposing it first and taking the untransposed path gains
-// 5-30% when B is at most 128 wide. Wider or deeper products lose, so they go
-// whole (bench/gemm_pieces_bench.cc measures each case against one call).
+// into row pieces under that size runs 15-25% faster on one core when B has
+// at most 8192 entries (a 64 x 64 or 64 x 128 weight); from 128 x 128 on the
+// pieces lose 2-9%. With op(B) transposed the small kernel is slower than
+// packing, but B is one weight matrix against many rows: transposing it
+// first and taking the row pieces gains as much, under the same limit. A
+// weight gradient (A^T B, a sum over rows) gains 5-45% in pieces up to a
+// 256 x 128 C. Wider or deeper products go whole (bench/gemm_pieces_bench.cc
+// measures each case against one call).
 // Only the AVX-512 cores have the small-matrix kernels; on the others a piece
 // is packed like a whole product and the pieces lose up to 29% (OpenBLAS's
 // Haswell kernels on an AMD Zen 4 core), hence gemm_uses_pieces().
 constexpr long kSmallProduct = 1000000;
-constexpr long kMaxPieceOperand = 32768;  // n * k (row pieces) or m * n (sum pieces)
+constexpr long kMaxRowPieceOperand = 8192;   // n * k, op(B)'s entries, for row pieces
+constexpr long kMaxSumPieceOperand = 32768;  // m * n, C's entries, for sum pieces
 constexpr int kMaxWidthForRowPieces = 256;
 constexpr int kMaxWidthToTranspose = 128;
 constexpr int kMinRowsToTranspose = 32;
@@ -66,7 +69,7 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
   if (m == 0 || n == 0) return;
   const long product = static_cast<long>(m) * n * k;
   const long b_elements = static_cast<long>(n) * k;
-  const bool rows_fit = n <= kMaxWidthForRowPieces && b_elements <= kMaxPieceOperand;
+  const bool rows_fit = n <= kMaxWidthForRowPieces && b_elements <= kMaxRowPieceOperand;
   if (product <= kSmallProduct || (ta && tb)) {
     sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else if (tb) {
@@ -96,7 +99,7 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
                  lda, b, ldb, beta, c + static_cast<long>(i) * ldc, ldc);
   } else {
     const long c_elements = static_cast<long>(m) * n;
-    if (c_elements > kMaxPieceOperand) {
+    if (c_elements > kMaxSumPieceOperand) {
       sgemm_call(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }

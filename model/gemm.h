@@ -3,7 +3,7 @@
 // path cuts thin products into pieces for them (gemm_in_pieces below).
 // gemm_reference is the naive triple loop the tests compare the fast path
 // against. All are thread-safe: the only state is the choice of pieces, made
-// once, and a per-thread buffer of at most 32768 floats for a thin op(B)
+// once, and a per-thread buffer of at most 8192 floats for a thin op(B)
 // transposed.
 #pragma once
 

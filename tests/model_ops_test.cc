@@ -56,6 +56,8 @@ TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
       {true, false, 64, 48, 1501},    // the sum over k in pieces
       {false, true, 31, 128, 256},    // too few rows to transpose: one call
       {false, false, 300, 512, 64},   // too wide for pieces: one call
+      {false, false, 300, 128, 128},  // B too large for row pieces: one call
+      {false, true, 300, 128, 128},   // the same transposed: one call
       {true, false, 200, 200, 64},    // C too large for sum pieces: one call
   };
   for (const Case& t : cases)
