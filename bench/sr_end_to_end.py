@@ -20,12 +20,15 @@ usage: python3 bench/sr_end_to_end.py [--xdmoe build/xdmoe] [--steps 8]
            [--table5-point] [--separate-encode] [--sign] [--density D]
            [--expert-gather SPEC] [--grad-density D] [--expert-grad SPEC] [--base-every N] [--base-codec sign]
            [--dense-grad bf16] [--dc-bandwidth 50mbit] [--dc-latency 10ms]
-           [--farskip] [--out bench/results]
+           [--farskip] [--rounds N] [--out bench/results]
 --table5-point adds the largest point of bench/hybrid_ep_table5.py (4x2,
 2048 tokens per worker, ff 64) to compare HybridEP + SR with EP there.
 Writes <out>/sr_end_to_end.csv, .txt and .png (gnuplot). Step times are the
 median of the steps after two warm-up steps; each row also gives the bound
 (max(compute, busiest link's transmit time)), step / bound and overlap.
+With --rounds N the three variants run N times, alternating round by round;
+the table gives each variant's median over the rounds and the SR/EP ratio of
+every round (the CSV keeps every run, with its round).
 """
 import argparse
 import json
@@ -78,9 +81,18 @@ def median(v):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def run(args, name, layout, ff, batch, mode, codecs):
+def over_rounds(rows):
+    """One variant at one point over the rounds: its median step, and that step over the median bound."""
+    out = dict(rows[0])
+    out["median_step_s"] = median([r["median_step_s"] for r in rows])
+    bound = median([r["bound_s"] for r in rows])
+    out["step_over_bound"] = out["median_step_s"] / bound if bound > 0 else 0.0
+    return out
+
+
+def run(args, name, layout, ff, batch, mode, codecs, round_no):
     dcs, per_dc = (int(x) for x in layout.split("x"))
-    work = os.path.join(args.work, f"{layout}_ff{ff}_b{batch}_{name}")
+    work = os.path.join(args.work, f"{layout}_ff{ff}_b{batch}_{name}" + (f"_round{round_no}" if args.rounds > 1 else ""))
     os.makedirs(work, exist_ok=True)
     cfg = os.path.join(work, "job.yaml")
     with open(cfg, "w") as f:
@@ -99,7 +111,7 @@ def run(args, name, layout, ff, batch, mode, codecs):
     steps = s["step_times_s"][2:] or s["step_times_s"]
     b = s["bytes_per_step"]
     row = {
-        "layout": layout, "ff": ff, "expert_KB": 3 * 64 * ff * 4 / 1e3, "tokens_per_worker": batch * 64,
+        "round": round_no, "layout": layout, "ff": ff, "expert_KB": 3 * 64 * ff * 4 / 1e3, "tokens_per_worker": batch * 64,
         "variant": name, "domains": "x".join(str(d) for d in s.get("domain_sizes", [])),
         "median_step_s": median(steps), "bound_s": s["bound_s"],
         "step_over_bound": median(steps) / s["bound_s"] if s["bound_s"] > 0 else 0.0,
@@ -108,7 +120,7 @@ def run(args, name, layout, ff, batch, mode, codecs):
         "dc_expert_MB": (b.get("dc/expert_gather", 0.0) + b.get("dc/expert_grad", 0.0)) / 1e6,
         "final_loss": s["final_loss"],
     }
-    print(f"{layout} ff {ff:4d} {name:12s} domains {row['domains']:5s} step {row['median_step_s']*1e3:8.1f} ms "
+    print(f"{'round ' + str(round_no) + ' ' if args.rounds > 1 else ''}{layout} ff {ff:4d} {name:12s} domains {row['domains']:5s} step {row['median_step_s']*1e3:8.1f} ms "
           f"(bound {row['bound_s']*1e3:.1f}, step/bound {row['step_over_bound']:.2f}, overlap {row['overlap_percent']:.0f}%) "
           f"dc {row['dc_MB_per_step']:.2f} MB/step, loss {row['final_loss']:.4f}", flush=True)
     return row
@@ -145,9 +157,15 @@ def main():
     ap.add_argument("--farskip", action="store_true",
                     help="every variant runs FarSkip connectivity, overlapped (farskip: {enabled: true}): "
                          "the same model for all three, communication hidden where it can be")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the three variants this many times, alternating them round by round, and report "
+                         "each variant's median over the rounds and the SR/EP ratio of every round: on a shared "
+                         "machine whose speed drifts, one round's ratio can follow the drift")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--work", default="runs/sr_end_to_end")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     density = a.density or ("0.1" if a.sign else "0.04")
     values = "topk_sign" if a.sign else "topk"
     gather = a.expert_gather or f"sr:ef:{values}:{density}+zstd:1"
@@ -161,8 +179,9 @@ def main():
         points.append(("4x2", 64, 32))
     rows = []
     for layout, ff, batch in points:
-        for name, mode, codecs in variants:
-            rows.append(run(a, name, layout, ff, batch, mode, codecs))
+        for round_no in range(1, a.rounds + 1):
+            for name, mode, codecs in variants:
+                rows.append(run(a, name, layout, ff, batch, mode, codecs, round_no))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "sr_end_to_end.csv"), "w") as f:
         keys = list(rows[0].keys())
@@ -174,13 +193,18 @@ def main():
     dat = os.path.join(a.out, "sr_end_to_end.dat")
     with open(dat, "w") as f:
         for layout, ff, batch in points:
-            sel = {r["variant"]: r for r in rows if r["layout"] == layout and r["ff"] == ff and r["tokens_per_worker"] == batch * 64}
-            ep, hy, srr = sel["ep"], sel["hybrid"], sel["hybrid+sr"]
+            at_point = [r for r in rows if r["layout"] == layout and r["ff"] == ff and r["tokens_per_worker"] == batch * 64]
+            ep, hy, srr = (over_rounds([r for r in at_point if r["variant"] == v]) for v in ("ep", "hybrid", "hybrid+sr"))
             lines.append(f"{layout:6s} {ep['expert_KB']:6.0f}KB {batch*64:6d} {ep['median_step_s']*1e3:8.1f} "
                          f"{hy['median_step_s']*1e3:8.1f} {srr['median_step_s']*1e3:9.1f} {hy['domains']:>4s} {srr['domains']:>6s} "
                          f"{ep['median_step_s']/srr['median_step_s']:5.2f}x {hy['median_step_s']/srr['median_step_s']:5.2f}x "
                          f"{ep['dc_MB_per_step']:5.2f}/{hy['dc_MB_per_step']:5.2f}/{srr['dc_MB_per_step']:5.2f} "
                          f"{ep['step_over_bound']:6.2f}/{hy['step_over_bound']:5.2f}/{srr['step_over_bound']:5.2f}")
+            if a.rounds > 1:
+                by_round = {(r["round"], r["variant"]): r["median_step_s"] for r in at_point}
+                ratios = [by_round[(k, "ep")] / by_round[(k, "hybrid+sr")] for k in range(1, a.rounds + 1)]
+                lines.append(f"{'':6s} SR/EP by round: " + ", ".join(f"{x:.2f}x" for x in ratios) +
+                             f" (median {median(ratios):.2f}x)")
             if batch == a.batch:
                 f.write(f"{layout} {ep['expert_KB']} {ep['median_step_s']*1e3} {hy['median_step_s']*1e3} {srr['median_step_s']*1e3}\n")
     text = "\n".join(lines)
