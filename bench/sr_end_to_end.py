@@ -92,7 +92,8 @@ def over_rounds(rows):
 
 def run(args, name, layout, ff, batch, mode, codecs, round_no):
     dcs, per_dc = (int(x) for x in layout.split("x"))
-    work = os.path.join(args.work, f"{layout}_ff{ff}_b{batch}_{name}" + (f"_round{round_no}" if args.rounds > 1 else ""))
+    suffix = f"_round{round_no}" if args.rounds > 1 else ""
+    work = os.path.join(args.work, f"{layout}_ff{ff}_b{batch}_{name}{suffix}")
     os.makedirs(work, exist_ok=True)
     cfg = os.path.join(work, "job.yaml")
     with open(cfg, "w") as f:
@@ -111,7 +112,8 @@ def run(args, name, layout, ff, batch, mode, codecs, round_no):
     steps = s["step_times_s"][2:] or s["step_times_s"]
     b = s["bytes_per_step"]
     row = {
-        "round": round_no, "layout": layout, "ff": ff, "expert_KB": 3 * 64 * ff * 4 / 1e3, "tokens_per_worker": batch * 64,
+        "round": round_no, "layout": layout, "ff": ff, "expert_KB": 3 * 64 * ff * 4 / 1e3,
+        "tokens_per_worker": batch * 64,
         "variant": name, "domains": "x".join(str(d) for d in s.get("domain_sizes", [])),
         "median_step_s": median(steps), "bound_s": s["bound_s"],
         "step_over_bound": median(steps) / s["bound_s"] if s["bound_s"] > 0 else 0.0,
@@ -120,7 +122,8 @@ def run(args, name, layout, ff, batch, mode, codecs, round_no):
         "dc_expert_MB": (b.get("dc/expert_gather", 0.0) + b.get("dc/expert_grad", 0.0)) / 1e6,
         "final_loss": s["final_loss"],
     }
-    print(f"{'round ' + str(round_no) + ' ' if args.rounds > 1 else ''}{layout} ff {ff:4d} {name:12s} domains {row['domains']:5s} step {row['median_step_s']*1e3:8.1f} ms "
+    prefix = f"round {round_no} " if args.rounds > 1 else ""
+    print(f"{prefix}{layout} ff {ff:4d} {name:12s} domains {row['domains']:5s} step {row['median_step_s']*1e3:8.1f} ms "
           f"(bound {row['bound_s']*1e3:.1f}, step/bound {row['step_over_bound']:.2f}, overlap {row['overlap_percent']:.0f}%) "
           f"dc {row['dc_MB_per_step']:.2f} MB/step, loss {row['final_loss']:.4f}", flush=True)
     return row
