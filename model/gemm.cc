@@ -23,9 +23,9 @@ void sgemm_call(bool ta, bool tb, int m, int n, int k, float alpha, const float*
 // packing both operands into panels first. The model's products are thin
 // (64- to 128-wide weights against a few thousand rows), so the packing is a
 // large share of their time. With op(B) untransposed, cutting such a product
-// into row pieces under that size runs 15-25% faster on one core when B has
+// into row pieces under that size runs 14-25% faster on one core when B has
 // at most 8192 entries (a 64 x 64 or 64 x 128 weight); from 128 x 128 on the
-// pieces lose 2-9%. With op(B) transposed the small kernel is slower than
+// pieces mostly lose, by up to 9%. With op(B) transposed the small kernel is slower than
 // packing, but B is one weight matrix against many rows: transposing it
 // first and taking the row pieces gains as much, under the same limit. A
 // weight gradient (A^T B, a sum over rows) gains 5-45% in pieces up to a
@@ -39,7 +39,6 @@ constexpr long kMaxRowPieceOperand = 8192;   // n * k, op(B)'s entries, for row 
 constexpr long kMaxSumPieceOperand = 32768;  // m * n, C's entries, for sum pieces
 constexpr int kMaxWidthForRowPieces = 256;
 constexpr int kMaxWidthToTranspose = 128;
-constexpr int kMinRowsToTranspose = 32;
 
 int piece_count(long whole, long per_unit) {
   long units = std::max(1L, kSmallProduct / std::max(1L, per_unit));
@@ -73,7 +72,7 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
   if (product <= kSmallProduct || (ta && tb)) {
     sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else if (tb) {
-    if (!rows_fit || n > kMaxWidthToTranspose || m < kMinRowsToTranspose) {
+    if (!rows_fit || n > kMaxWidthToTranspose) {
       sgemm_call(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }

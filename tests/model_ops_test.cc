@@ -54,7 +54,7 @@ TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
       {false, false, 1037, 64, 64},   // row pieces, the last one shorter
       {false, true, 1037, 64, 64},    // op(B) transposed first, then row pieces
       {true, false, 64, 48, 1501},    // the sum over k in pieces
-      {false, true, 31, 128, 256},    // too few rows to transpose: one call
+      {false, true, 300, 256, 32},    // op(B) too wide to transpose: one call
       {false, false, 300, 512, 64},   // too wide for pieces: one call
       {false, false, 300, 128, 128},  // B too large for row pieces: one call
       {false, true, 300, 128, 128},   // the same transposed: one call
