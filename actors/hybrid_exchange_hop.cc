@@ -91,7 +91,7 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     if (codec && !codec->is_raw()) {
       auto encoded = std::make_shared<EncodedTensor>();
       const double t0 = steady_seconds();
-      Status st = codec->encode(&staged[(size_t)out_off[i] * width], {rows, (uint64_t)width}, encoded.get());
+      Status st = codec->encode(staged.data() + (size_t)out_off[i] * width, {rows, (uint64_t)width}, encoded.get());
       add_codec_seconds(steady_seconds() - t0);
       if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
       frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
@@ -206,8 +206,8 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     const float* rows;
     const int32_t* row_ids;
     if (i == me) {
-      rows = &staged[(size_t)out_off[i] * width];
-      row_ids = ids ? &staged_ids[out_off[i]] : nullptr;
+      rows = staged.data() + (size_t)out_off[i] * width;
+      row_ids = ids ? staged_ids.data() + out_off[i] : nullptr;
     } else {
       const size_t frame = ids ? 1 : 0;
       rows = decoded[i].empty() ? static_cast<const float*>(received[i].tensor_data(frame)) : decoded[i].data();

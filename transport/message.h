@@ -43,8 +43,10 @@ struct OutFrame {
 };
 
 // A received message: the validated header, the msgpack metadata and the
-// tensor frames, which stay in ZeroMQ's buffers (no copy on receipt).
-// Move-only.
+// tensor frames, which stay in ZeroMQ's buffers (no copy on receipt, but for
+// a frame ZeroMQ left at an address not 8-byte aligned: that one is copied,
+// so every tensor frame can be read as an array of float, int32_t or double
+// in place). Move-only.
 class IncomingMessage {
  public:
   IncomingMessage();
