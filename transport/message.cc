@@ -1,14 +1,40 @@
 #include "transport/message.h"
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
+#include "common/check.h"
 #include "transport/detail/received_frames.h"
 
 namespace xd {
 
 IncomingMessage::IncomingMessage() = default;
+namespace {
+
+// ZeroMQ keeps a message that arrived in one read with others inside its
+// receive buffer, starting at whatever byte it starts. Such a tensor frame is
+// copied once into memory of its own, so that every tensor frame reads as an
+// array of float, int32_t or double in place.
+constexpr size_t kTensorFrameAlignment = 8;
+
+void align_tensor_frames(std::vector<zmq::message_t>* frames) {
+  for (size_t i = 1; i < frames->size(); ++i) {  // frame 0 is the metadata, read as bytes
+    zmq::message_t& f = (*frames)[i];
+    if (f.size() == 0 || reinterpret_cast<uintptr_t>(f.data()) % kTensorFrameAlignment == 0) continue;
+    void* copy = std::malloc(f.size());  // aligned for every scalar type
+    XD_CHECK_MSG(copy != nullptr, "out of memory copying a received frame");
+    std::memcpy(copy, f.data(), f.size());
+    f = zmq::message_t(copy, f.size(), [](void* data, void*) { std::free(data); }, nullptr);
+  }
+}
+
+}  // namespace
+
 IncomingMessage::IncomingMessage(FrameHeader header, std::unique_ptr<detail::ReceivedFrames> frames)
-    : header_(header), frames_(std::move(frames)) {}
+    : header_(header), frames_(std::move(frames)) {
+  if (frames_) align_tensor_frames(&frames_->frames);
+}
 IncomingMessage::IncomingMessage(IncomingMessage&&) noexcept = default;
 IncomingMessage& IncomingMessage::operator=(IncomingMessage&&) noexcept = default;
 IncomingMessage::~IncomingMessage() = default;

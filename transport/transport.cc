@@ -561,7 +561,6 @@ void Transport::Impl::process(std::vector<zmq::message_t> frames) {
     link.bytes_received += payload;
     recv_bytes_kind[(int)h.kind] += payload;
     recv_msgs_kind[(int)h.kind]++;
-    detail::align_tensor_frames(&frames, 3);
     frames.erase(frames.begin(), frames.begin() + 2);
     deliver(IncomingMessage(h, std::make_unique<detail::ReceivedFrames>(detail::ReceivedFrames{std::move(frames)})));
   }
@@ -640,7 +639,6 @@ std::shared_ptr<Completion> Transport::send(int dst, const Tag& tag, std::vector
     std::vector<zmq::message_t> parts;
     parts.emplace_back(meta.data(), meta.size());
     for (const OutFrame& f : frames) parts.emplace_back(f.data, f.size);
-    detail::align_tensor_frames(&parts, 1);
     impl_->deliver(IncomingMessage(h, std::make_unique<detail::ReceivedFrames>(detail::ReceivedFrames{std::move(parts)})));
     auto c = std::make_shared<Completion>(1);
     c->finish_one();
