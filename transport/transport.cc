@@ -258,7 +258,7 @@ void Transport::Impl::run() {
     polled_links.clear();
     items.push_back({nullptr, mailbox.notify_fd(), ZMQ_POLLIN, 0});
     items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
-    const bool accept_more = unexpected_bytes <= options.recv_queue_bytes;
+    const bool accept_more = unexpected_bytes.load(std::memory_order_relaxed) <= options.recv_queue_bytes;
     if (accept_more) items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     for (auto& l : links) {
       if (l && l->blocked) {

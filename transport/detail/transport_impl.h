@@ -96,7 +96,9 @@ class Transport::Impl {
   std::mutex match_mu;
   std::map<MatchKey, std::deque<std::shared_ptr<RecvSlot>>> posted;
   std::map<MatchKey, std::deque<IncomingMessage>> unexpected;
-  size_t unexpected_bytes = 0;
+  // Changed under match_mu; read without it by the transport thread, which
+  // only decides from it whether to poll the router this round.
+  std::atomic<size_t> unexpected_bytes{0};
   Status cancelled;  // guarded by match_mu
   std::vector<std::weak_ptr<Completion>> live_sends;  // guarded by match_mu
 
