@@ -85,6 +85,9 @@ TEST_F(Cli, PlanSaysWhichLinkClassRelaysTheExpertsThatCrossedACompressedOne) {
 // The step probe times the model in three windows, and the compute model
 // takes the median one's figure; the codecs' CPU share of the cores is said.
 TEST_F(Cli, PlanTakesTheMedianOfTheStepProbesWindows) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under ThreadSanitizer one probe window outlasts the start-up's budget, so the planner takes one";
+#endif
   auto [code, out] =
       run("(" + bin + " plan --farskip --sr-codecs --mode hybrid --domains 2,2 --no-probe --json 2>/dev/null)");
   ASSERT_EQ(code, 0) << out;

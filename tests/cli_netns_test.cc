@@ -50,6 +50,9 @@ double goodput(const std::string& dir, double megabytes, std::string* log) {
 }
 
 TEST(NetnsCluster, InterDcGoodputMatchesTheTbfRateAndThrottleChangesItUnderARunningJob) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under ThreadSanitizer the sending workers are too slow to fill a 50 Mbit/s link";
+#endif
   if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root; this test is skipped";
   auto [up, up_out] = run("XDMOE_NETNS_STATE=/tmp/xdmoe-netns-test bash " + kScript +
                           " up --dcs 2 --workers-per-dc 2 --inter-dc-rate 50mbit");

@@ -299,6 +299,8 @@ TEST(Transport, ValidMsgpackMetadataIsAccepted) {
 TEST(Transport, ABoundedSendQueueKeepsSenderMemoryFlatOnASlowLink) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer holds freed memory in quarantine, so RSS does not show the send queue here";
+#elif defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer keeps shadow memory for every byte touched, so RSS does not show the send queue here";
 #endif
   TransportOptions o;
   o.send_queue_bytes = size_t(8) << 20;
