@@ -8,8 +8,6 @@
 #include "transport/detail/received_frames.h"
 
 namespace xd {
-
-IncomingMessage::IncomingMessage() = default;
 namespace {
 
 // ZeroMQ keeps a message that arrived in one read with others inside its
@@ -31,6 +29,7 @@ void align_tensor_frames(std::vector<zmq::message_t>* frames) {
 
 }  // namespace
 
+IncomingMessage::IncomingMessage() = default;
 IncomingMessage::IncomingMessage(FrameHeader header, std::unique_ptr<detail::ReceivedFrames> frames)
     : header_(header), frames_(std::move(frames)) {
   if (frames_) align_tensor_frames(&frames_->frames);
