@@ -409,6 +409,8 @@ Expected<StepMetrics> DistributedTrainer::step() {
   phases.optimizer_s = optimizer_s;
   phases.backward_link_s = bwd_busy;
   m.phase_floor_s = phase_floor_seconds(phases);
+  m.fwd_compute_s = phases.forward_compute_s;
+  m.bwd_compute_s = phases.backward_compute_s;
   last_optimizer_s_ = optimizer_s;
   m.predicted_step_s = opts_.predicted_step_s;
   m.peak_rss_bytes = peak_rss_bytes();

@@ -291,8 +291,10 @@ int run_metrics(const MonitorFlags& f) {
                 num(l, "overlap_percent", "%.0f").c_str());
     for (const char* d : {"fwd", "bwd"}) {
       const std::string p = d;
-      std::printf("  %s comm %s ms, exposed %s ms, overlap %s%% (the slowest worker's: exposed %s ms, overlap %s%%)\n",
-                  p == "fwd" ? "forward: " : "backward:", num(l, (p + "_comm_s").c_str(), "%.1f", 1e3).c_str(),
+      std::printf("  %s compute %s ms, comm %s ms, exposed %s ms, overlap %s%% (the slowest worker's: exposed %s "
+                  "ms, overlap %s%%)\n",
+                  p == "fwd" ? "forward: " : "backward:", num(l, (p + "_compute_s").c_str(), "%.1f", 1e3).c_str(),
+                  num(l, (p + "_comm_s").c_str(), "%.1f", 1e3).c_str(),
                   num(l, (p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),
                   num(l, (p + "_overlap_percent").c_str(), "%.0f").c_str(),
                   num(l, ("critical_" + p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),

@@ -166,6 +166,7 @@ json to_json(const StepMetrics& m) {
           {"link_busy_s", m.link_busy_s},   {"phase_floor_s", m.phase_floor_s},
           {"fwd_comm_s", m.fwd_comm_s},   {"fwd_exposed_s", m.fwd_exposed_s},
           {"bwd_comm_s", m.bwd_comm_s},   {"bwd_exposed_s", m.bwd_exposed_s},
+          {"fwd_compute_s", m.fwd_compute_s}, {"bwd_compute_s", m.bwd_compute_s},
           {"codec_s", m.codec_s},
           {"cpu_s", m.cpu_s},         {"cpus", m.cpus},   {"machine", m.machine},
           {"predicted_step_s", m.predicted_step_s},
@@ -196,6 +197,8 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("fwd_exposed_s", &m.fwd_exposed_s);
     f.get("bwd_comm_s", &m.bwd_comm_s);
     f.get("bwd_exposed_s", &m.bwd_exposed_s);
+    f.get("fwd_compute_s", &m.fwd_compute_s);
+    f.get("bwd_compute_s", &m.bwd_compute_s);
     f.get("codec_s", &m.codec_s);
     f.get("cpu_s", &m.cpu_s);
     f.get("cpus", &m.cpus);

@@ -43,8 +43,9 @@ namespace xd {
 // 8: the assigned expert_parallel and plan updates carry the backward's
 // pipeline degree. 9: the assigned expert_parallel and plan updates carry
 // when the replicas' weight gradients are computed. 10: metrics carry the
-// compute thread's waits by what it waited for.
-inline constexpr int kProtocolVersion = 10;
+// compute thread's waits by what it waited for. 11: metrics carry each
+// direction's compute.
+inline constexpr int kProtocolVersion = 11;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -120,6 +121,10 @@ struct StepMetrics {
   // communication; overlap = 1 - exposed / comm. Forward covers the forward
   // pass; backward the rest of the step (backward, all-reduce, optimizer).
   double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
+  // Per direction: the compute of that pass, less its waits (the two sum to
+  // compute_s). Beside fwd_comm_s / bwd_comm_s they say which phase its link
+  // bounds and which its compute (the phase floor's two halves).
+  double fwd_compute_s = 0, bwd_compute_s = 0;
   // The busiest shaped link class's transmit time this step (bytes /
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is
   // max(compute_s, link_busy_s).

@@ -809,9 +809,11 @@ void Coordinator::Impl::write_summary() {
     j["mean_comm_s"] = mean.comm_s;
     j["mean_exposed_comm_s"] = mean.exposed_comm_s;
     j["overlap_percent"] = mean.overlap_percent();
+    j["mean_fwd_compute_s"] = mean.fwd_compute_s;
     j["mean_fwd_comm_s"] = mean.fwd_comm_s;
     j["mean_fwd_exposed_s"] = mean.fwd_exposed_s;
     j["fwd_overlap_percent"] = mean.fwd_overlap_percent();
+    j["mean_bwd_compute_s"] = mean.bwd_compute_s;
     j["mean_bwd_comm_s"] = mean.bwd_comm_s;
     j["mean_bwd_exposed_s"] = mean.bwd_exposed_s;
     j["bwd_overlap_percent"] = mean.bwd_overlap_percent();
@@ -865,14 +867,14 @@ void Coordinator::Impl::write_summary() {
     if (j.contains("predicted_with_measured_compute_s"))
       std::printf("  predicted with the measured compute: %.1f ms (measured %.1f ms)\n",
                   j["predicted_with_measured_compute_s"].get<double>() * 1e3, mean.step_s * 1e3);
-    std::printf("  forward:  comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: exposed %.1f ms, "
-                "overlap %.0f%%)\n",
-                mean.fwd_comm_s * 1e3, mean.fwd_exposed_s * 1e3, mean.fwd_overlap_percent(),
-                mean.critical_fwd_exposed_s * 1e3, mean.critical_fwd_overlap_percent());
-    std::printf("  backward: comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: exposed %.1f ms, "
-                "overlap %.0f%%)\n",
-                mean.bwd_comm_s * 1e3, mean.bwd_exposed_s * 1e3, mean.bwd_overlap_percent(),
-                mean.critical_bwd_exposed_s * 1e3, mean.critical_bwd_overlap_percent());
+    std::printf("  forward:  compute %.1f ms, comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: "
+                "exposed %.1f ms, overlap %.0f%%)\n",
+                mean.fwd_compute_s * 1e3, mean.fwd_comm_s * 1e3, mean.fwd_exposed_s * 1e3,
+                mean.fwd_overlap_percent(), mean.critical_fwd_exposed_s * 1e3, mean.critical_fwd_overlap_percent());
+    std::printf("  backward: compute %.1f ms, comm %.1f ms, exposed %.1f ms, overlap %.0f%% (the slowest worker's: "
+                "exposed %.1f ms, overlap %.0f%%)\n",
+                mean.bwd_compute_s * 1e3, mean.bwd_comm_s * 1e3, mean.bwd_exposed_s * 1e3,
+                mean.bwd_overlap_percent(), mean.critical_bwd_exposed_s * 1e3, mean.critical_bwd_overlap_percent());
     if (const std::string waits = waits_text(mean.critical_waits_s); !waits.empty())
       std::printf("  the slowest worker waited for (ms): %s\n", waits.c_str());
     std::printf("  compute spread %.1f ms: the slowest worker's compute minus the fastest's, which the others "

@@ -36,6 +36,8 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   s.fwd_exposed_s = std::max(s.fwd_exposed_s, m.fwd_exposed_s);
   s.bwd_comm_s = std::max(s.bwd_comm_s, m.bwd_comm_s);
   s.bwd_exposed_s = std::max(s.bwd_exposed_s, m.bwd_exposed_s);
+  s.fwd_compute_s = std::max(s.fwd_compute_s, m.fwd_compute_s);
+  s.bwd_compute_s = std::max(s.bwd_compute_s, m.bwd_compute_s);
   s.codec_s = std::max(s.codec_s, m.codec_s);
   if (!m.cpus.empty()) {
     auto& [cpu, cpus] = pending_host_cpu_[m.step][m.machine.empty() ? host : m.machine];
@@ -131,6 +133,8 @@ StepSummary JobMetrics::mean(int skip) const {
     out.fwd_exposed_s += s.fwd_exposed_s;
     out.bwd_comm_s += s.bwd_comm_s;
     out.bwd_exposed_s += s.bwd_exposed_s;
+    out.fwd_compute_s += s.fwd_compute_s;
+    out.bwd_compute_s += s.bwd_compute_s;
     out.critical_fwd_exposed_s += s.critical_fwd_exposed_s;
     out.critical_bwd_exposed_s += s.critical_bwd_exposed_s;
     for (const auto& [k, v] : s.critical_waits_s) out.critical_waits_s[k] += v;
@@ -162,6 +166,8 @@ StepSummary JobMetrics::mean(int skip) const {
   out.fwd_exposed_s /= n;
   out.bwd_comm_s /= n;
   out.bwd_exposed_s /= n;
+  out.fwd_compute_s /= n;
+  out.bwd_compute_s /= n;
   out.critical_fwd_exposed_s /= n;
   out.critical_bwd_exposed_s /= n;
   out.codec_s /= n;
@@ -189,9 +195,11 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"exposed_comm_s", s.exposed_comm_s},
           {"overlap_percent", s.overlap_percent()},
           {"link_busy_s", s.link_busy_s},
+          {"fwd_compute_s", s.fwd_compute_s},
           {"fwd_comm_s", s.fwd_comm_s},
           {"fwd_exposed_s", s.fwd_exposed_s},
           {"fwd_overlap_percent", s.fwd_overlap_percent()},
+          {"bwd_compute_s", s.bwd_compute_s},
           {"bwd_comm_s", s.bwd_comm_s},
           {"bwd_exposed_s", s.bwd_exposed_s},
           {"bwd_overlap_percent", s.bwd_overlap_percent()},
@@ -276,12 +284,12 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
     // Per direction: forward is the forward pass, backward the rest of the step.
-    struct Direction { const char* name; double values[5]; };
+    struct Direction { const char* name; double values[6]; };
     const Direction directions[] = {
         {"forward", {s->fwd_comm_s, s->fwd_exposed_s, s->fwd_overlap_percent(), s->critical_fwd_exposed_s,
-                     s->critical_fwd_overlap_percent()}},
+                     s->critical_fwd_overlap_percent(), s->fwd_compute_s}},
         {"backward", {s->bwd_comm_s, s->bwd_exposed_s, s->bwd_overlap_percent(), s->critical_bwd_exposed_s,
-                      s->critical_bwd_overlap_percent()}}};
+                      s->critical_bwd_overlap_percent(), s->bwd_compute_s}}};
     const Field per_direction[] = {
         {"direction_comm_seconds", "Busiest link class's transmit time while the pass ran (at least the exposed time).", 0},
         {"direction_exposed_comm_seconds", "Time compute waited for communication in the pass, most-waiting worker.", 0},
@@ -289,8 +297,11 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"direction_critical_exposed_comm_seconds",
          "Time the slowest worker's compute (the critical path) waited for communication in the pass.", 0},
         {"direction_critical_overlap_percent",
-         "1 - the slowest worker's exposed / total communication of the pass, in percent.", 0}};
-    for (int f = 0; f < 5; ++f) {
+         "1 - the slowest worker's exposed / total communication of the pass, in percent.", 0},
+        {"direction_compute_seconds",
+         "The pass's compute less its waits, slowest worker; beside direction_comm_seconds it says whether the "
+         "pass's link or its compute bounds it.", 0}};
+    for (int f = 0; f < 6; ++f) {
       gauge(per_direction[f].name, per_direction[f].help);
       for (const Direction& d : directions)
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "

@@ -33,6 +33,8 @@ struct StepSummary {
   double link_busy_s = 0;                      // max over workers
   // Per direction (StepMetrics): link busy time and compute's wait, max over workers.
   double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
+  // Per direction: the pass's compute less its waits, max over workers.
+  double fwd_compute_s = 0, bwd_compute_s = 0;
   // The same waits of the slowest worker (the one with the most compute), the
   // step's critical path: step = its compute + its waits. The other workers'
   // waits also hold the spread (waiting out its compute), which no schedule

@@ -212,12 +212,16 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
   m.bytes = {{"dc/moe_dispatch", 1e6}};
   m.gather_wait_s = {0.1, 0.2};
   m.phase_floor_s = 0.41;
+  m.fwd_compute_s = 0.12;
+  m.bwd_compute_s = 0.25;
   m.cpu_s = 0.73;
   m.cpus = {0, 1};
   m.machine = "boot-id";
   ASSERT_TRUE(from_json(to_json(m), &m2).is_ok());
   EXPECT_EQ(to_json(m2), to_json(m));
   EXPECT_EQ(m2.phase_floor_s, 0.41);
+  EXPECT_EQ(m2.fwd_compute_s, 0.12);
+  EXPECT_EQ(m2.bwd_compute_s, 0.25);
   EXPECT_EQ(m2.cpu_s, 0.73);
   EXPECT_EQ(m2.cpus, (std::vector<int>{0, 1}));
   EXPECT_EQ(m2.machine, "boot-id");
