@@ -231,6 +231,11 @@ def main():
                 "predicted_live_ms": round(j.get("mean_predicted_step_s", 0) * 1e3, 1),
                 "predicted_measured_compute_ms": round(j.get("predicted_with_measured_compute_s", 0) * 1e3, 1),
                 "final_loss": round(j["final_loss"], 4),
+                # Each phase's compute and its busiest link's transmit time.
+                "fwd_compute_ms": round(j.get("mean_fwd_compute_s", 0) * 1e3, 1),
+                "fwd_comm_ms": round(j.get("mean_fwd_comm_s", 0) * 1e3, 1),
+                "bwd_compute_ms": round(j.get("mean_bwd_compute_s", 0) * 1e3, 1),
+                "bwd_comm_ms": round(j.get("mean_bwd_comm_s", 0) * 1e3, 1),
             })
             waits = j.get("mean_critical_waits_s", {})
             for key, _ in WAITS:
@@ -260,10 +265,13 @@ def main():
                      f"{r['final_loss']:>7}")
     lines.append("")
     lines.append(f"{'setting':11} {'schedule':34} {'r':>2} " + " ".join(f"{short:>7}" for _, short in WAITS) +
-                 "   the slowest worker's waits (ms) by what for")
+                 f" {'fwd c/l':>13} {'bwd c/l':>13}   the slowest worker's waits (ms) by what for; each phase's "
+                 "compute / comm")
     for r in rows:
         lines.append(f"{r['setting']:11} {r['schedule']:34} {r['pipeline_degree']:>2} " +
-                     " ".join(f"{r['wait_' + key.replace('/', '_') + '_ms']:>7}" for key, _ in WAITS))
+                     " ".join(f"{r['wait_' + key.replace('/', '_') + '_ms']:>7}" for key, _ in WAITS) +
+                     f" {'%.1f/%.1f' % (r['fwd_compute_ms'], r['fwd_comm_ms']):>13}"
+                     f" {'%.1f/%.1f' % (r['bwd_compute_ms'], r['bwd_comm_ms']):>13}")
     lines.append("")
     for name in a.settings.split(","):
         ratio = [r for r in rows if r["setting"] == name][0]["link_over_compute"]
@@ -274,7 +282,9 @@ def main():
     lines.append("f:/b: forward/backward waits of the slowest worker: tok token exchanges, ag gathered experts, rep "
                  "replica gradients, dense the dense buckets after backward, norm the gradient norm's sum "
                  "(docs/overlap.md)")
-    lines.append("step/flr: step / phase floor, each phase's own max(compute, link) summed (docs/overlap.md)")
+    lines.append("step/flr: step / phase floor, each phase's own max(compute, link) summed (docs/overlap.md); "
+                 "fwd/bwd c/l: that phase's compute / its busiest link's transmit time (ms): the larger one "
+                 "bounds the phase")
     lines.append("step/cpu: step / CPU floor, the workers' CPU time (every thread) over this machine's cores: "
                  "1.00 kept every core busy with the job (docs/overlap.md)")
     lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "
