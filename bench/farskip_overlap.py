@@ -283,8 +283,8 @@ def main():
                  "replica gradients, dense the dense buckets after backward, norm the gradient norm's sum "
                  "(docs/overlap.md)")
     lines.append("step/flr: step / phase floor, each phase's own max(compute, link) summed (docs/overlap.md); "
-                 "fwd/bwd c/l: that phase's compute / its busiest link's transmit time (ms): the larger one "
-                 "bounds the phase")
+                 "fwd/bwd c/l: that phase's compute / its comm, the busiest link's transmit time (at least the "
+                 "exposed time), in ms: the larger one bounds the phase")
     lines.append("step/cpu: step / CPU floor, the workers' CPU time (every thread) over this machine's cores: "
                  "1.00 kept every core busy with the job (docs/overlap.md)")
     lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "

@@ -122,8 +122,9 @@ struct StepMetrics {
   // pass; backward the rest of the step (backward, all-reduce, optimizer).
   double fwd_comm_s = 0, fwd_exposed_s = 0, bwd_comm_s = 0, bwd_exposed_s = 0;
   // Per direction: the compute of that pass, less its waits (the two sum to
-  // compute_s). Beside fwd_comm_s / bwd_comm_s they say which phase its link
-  // bounds and which its compute (the phase floor's two halves).
+  // compute_s; backward holds this step's optimizer step). Beside
+  // fwd_comm_s / bwd_comm_s they say which phase its link bounds and which
+  // its compute.
   double fwd_compute_s = 0, bwd_compute_s = 0;
   // The busiest shaped link class's transmit time this step (bytes /
   // bandwidth; TransportStats::class_transmit_seconds); the step's bound is

@@ -299,8 +299,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"direction_critical_overlap_percent",
          "1 - the slowest worker's exposed / total communication of the pass, in percent.", 0},
         {"direction_compute_seconds",
-         "The pass's compute less its waits, slowest worker; beside direction_comm_seconds it says whether the "
-         "pass's link or its compute bounds it.", 0}};
+         "The pass's compute less its waits, max over workers; beside direction_comm_seconds it says whether "
+         "the pass's link or its compute bounds it.", 0}};
     for (int f = 0; f < 6; ++f) {
       gauge(per_direction[f].name, per_direction[f].help);
       for (const Direction& d : directions)

@@ -167,8 +167,8 @@ TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
   StepMetrics a = report(1, 0.4, 0.5), b = report(1, 0.3, 0.2);
   a.fwd_comm_s = 0.2, a.fwd_exposed_s = 0.05, a.bwd_comm_s = 0.3, a.bwd_exposed_s = 0.3;
   b.fwd_comm_s = 0.1, b.fwd_exposed_s = 0.02, b.bwd_comm_s = 0.1, b.bwd_exposed_s = 0.1;
-  a.fwd_compute_s = 0.15, a.bwd_compute_s = 0.25;
-  b.fwd_compute_s = 0.1, b.bwd_compute_s = 0.2;
+  a.fwd_compute_s = 0.05, a.bwd_compute_s = 0.35;  // each worker's two sum to its compute
+  b.fwd_compute_s = 0.18, b.bwd_compute_s = 0.12;
   metrics.record(0, a);
   metrics.record(1, b);
   const StepSummary& s = *metrics.last_complete();
@@ -182,14 +182,23 @@ TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
   EXPECT_NE(text.find("xdmoe_direction_exposed_comm_seconds{job=\"j\",direction=\"backward\"} 0.3\n"),
             std::string::npos) << text;
   EXPECT_NE(text.find("xdmoe_step_over_bound{job=\"j\"} 2\n"), std::string::npos) << text;
-  // Each pass's compute beside its link: here the forward is bound by its
-  // link (0.2 s against 0.15 s of compute), the backward by its compute.
-  EXPECT_DOUBLE_EQ(s.fwd_compute_s, 0.15);
-  EXPECT_DOUBLE_EQ(s.bwd_compute_s, 0.25);
-  EXPECT_NE(text.find("xdmoe_direction_compute_seconds{job=\"j\",direction=\"forward\"} 0.15\n"),
+  // Each pass's compute beside its link, the highest worker's per pass
+  // (b's forward, a's backward): the forward is bound by its link (0.2 s
+  // against 0.18 s of compute), the backward by its compute (0.35 s
+  // against 0.3 s).
+  EXPECT_DOUBLE_EQ(s.fwd_compute_s, 0.18);
+  EXPECT_DOUBLE_EQ(s.bwd_compute_s, 0.35);
+  EXPECT_NE(text.find("xdmoe_direction_compute_seconds{job=\"j\",direction=\"forward\"} 0.18\n"),
             std::string::npos) << text;
-  EXPECT_DOUBLE_EQ(metrics.mean(0).bwd_compute_s, 0.25);
-  EXPECT_DOUBLE_EQ(metrics.to_json()["last_step"]["fwd_compute_s"].get<double>(), 0.15);
+  EXPECT_DOUBLE_EQ(metrics.to_json()["last_step"]["fwd_compute_s"].get<double>(), 0.18);
+  // A second step: the run's mean is over the steps.
+  StepMetrics c = report(2, 0.4, 0.5), d = report(2, 0.3, 0.2);
+  c.fwd_compute_s = 0.1, c.bwd_compute_s = 0.3;
+  d.fwd_compute_s = 0.06, d.bwd_compute_s = 0.24;
+  metrics.record(0, c);
+  metrics.record(1, d);
+  EXPECT_DOUBLE_EQ(metrics.mean(0).fwd_compute_s, (0.18 + 0.1) / 2);
+  EXPECT_DOUBLE_EQ(metrics.mean(0).bwd_compute_s, (0.35 + 0.3) / 2);
 }
 
 // The critical path runs through the slowest worker's compute: its own waits
