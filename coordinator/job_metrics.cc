@@ -284,6 +284,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       o << "xdmoe_" << f.name << "{" << label << "} " << f.value << "\n";
     }
     // Per direction: forward is the forward pass, backward the rest of the step.
+    // One value per per_direction field below, in its order.
     struct Direction { const char* name; double values[6]; };
     const Direction directions[] = {
         {"forward", {s->fwd_comm_s, s->fwd_exposed_s, s->fwd_overlap_percent(), s->critical_fwd_exposed_s,
@@ -301,7 +302,9 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"direction_compute_seconds",
          "The pass's compute less its waits, max over workers; beside direction_comm_seconds it says whether "
          "the pass's link or its compute bounds it.", 0}};
-    for (int f = 0; f < 6; ++f) {
+    constexpr size_t kFields = sizeof(per_direction) / sizeof(per_direction[0]);
+    static_assert(kFields == sizeof(Direction::values) / sizeof(double), "a value per field and direction");
+    for (size_t f = 0; f < kFields; ++f) {
       gauge(per_direction[f].name, per_direction[f].help);
       for (const Direction& d : directions)
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
