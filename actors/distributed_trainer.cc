@@ -119,6 +119,7 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
     return Status::invalid_argument("backward pipeline degree " + std::to_string(rb) +
                                     " does not divide the forward one, " + std::to_string(r));
   t->model_->set_pipeline_degree(r, rb > 0 ? rb : r);
+  t->model_->set_tokens_once_per_worker(job.cluster.expert_parallel.tokens_once_per_worker);
   t->model_->set_timeline(&t->timeline_);
   XD_RETURN_IF_ERROR(t->wire_experts(*topo));
   if (!o.resume_dir.empty()) XD_RETURN_IF_ERROR(t->resume(o.resume_dir));

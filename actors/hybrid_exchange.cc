@@ -56,6 +56,15 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   set_overlapped(true);
 }
 
+// Dispatch's walk through the levels, outermost first (dispatch_hop).
+int HybridExpertExchange::destination_of(int expert) const {
+  int at = rank_;
+  const int owner = owner_of(expert);
+  for (int l = 0; l < topology_.num_levels(); ++l)
+    at = topology_.with_coordinate(at, l, topology_.dispatch_coordinate(at, l, owner));
+  return at;
+}
+
 HybridExpertExchange::~HybridExpertExchange() {
   to_experts_thread_.reset();
   to_sources_thread_.reset();

@@ -106,6 +106,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void finish_to_sources(const ExchangeTag& tag, std::vector<float>* out) override;
   bool landed(const ExchangeTag& tag) const override;
   const std::vector<int>& computed_experts() const override { return computed_; }
+  int destination_of(int expert) const override;
   bool is_replica(size_t computed_index) const override { return owner_of(computed_[computed_index]) != rank_; }
   void before_replicas(int layer) override {
     if (before_replicas_) before_replicas_(layer);

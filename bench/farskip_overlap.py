@@ -11,6 +11,8 @@ the first run and printed):
   ep      2 DCs x 1 worker (one worker per core), EP, inter-DC 800 Mbit/s, 1 ms
   ep4g    the same at 4 Gbit/s, 1 ms: every transfer fits under the compute
           FarSkip overlaps it with, on paper
+  ep400   the same at 400 Mbit/s: its forward stays link-bound when the
+          machine is slow (not in the default --settings; see --once)
   eplong  the same at 2 Gbit/s, 1 ms, with sequences of 256 instead of 64
           (the same tokens): 4x the attention to hide each Dispatch under
   eplongbal  eplong with expert-choice routing: every expert, so every
@@ -36,7 +38,7 @@ the planner's prediction (at start-up, live with the compute re-fitted while the
 run goes, and again with the whole run's measured compute).
 
 usage: python3 bench/farskip_overlap.py [--xdmoe build/xdmoe] [--steps 20]
-           [--settings ep,ep4g,eplong,eplongbal,hybrid] [--trace-step 12] [--out bench/results]
+           [--settings ep,ep4g,eplong,eplongbal,hybrid] [--trace-step 12] [--out bench/results] [--once]
 Writes <out>/farskip_overlap.csv and .txt, and a trace of one step of the
 planner's-r FarSkip run of each setting, <out>/farskip_trace_<setting>.png
 (scripts/trace_png.py; the Chrome trace JSONs stay in the run directory).
@@ -88,6 +90,9 @@ def ep_setting(bandwidth, seq=64, gating=None, layers=None):
 SETTINGS = {
     "ep": ep_setting("800mbit"),
     "ep4g": ep_setting("4gbit"),
+    # ep at half the bandwidth: its forward stays bound by the link when the
+    # machine computes at half speed (a slow period), where +once shows.
+    "ep400": ep_setting("400mbit"),
     "eplong": ep_setting("2gbit", seq=256),
     "eplongbal": ep_setting("2gbit", seq=256, gating="expert_choice"),
     # eplongbal three times as deep: the step's tail (the last dense bucket's
@@ -153,6 +158,7 @@ LABELS = {
     "farskip+r1": "FarSkip, overlapped, r = 1",
     "farskip+r0": "FarSkip, overlapped, planner's r",
     "r0": "regular, overlapped, planner's r",
+    "farskip+r0+once": "FarSkip, ovl., planner's r, once",
 }
 
 
@@ -190,6 +196,9 @@ def main():
     p.add_argument("--settings", default="ep,ep4g,eplong,eplongbal,hybrid")
     p.add_argument("--trace-step", type=int, default=12)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--once", action="store_true",
+                   help="also run FarSkip overlapped at the planner's r sending a token once to each worker that "
+                        "computes some of its experts (+once; docs/overlap.md)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
@@ -201,10 +210,11 @@ def main():
         config = os.path.join(run_dir, "job.yaml")
         with open(config, "w") as f:
             f.write(s["yaml"].format(steps=a.steps, batch=s["batch"]))
-        summaries = launch(a.xdmoe, config, s["runs"], a.steps, run_dir, a.trace_step)
-        base = summaries[s["runs"][0]]
+        runs = s["runs"] + ([r + "+once" for r in s["runs"] if r.endswith("+farskip+r0")] if a.once else [])
+        summaries = launch(a.xdmoe, config, runs, a.steps, run_dir, a.trace_step)
+        base = summaries[runs[0]]
         ratio = base["mean_link_busy_s"] / base["mean_compute_s"]
-        for r in s["runs"]:
+        for r in runs:
             j = summaries[r]
             rows.append({
                 "setting": name,
@@ -240,7 +250,7 @@ def main():
             waits = j.get("mean_critical_waits_s", {})
             for key, _ in WAITS:
                 rows[-1]["wait_" + key.replace("/", "_") + "_ms"] = round(waits.get(key, 0) * 1e3, 1)
-        traced = [r for r in s["runs"] if r.endswith("farskip+r0")][0]
+        traced = [r for r in runs if r.endswith("farskip+r0")][0]
         trace_dir = os.path.join(run_dir, traced, "trace")
         png = os.path.join(a.out, f"farskip_trace_{name}.png")
         subprocess.run([sys.executable, "scripts/trace_png.py", trace_dir, "--step", str(a.trace_step), "--out", png,

@@ -314,7 +314,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
     } else {
       ExpertParallelSpec& ep = c.expert_parallel;
       r.section(v, full, {"mode", "domain_sizes", "memory_cap", "base_sync_every", "base_codec", "fused_encode",
-                                 "pipeline_degree", "backward_pipeline_degree", "replica_weight_gradients"}, {},
+                                 "pipeline_degree", "backward_pipeline_degree", "replica_weight_gradients",
+                                 "tokens_once_per_worker"}, {},
                 [&](const std::string& ek, const YAML::Node& ev, const std::string& efull) {
         if (ek == "mode") {
           std::string s;
@@ -340,6 +341,8 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
           r.get(ev, efull, &ep.base_codec);
         } else if (ek == "fused_encode") {
           r.get(ev, efull, &ep.fused_encode);
+        } else if (ek == "tokens_once_per_worker") {
+          r.get(ev, efull, &ep.tokens_once_per_worker);
         } else if (ek == "replica_weight_gradients") {
           std::string s;
           r.get(ev, efull, &s);

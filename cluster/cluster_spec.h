@@ -109,6 +109,12 @@ struct ExpertParallelSpec {
   // A worker given auto (a job run without a coordinator) takes early; the
   // coordinator assigns its plan's choice.
   ReplicaWeightGradients replica_weight_gradients = ReplicaWeightGradients::kAuto;
+  // A token routed to several experts of one worker crosses to it once; that
+  // worker sums their weighted outputs and returns each expert's combine
+  // weight gradient (docs/overlap.md, "A token once per worker"). Fewer
+  // token rows on every link, the same math up to the order of sums. Needs
+  // a token router (not soft_moe) and lossless token codecs (raw, zstd).
+  bool tokens_once_per_worker = false;
 };
 
 struct HostSpec {

@@ -64,6 +64,7 @@ struct ScheduleOverrides {
   int backward_pipeline_degree = -2;  // -2: keep the config's; -1: follow r (a set r, else chosen)
   std::string replica_weight_gradients;  // auto, early or late; empty: keep the config's
   bool sr_codecs = false;
+  bool tokens_once_per_worker = false;  // true: set it; false: keep the config's
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
 };

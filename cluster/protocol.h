@@ -44,8 +44,9 @@ namespace xd {
 // pipeline degree. 9: the assigned expert_parallel and plan updates carry
 // when the replicas' weight gradients are computed. 10: metrics carry the
 // compute thread's waits by what it waited for. 11: metrics carry each
-// direction's compute.
-inline constexpr int kProtocolVersion = 11;
+// direction's compute. 12: the assigned expert_parallel carries
+// tokens_once_per_worker.
+inline constexpr int kProtocolVersion = 12;
 
 namespace op {
 inline constexpr const char* kRegister = "register";

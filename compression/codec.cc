@@ -181,6 +181,8 @@ std::string CodecPipeline::spec() const {
 
 bool CodecPipeline::is_raw() const { return stages_.size() == 1 && stages_.front().kind == CodecKind::kRaw; }
 
+bool CodecPipeline::is_lossless() const { return stages_.front().kind == CodecKind::kRaw; }
+
 bool CodecPipeline::is_sparse() const { return is_sparse_kind(stages_.front().kind); }
 
 Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* sparse) const {

@@ -76,6 +76,7 @@ class CodecPipeline {
   const std::vector<CodecStage>& stages() const { return stages_; }
   std::string spec() const;  // parse(spec()) gives the same pipeline
   bool is_raw() const;       // plain raw: nothing to encode
+  bool is_lossless() const;  // raw values, any byte codecs: decode gives the input's bits
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
   // codec refuses it, a shape beyond kMaxCodecElements, a sparse codec's

@@ -1,6 +1,7 @@
 #include "coordinator/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 
@@ -160,6 +161,11 @@ Workload workload_of(const PlannerInputs& in) {
   w.experts_per_worker = double(m.num_experts) / g;
   w.expert_bytes = 3 * d * m.expert_intermediate_size * bytes;
   w.token_bytes = t * m.routed_rows_per_token() * d * bytes;
+  w.grouped_rows = in.expert_parallel.tokens_once_per_worker;
+  w.routed_rows_per_token = m.routed_rows_per_token();
+  w.num_experts = m.num_experts;
+  w.expert_choice = m.gating == Gating::kExpertChoice;
+  w.hidden = d;
   const double per_layer_dense = 2 * d + d * q_width + 2 * d * kv_width + q_width * d +
                                  double(m.router_rows()) * d + (m.gating == Gating::kGShardNoisyTopK ? double(m.num_experts) * d : 0.0) +
                                  (m.gating == Gating::kXMoe ? double(m.num_experts) * m.router_rows() + 1 : 0.0) +
@@ -292,6 +298,28 @@ struct LinkPair {
 
 namespace {
 
+// A token once per worker, routing uniform: the rows toward one destination
+// holding m of the E experts, over one row per expert. A token has k rows
+// there on average k m / E, and one row when any of its k experts is there.
+// Then the widths (model/detail/moe_grouped.h): Dispatch carries 2K - 1
+// more columns and the backward of Dispatch K, K the group's slots; the
+// second of each direction's two exchanges carries none. {toward the
+// experts, back to the sources}.
+std::array<double, 2> grouped_row_share(const Workload& w, double m) {
+  if (!w.grouped_rows) return {1.0, 1.0};
+  const double E = w.num_experts, k = w.routed_rows_per_token;
+  m = std::min(m, E);
+  double none_there = 1;  // P(none of the token's experts is there)
+  if (w.expert_choice) {
+    none_there = std::pow(1 - k / E, m);
+  } else {
+    for (int i = 0; i < w.routed_rows_per_token; ++i) none_there *= std::max(0.0, (E - m - i) / (E - i));
+  }
+  const double rows = (1 - none_there) / (k * m / E);
+  const double slots = std::min(w.expert_choice ? E : k, m);
+  return {rows * (w.hidden + slots - 0.5) / w.hidden, rows * (w.hidden + slots / 2) / w.hidden};
+}
+
 PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& level_sizes,
                                    const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
                                    double memory_cap_bytes, const std::vector<LinkCodecCost>& link_codecs, int r,
@@ -303,6 +331,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   const int num_levels = static_cast<int>(level_sizes.size());
   const int layers = w.num_moe_layers;
   const double n = w.experts_per_worker;
+  double held_per_worker = 1;  // every worker computes the experts of its domains: n times their sizes
+  for (int s : domain_sizes) held_per_worker *= s;
   // A measured F, else this candidate's from the routing probe: its domains
   // decide which rows cross which level.
   const std::vector<double> imbalance = a2a_imbalance_for(w.a2a_imbalance, w.routed_a2a_imbalance, domain_sizes);
@@ -334,6 +364,8 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
     const int sf = level_sizes[l], s = domain_sizes[l];
     const int a2a_msgs = sf / s - 1;
     const double a2a_bytes = w.token_bytes * (1.0 - double(s) / sf);
+    const std::array<double, 2> share = grouped_row_share(w, n * held_per_worker);
+    const double to_experts_bytes = a2a_bytes * share[0], to_sources_bytes = a2a_bytes * share[1];
     raw_tokens = raw_tokens && codec.dispatch_fraction == 1 && codec.combine_fraction == 1 &&
                  codec.dispatch_s_per_byte == 0 && codec.combine_s_per_byte == 0;
     if (a2a_msgs > 0) {
@@ -341,13 +373,14 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
       // Uneven routing: the pair's heavier egress carries (and codes) F
       // times the mean rows (LinkPair).
       const double f = l < static_cast<int>(imbalance.size()) ? std::min(2.0, imbalance[l]) : 1.0;
-      const double chunk = a2a_bytes / r;
-      const double dispatch_s = chunk * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
-      const double combine_s = chunk * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
+      const double dispatch_s =
+          to_experts_bytes / r * (link.beta_s_per_byte * codec.dispatch_fraction + codec.dispatch_s_per_byte);
+      const double combine_s =
+          to_sources_bytes / r * (link.beta_s_per_byte * codec.combine_fraction + codec.combine_s_per_byte);
       to_experts_chunk.push_back({l, dispatch_s, link.alpha_s, f, 2 - f});
       to_sources_chunk.insert(to_sources_chunk.begin(), Hop{l, combine_s, link.alpha_s, 2 - f, f});
-      to_experts_chunk_bytes += a2a_bytes / r * codec.dispatch_fraction;
-      to_sources_chunk_bytes += a2a_bytes / r * codec.combine_fraction;
+      to_experts_chunk_bytes += to_experts_bytes / r * codec.dispatch_fraction;
+      to_sources_chunk_bytes += to_sources_bytes / r * codec.combine_fraction;
     }
     // The replicas' raw bytes, through the AG and RS codecs of this level
     // (the AG's on the wire and its codec time: expert_gather_hops).
@@ -359,11 +392,13 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
           Hop{l, ag_bytes * (link.beta_s_per_byte * codec.grad_fraction + codec.grad_s_per_byte), link.alpha_s});
       base_sync = base_sync || codec.gather_against_base;
     }
-    c.level_bytes[l] += layers * (2 * a2a_bytes * (codec.dispatch_fraction + codec.combine_fraction) + ag_wire +
+    c.level_bytes[l] += layers * (2 * (to_experts_bytes * codec.dispatch_fraction +
+                                       to_sources_bytes * codec.combine_fraction) + ag_wire +
                                   ag_bytes * codec.grad_fraction);
     // Each token direction runs forward and backward; the AG's codec time
     // counts one encode per peer (exact at s = 2, the lossy outer level).
-    c.codec_cpu_s += layers * (2 * a2a_bytes * (codec.dispatch_s_per_byte + codec.combine_s_per_byte) + ag_codec_s +
+    c.codec_cpu_s += layers * (2 * (to_experts_bytes * codec.dispatch_s_per_byte +
+                                    to_sources_bytes * codec.combine_s_per_byte) + ag_codec_s +
                                ag_bytes * codec.grad_s_per_byte);
     // A token exchange sends each peer of the level a message per chunk, r
     // a direction forward and rb backward. The AG sends each domain peer the

@@ -189,6 +189,14 @@ struct Workload {
   double experts_per_worker = 1;   // n
   double expert_bytes = 0;         // P_E: the parameters of one routed expert
   double token_bytes = 0;          // D: one A2A's data per worker and MoE layer
+  // A token once per worker (expert_parallel.tokens_once_per_worker): the
+  // rows to a destination shrink to one per token there, the rows toward
+  // the experts widen by their expert ids and weights (grouped_row_share).
+  bool grouped_rows = false;
+  int routed_rows_per_token = 1;   // k
+  int num_experts = 1;             // E
+  bool expert_choice = false;
+  double hidden = 1;               // d
   double dense_param_bytes = 0;    // everything but routed experts; all-reduced
   double vocab_bytes = 0;          // one (vocab, d) matrix: the LM head's bucket and the embedding's
   double pre_expert_fwd_s = 0;     // per MoE layer

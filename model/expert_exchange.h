@@ -68,6 +68,12 @@ class ExpertExchange {
   virtual void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) = 0;
   // Global ids of the experts whose rows this worker receives, in order.
   virtual const std::vector<int>& computed_experts() const = 0;
+  // The worker that computes this worker's rows of `expert`: rows of two
+  // experts with the same destination may travel as one (grouped rows).
+  virtual int destination_of(int expert) const {
+    (void)expert;
+    return 0;
+  }
   // HybridEP replicas: computed experts (by index into computed_experts())
   // whose weights arrive by the all-gather and whose weight gradients go
   // back to their owners. The MoE layer computes the owned experts first and

@@ -3,50 +3,19 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "model/detail/moe_grouped.h"
+#include "model/detail/moe_pieces.h"
 #include "model/ops.h"
 
 namespace xd {
 
 namespace {
 
-ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) {
-  return ExchangeTag{dm.layer, static_cast<int>(phase), chunk};
-}
+using detail::row_offsets;
 
-// The backward exchange starting at forward chunk `first`.
+ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) { return detail::moe_tag(dm, phase, chunk); }
 ExchangeTag backward_tag(const MoeDims& dm, ExchangePhase phase, int first) {
-  return ExchangeTag{dm.layer, static_cast<int>(phase), first, dm.backward_span()};
-}
-
-// The first row of each expert's group, from the rows per expert.
-std::vector<size_t> row_offsets(const std::vector<int>& counts) {
-  std::vector<size_t> first(counts.size());
-  size_t row = 0;
-  for (size_t j = 0; j < counts.size(); ++j) {
-    first[j] = row;
-    row += counts[j];
-  }
-  return first;
-}
-
-// Splits each expert's plan rows into `r` contiguous parts; chunk i takes the
-// i-th part of every expert, so each chunk is grouped by expert too.
-template <typename T>
-void split_into_chunks(MoeCache<T>* c, int r) {
-  const DispatchPlan<T>& plan = c->plan;
-  const int E = plan.num_experts;
-  c->chunks.resize(r);
-  for (int i = 0; i < r; ++i) {
-    MoeChunk<T>& ch = c->chunks[i];
-    ch.plan_rows.clear();
-    ch.counts.assign(E, 0);
-    for (int e = 0; e < E; ++e) {
-      const int n = plan.count(e), first = plan.expert_offsets[e];
-      const int begin = first + (int)((int64_t)n * i / r), end = first + (int)((int64_t)n * (i + 1) / r);
-      for (int a = begin; a < end; ++a) ch.plan_rows.push_back(a);
-      ch.counts[e] = end - begin;
-    }
-  }
+  return detail::moe_backward_tag(dm, phase, first);
 }
 
 }  // namespace
@@ -58,7 +27,8 @@ void moe_route_forward(MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, Expe
   XD_CHECK(dm.chunks >= 1);
   router_forward(&c->router, &c->plan, xn, w.router, cfg, dm.router_call());
   const T* source = router_source(c->router, xn, cfg);
-  split_into_chunks(c, dm.chunks);
+  if (dm.once_per_worker) return detail::grouped_route(c, source, exchange, cfg, dm);
+  detail::split_into_chunks(c, dm.chunks, c->plan.expert_offsets);
   for (int i = 0; i < dm.chunks; ++i) {
     MoeChunk<T>& ch = c->chunks[i];
     std::vector<T> send;
@@ -69,6 +39,7 @@ void moe_route_forward(MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, Expe
 
 template <typename T>
 void moe_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm) {
+  if (dm.once_per_worker) return detail::grouped_experts_forward(c, w, exchange, dm);
   const int d = dm.hidden;
   const size_t computed = exchange->computed_experts().size();
   XD_CHECK(w.computed.size() == computed);
@@ -108,17 +79,9 @@ void moe_shared_forward(T* shared_out, MoeCache<T>* c, const T* xn, const MoeWei
 
 template <typename T>
 void moe_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchange, const MoeDims& dm) {
-  const int d = dm.hidden;
-  c->routed_rows.resize((size_t)c->plan.size() * d);
-  std::vector<T> back;
-  for (int i = 0; i < dm.chunks; ++i) {
-    const MoeChunk<T>& ch = c->chunks[i];
-    exchange->finish_to_sources(tag_of(dm, ExchangePhase::kCombine, i), &back);
-    XD_CHECK(back.size() == ch.plan_rows.size() * (size_t)d);
-    for (size_t k = 0; k < ch.plan_rows.size(); ++k)
-      std::memcpy(c->routed_rows.data() + (size_t)ch.plan_rows[k] * d, back.data() + k * d, sizeof(T) * d);
-  }
-  order_combine(routed_out, c->routed_rows.data(), c->plan, d);
+  if (dm.once_per_worker) return detail::grouped_combine_finish(routed_out, c, exchange, dm);
+  detail::finish_combines(&c->routed_rows, c->plan.size(), *c, exchange, dm);
+  order_combine(routed_out, c->routed_rows.data(), c->plan, dm.hidden);
 }
 
 template <typename T>
@@ -140,6 +103,7 @@ bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDim
 
 template <typename T>
 void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange<T>* exchange, const MoeDims& dm) {
+  if (dm.once_per_worker) return detail::grouped_combine_backward_start(c, drouted, exchange, dm);
   const int d = dm.hidden, span = dm.backward_span();
   XD_CHECK(span >= 1 && dm.chunks % span == 0);
   // d(weight) locally; the weighted output grads go to the experts, written
@@ -176,6 +140,10 @@ void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange
 template <typename T>
 void moe_router_backward(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, const ModelConfig& cfg,
                          const MoeDims& dm, double loss_scale) {
+  if (dm.once_per_worker) {  // the experts' d(weight) comes with the backward of Dispatch
+    c->loss_scale = loss_scale;
+    return;
+  }
   router_backward_combine(dxn, w.router, c->router, c->plan, c->dweight, xn, cfg, dm.router_call(), loss_scale);
 }
 
@@ -183,6 +151,7 @@ template <typename T>
 void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<T>* exchange, const MoeDims& dm,
                           std::vector<std::function<void()>>* deferred,
                           std::vector<std::function<void()>>* deferred_replicas) {
+  if (dm.once_per_worker) return detail::grouped_experts_backward(c, w, exchange, dm, deferred, deferred_replicas);
   const int d = dm.hidden, span = dm.backward_span();
   for (int first = 0; first < dm.chunks; first += span) {
     // One exchange's rows: grouped by computed expert, and within an expert
@@ -192,19 +161,11 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
     std::vector<T>& dout = c->chunks[first].expert_dout;
     std::vector<int> counts;
     exchange->finish_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), &dout, &counts);
-    const size_t computed = c->chunks[first].expert_counts.size();
-    XD_CHECK(counts.size() == computed);
-    std::vector<std::vector<size_t>> at(span, std::vector<size_t>(computed)), in_at(span);
-    size_t row = 0;
-    for (size_t j = 0; j < computed; ++j) {
-      const size_t expert_first = row;
-      for (int i = first; i < first + span; ++i) {
-        at[i - first][j] = row;
-        row += c->chunks[i].expert_counts[j];
-      }
-      XD_CHECK(row - expert_first == (size_t)counts[j]);
-    }
-    XD_CHECK(dout.size() == row * d);
+    const size_t computed = counts.size();
+    std::vector<std::vector<size_t>> at, in_at(span);
+    const size_t rows = detail::backward_exchange_layout(
+        &at, counts, first, span, [c](int i) -> const std::vector<int>& { return c->chunks[i].expert_counts; });
+    XD_CHECK(dout.size() == rows * d);
     for (int i = first; i < first + span; ++i) in_at[i - first] = row_offsets(c->chunks[i].expert_counts);
     std::vector<T> din(dout.size(), T(0));
     for (int i = first; i < first + span; ++i) {
@@ -219,28 +180,17 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
     exchange->start_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), std::move(din), d);
     // Replicas first: their gradients leave once the last chunk's are final.
     // Each expert's gradient takes its chunks in order, whatever the span.
-    for (bool replicas : {true, false}) {
-      for (int i = first; i < first + span; ++i) {
-        MoeChunk<T>& ch = c->chunks[i];
-        for (size_t j = 0; j < computed; ++j) {
-          if (exchange->is_replica(j) != replicas) continue;
+    detail::schedule_weight_gradients<T>(
+        exchange, dm, first, computed,
+        [&, first](int i, size_t j) -> std::function<void()> {
+          MoeChunk<T>& ch = c->chunks[i];
           const T* dy = dout.data() + at[i - first][j] * d;
-          auto weights = [&ch, dy, r = in_at[i - first][j], j, d, ff = dm.expert_ff, p = w.computed[j]] {
+          return [&ch, dy, r = in_at[i - first][j], j, d, ff = dm.expert_ff, p = w.computed[j]] {
             swiglu_expert_backward_weights(dy, ch.expert_in.data() + r * d, ch.expert_cache[j], p,
                                            ch.expert_counts[j], d, ff);
           };
-          if (deferred && !replicas) deferred->push_back(std::move(weights));
-          else if (deferred_replicas && replicas) deferred_replicas->push_back(std::move(weights));
-          else weights();
-        }
-      }
-      if (replicas && first + span == dm.chunks) {
-        if (deferred_replicas)
-          deferred_replicas->push_back([exchange, layer = dm.layer] { exchange->replicas_backward_done(layer); });
-        else
-          exchange->replicas_backward_done(dm.layer);
-      }
-    }
+        },
+        deferred, deferred_replicas);
   }
 }
 
@@ -255,6 +205,7 @@ void moe_shared_backward(T* dxn, const T* dshared, MoeCache<T>* c, const T* xn, 
 template <typename T>
 void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* c, const T* xn, const MoeWeights<T>& w,
                                   ExpertExchange<T>* exchange, const ModelConfig& cfg, const MoeDims& dm) {
+  if (dm.once_per_worker) return detail::grouped_dispatch_backward_finish(dxn, c, xn, w, exchange, cfg, dm);
   const int d = dm.hidden;
   const bool slots = router_mixes_tokens(cfg);
   if (slots) c->dsource.assign(c->router.slot_inputs.size(), T(0));

@@ -10,7 +10,12 @@
 // With pipeline degree r the plan rows of every expert are split into r
 // chunks, each its own Dispatch/Combine, so experts compute on chunk i while
 // chunk i+1 is still moving (FSMoE Sec. 4). moe_forward runs the forward
-// pieces back to back; MoeTransformer runs the backward ones in its schedule. Not thread-safe: one cache per layer and micro-batch.
+// pieces back to back; MoeTransformer runs the backward ones in its schedule.
+// With MoeDims::once_per_worker a token routed to several experts of one
+// worker travels there once ("grouped" rows, model/detail/moe_grouped.h):
+// that worker sums the experts' weighted outputs and, in the backward,
+// returns each expert's combine-weight gradient beside the row's. Not
+// thread-safe: one cache per layer and micro-batch.
 #pragma once
 
 #include <functional>
@@ -39,6 +44,14 @@ struct MoeChunk {
   std::vector<int> expert_counts;   // per computed expert
   std::vector<ExpertCache<T>> expert_cache;  // per computed expert
   std::vector<T> expert_dout;       // backward: output grads at the experts
+  // Grouped rows (once_per_worker). At the source plan_rows holds group
+  // indices. At the experts: the rows received per computed expert (their
+  // group's first), and per expert_in row the received row, its place in
+  // that row's group, its combine weight and the expert's output.
+  std::vector<int> recv_counts;
+  std::vector<int> entry_row, entry_slot;
+  std::vector<T> entry_weight;
+  std::vector<T> expert_out;
 };
 
 template <typename T>
@@ -51,6 +64,15 @@ struct MoeCache {
   std::vector<T> dsource;           // SoftMoE backward: d loss / d slot inputs
   std::vector<ExpertCache<T>> shared_cache;
   std::vector<T> shared_scratch;    // (N, d)
+  // Grouped rows (once_per_worker): plan entries sending one source row to
+  // one worker form a group of at most group_slots entries (the same on
+  // every worker: it sets the rows' width); group u's entries are
+  // group_entry[group_first[u] .. group_first[u+1]), expert ascending, and
+  // groups are numbered by their first entry's expert (group_offsets, E+1).
+  int group_slots = 0;
+  std::vector<int> group_first, group_entry, group_offsets;
+  std::vector<T> group_rows;        // (U, d) each group's summed output, back at the source
+  double loss_scale = 1;            // the router's backward waits for the experts' d(weight)
 };
 
 struct MoeDims {
@@ -62,6 +84,9 @@ struct MoeDims {
   int backward_chunks = 0;
   int backward_span() const { return backward_chunks > 0 ? chunks / backward_chunks : 1; }
   int seq_len = 0;  // 0 = num_tokens (one sequence)
+  // A token goes once to each worker that computes some of its experts
+  // (docs/overlap.md, "A token once per worker"). Token routers only.
+  bool once_per_worker = false;
   RoutingContext routing = {};
   RouterCall router_call() const {
     return RouterCall{num_tokens, seq_len > 0 ? seq_len : num_tokens, layer, routing};

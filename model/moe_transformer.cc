@@ -132,6 +132,7 @@ MoeDims MoeTransformer<T>::moe_dims(int layer) const {
   MoeDims dm{batch_ * seq_, cfg.hidden_size, cfg.expert_intermediate_size, cfg.shared_intermediate_size, layer,
              chunks_};
   dm.backward_chunks = backward_chunks_;
+  dm.once_per_worker = once_per_worker_;
   dm.seq_len = seq_;
   dm.routing = routing_;
   return dm;

@@ -99,6 +99,11 @@ class MoeTransformer {
   void set_pipeline_degree(int r, int backward_r = 0);
   int pipeline_degree() const { return chunks_; }
   int backward_pipeline_degree() const { return backward_chunks_; }
+  // A token goes once to each worker computing some of its experts, which
+  // sums their outputs (model/detail/moe_grouped.h): fewer rows, the same
+  // math up to the order of the sums. Token routers only (not SoftMoE).
+  void set_tokens_once_per_worker(bool once) { once_per_worker_ = once; }
+  bool tokens_once_per_worker() const { return once_per_worker_; }
   // How the next forward routes: GShard noise is drawn only when training,
   // keyed by the context (model/router.h). Default: evaluation, no noise.
   void set_routing_context(const RoutingContext& ctx) { routing_ = ctx; }
@@ -117,6 +122,7 @@ class MoeTransformer {
   ExpertResolver resolver_;
   BackwardHooks hooks_;
   int chunks_ = 1, backward_chunks_ = 1;
+  bool once_per_worker_ = false;
   RoutingContext routing_;
   Timeline* timeline_ = nullptr;
   std::unique_ptr<LocalExpertExchange<T>> local_exchange_;

@@ -345,6 +345,10 @@ cluster:
   auto automatic = parse_cluster_spec("cluster:\n  expert_parallel: {pipeline_degree: auto}\n", "job.yaml");
   ASSERT_TRUE(automatic) << automatic.status().message();
   EXPECT_TRUE(automatic->expert_parallel.fused_encode) << "fused unless the config says otherwise";
+  EXPECT_FALSE(automatic->expert_parallel.tokens_once_per_worker) << "one row per expert unless asked";
+  auto once = parse_cluster_spec("cluster:\n  expert_parallel: {tokens_once_per_worker: true}\n", "job.yaml");
+  ASSERT_TRUE(once) << once.status().message();
+  EXPECT_TRUE(once->expert_parallel.tokens_once_per_worker);
   EXPECT_EQ(automatic->expert_parallel.pipeline_degree, 0) << "auto: the planner chooses";
   EXPECT_EQ(automatic->expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kAuto)
       << "the planner chooses unless the config says otherwise";
@@ -453,6 +457,7 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
        "cluster.expert_parallel.base_sync_every: must be >= 0"},
       {"cluster:\n  expert_parallel: {fused_encode: sometimes}\n", "cluster.expert_parallel.fused_encode"},
+      {"cluster:\n  expert_parallel: {tokens_once_per_worker: twice}\n", "cluster.expert_parallel.tokens_once_per_worker"},
       {"cluster:\n  expert_parallel: {replica_weight_gradients: soon}\n",
        "cluster.expert_parallel.replica_weight_gradients: unknown value 'soon' (use auto, early or late)"},
       {"cluster:\n  expert_parallel: {base_codec: int8}\n",

@@ -183,6 +183,29 @@ TEST(Planner, TrafficPerLevelFollowsTheDesignFormulas) {
   // inner first, it would carry n P_E S^1 (S^0 - 1) = 4000.
 }
 
+// A token once per worker: E = 4 experts, top-2, d = 64, 2 workers of 2
+// experts (EP). A token has one row per expert there, 1 on average; it
+// misses the destination only when both its experts are at home, 1 in 6.
+// Dispatch widens by 2K - 1 = 3 columns, the backward of Dispatch by K = 2.
+TEST(Planner, ATokenOncePerWorkerCountsItsRowsAndTheirWiderLayout) {
+  Workload w = one_layer(0, 6400);
+  w.experts_per_worker = 2;
+  w.num_experts = 4;
+  w.routed_rows_per_token = 2;
+  w.hidden = 64;
+  const std::vector<LinkModel> links = {{0.0, 1e-6}};
+  const PlanCandidate per_expert = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  w.grouped_rows = true;
+  const PlanCandidate once = evaluate_candidate(w, {2}, links, {1}, 1e300);
+  const double a2a = 6400 * 0.5;  // D (1 - 1/2)
+  EXPECT_DOUBLE_EQ(per_expert.level_bytes[0], 4 * a2a);
+  const double rows = 5.0 / 6;
+  EXPECT_NEAR(once.level_bytes[0], 2 * a2a * rows * (64 + 1.5) / 64 + 2 * a2a * rows * (64 + 1) / 64, 1e-9);
+  EXPECT_LT(once.a2a_s, per_expert.a2a_s);
+  // Every expert held everywhere (HybridEP 2): no A2A, nothing to group.
+  EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2}, links, {2}, 1e300).a2a_s, 0.0);
+}
+
 TEST(Planner, LatencyIsPaidOncePerCollectiveNotPerMessage) {
   Workload w = one_layer(0, 1000);
   w.experts_per_worker = 1;
