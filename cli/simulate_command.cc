@@ -164,6 +164,10 @@ int run_simulate(const SimulateOptions& o) {
                    "note: the job's codecs are measured only without --flops-per-s; this simulation sends raw "
                    "bytes\n");
   }
+  if (job.cluster.expert_parallel.tokens_once_per_worker)
+    std::fprintf(stderr,
+                 "note: tokens_once_per_worker: the planner's figure counts a token once per worker; the simulated "
+                 "flows still move one row per expert\n");
   auto imbalance = level_imbalances(job, o.imbalances);
   if (!imbalance) return fail(imbalance.status().message());
   // The planner beside the simulation prices the same skewed hops.

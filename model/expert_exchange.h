@@ -66,14 +66,12 @@ class ExpertExchange {
   // had there (A, width).
   virtual void start_to_sources(const ExchangeTag& tag, std::vector<T> rows, int width) = 0;
   virtual void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) = 0;
-  // Global ids of the experts whose rows this worker receives, in order.
+  // Global ids of the experts whose rows this worker receives, ascending.
   virtual const std::vector<int>& computed_experts() const = 0;
-  // The worker that computes this worker's rows of `expert`: rows of two
-  // experts with the same destination may travel as one (grouped rows).
-  virtual int destination_of(int expert) const {
-    (void)expert;
-    return 0;
-  }
+  // The worker that computes this worker's rows of `expert` (>= 0): rows of
+  // two experts with the same destination may travel as one (grouped rows).
+  // The default, a destination per expert, never groups.
+  virtual int destination_of(int expert) const { return expert; }
   // HybridEP replicas: computed experts (by index into computed_experts())
   // whose weights arrive by the all-gather and whose weight gradients go
   // back to their owners. The MoE layer computes the owned experts first and
@@ -127,6 +125,10 @@ class LocalExpertExchange final : public ExpertExchange<T> {
   void start_to_sources(const ExchangeTag& tag, std::vector<T> rows, int width) override;
   void finish_to_sources(const ExchangeTag& tag, std::vector<T>* out) override;
   const std::vector<int>& computed_experts() const override { return experts_; }
+  int destination_of(int expert) const override {  // every expert computes here
+    (void)expert;
+    return 0;
+  }
 
  private:
   struct Pending {

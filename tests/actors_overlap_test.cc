@@ -245,7 +245,8 @@ TEST(FarSkipOverlap, TheDistributedRunIsTheOneProcessFarSkipModel) {
 
 // A token once per worker (8 experts, top-2, d = 32), in EP over 2 x 2 (2
 // experts a worker; two levels of all-to-all, on the comm threads) and
-// HybridEP 1 x 2 (4 a worker; one level, direct): the losses and weights of
+// HybridEP 1 x 2 (4 a worker, 2 of them gathered replicas; one level,
+// direct; the backward's exchanges 2 chunks each): the losses and weights of
 // one row per expert up to the order of sums, fewer token bytes on every
 // link class with all-to-all, and the simple schedule's results to the bit.
 TEST(TokensOncePerWorker, GivesThePerExpertResultsWithFewerTokenBytes) {
@@ -253,13 +254,15 @@ TEST(TokensOncePerWorker, GivesThePerExpertResultsWithFewerTokenBytes) {
                                    {"hybrid", {"--mode", "hybrid", "--domains", "1,2"}}}) {
     std::vector<std::string> once_args = args;
     once_args.push_back("--tokens-once-per-worker");
-    const JobRun per_expert = run_farskip(mode + "_per_expert", true, 4, args);
-    const JobRun once = run_farskip(mode + "_once", true, 4, once_args);
+    // HybridEP's backward in exchanges of 2 chunks each.
+    const int backward_r = mode == "hybrid" ? 2 : 0;
+    const JobRun per_expert = run_farskip(mode + "_per_expert", true, 4, args, "0ms", backward_r);
+    const JobRun once = run_farskip(mode + "_once", true, 4, once_args, "0ms", backward_r);
     ASSERT_EQ(once.losses.size(), (size_t)kSteps) << mode;
     const double loss = worst_loss_difference(once, per_expert);
     const double weights = worst_weight_difference(once, per_expert);
-    EXPECT_LT(loss, 1e-5) << mode;
-    EXPECT_LT(weights, 1e-4) << mode;
+    EXPECT_LT(loss, 1e-6) << mode;
+    EXPECT_LT(weights, 1e-5) << mode;
     for (const char* link : {"dc", "worker"}) {
       double rows[2] = {0, 0};
       for (int i = 0; i < 2; ++i) {
@@ -274,7 +277,7 @@ TEST(TokensOncePerWorker, GivesThePerExpertResultsWithFewerTokenBytes) {
       EXPECT_GT(rows[0], 0) << mode << " " << link;
       // Uniform routing would send 93% of the rows to a worker of 2 experts
       // (EP), 79% to one of 4 (HybridEP 1 x 2); 3 and 2 more columns of 32
-      // take EP to about 97%, HybridEP to about 84% (docs/overlap.md).
+      // take EP to about 97%, HybridEP to about 82% (docs/overlap.md).
       EXPECT_LT(rows[1], (mode == "ep" ? 0.995 : 0.9) * rows[0]) << mode << " " << link;
     }
     if (mode != "ep") continue;

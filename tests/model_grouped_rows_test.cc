@@ -88,11 +88,13 @@ class DestinationsExchange final : public ExpertExchange<T> {
 struct Case {
   Gating gating;
   int experts, top_k, workers, r;
+  int backward_r = 0;  // 0: r; else each backward exchange carries r / backward_r chunks
 };
 
 std::string name_of(const Case& c) {
   return std::string(gating_name(c.gating)) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.top_k) +
-         " on " + std::to_string(c.workers) + " worker(s), r" + std::to_string(c.r);
+         " on " + std::to_string(c.workers) + " worker(s), r" + std::to_string(c.r) +
+         (c.backward_r ? "/" + std::to_string(c.backward_r) : "");
 }
 
 double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -108,7 +110,8 @@ TEST(GroupedRows, GiveTheLossAndGradientsOfOneRowPerExpert) {
   const Case cases[] = {{Gating::kSoftmaxTopK, 4, 2, 1, 1},  {Gating::kSoftmaxTopK, 4, 2, 2, 3},
                         {Gating::kSigmoidTopK, 8, 3, 2, 2},  {Gating::kExpertChoice, 4, 2, 2, 2},
                         {Gating::kGShardNoisyTopK, 8, 2, 4, 1}, {Gating::kXMoe, 8, 3, 4, 2},
-                        {Gating::kSoftmaxTopK, 8, 4, 8, 2}};
+                        {Gating::kSoftmaxTopK, 8, 4, 8, 2},  {Gating::kSoftmaxTopK, 8, 2, 2, 4, 2},
+                        {Gating::kSigmoidTopK, 8, 3, 4, 4, 1}};
   for (const Case& c : cases) {
     const ModelConfig cfg = config(c.gating, c.experts, c.top_k);
     ParamLayout layout(cfg);
@@ -117,7 +120,7 @@ TEST(GroupedRows, GiveTheLossAndGradientsOfOneRowPerExpert) {
     MoeTransformer<double> per_expert(layout), grouped(layout);
     for (MoeTransformer<double>* m : {&per_expert, &grouped}) {
       m->init(7);
-      m->set_pipeline_degree(c.r);
+      m->set_pipeline_degree(c.r, c.backward_r);
       m->set_routing_context(RoutingContext{true, 5, 3, 0});
       m->zero_grad();
     }
@@ -132,6 +135,10 @@ TEST(GroupedRows, GiveTheLossAndGradientsOfOneRowPerExpert) {
                 loss, grads);
     EXPECT_NEAR(grouped_loss, loss, 1e-12 * std::abs(loss)) << name_of(c);
     EXPECT_LT(grads, 1e-12) << name_of(c);
+    // Every entry of a group in its row: K = top_k slots (every expert is
+    // computed here), or every expert for expert choice.
+    const int K = c.gating == Gating::kExpertChoice ? c.experts : c.top_k;
+    EXPECT_EQ(exchange.dispatch_width, cfg.hidden_size + 2 * K - 1) << name_of(c);
     EXPECT_GT(exchange.dispatched_rows, 0u) << name_of(c);
   }
 }

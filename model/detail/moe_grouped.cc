@@ -1,6 +1,7 @@
 #include "model/detail/moe_grouped.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unordered_map>
 
@@ -48,6 +49,7 @@ void grouped_route(MoeCache<T>* c, const T* source, ExpertExchange<T>* exchange,
   c->group_offsets.assign(E + 1, 0);
   for (int e = 0; e < E; ++e) {
     const int64_t destination = exchange->destination_of(e);
+    XD_CHECK(destination >= 0 && destination < (int64_t{1} << 20));  // the key's low bits
     for (int a = plan.expert_offsets[e]; a < plan.expert_offsets[e + 1]; ++a) {
       entry_expert[a] = e;
       auto [at, added] = group_of.try_emplace((int64_t)plan.source_row[a] << 20 | destination, (int)size.size());
@@ -108,10 +110,23 @@ void grouped_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExcha
     std::vector<std::pair<int, int>> slot_expert;  // (row * K + slot, expert index)
     for (size_t t = 0; t < R; ++t) {
       const T* meta = recv.data() + t * width + d;
-      for (int s = 0; s < K; ++s) {
-        const int e = s == 0 ? computed[filed_under[t]] : (int)meta[s - 1];
-        if (e < 0) break;
-        XD_CHECK_MSG(e < c->plan.num_experts && index_of[e] >= 0, "a grouped row names an expert not computed here");
+      const T* weight = meta + K - 1;
+      // The source's layout exactly (grouped_route): ids ascending above the
+      // expert the row is filed under, then only absent slots (-1, weight 0).
+      // Checked before any cast: the ids came over the wire.
+      int previous = computed[filed_under[t]], n = 1;
+      while (n < K && meta[n - 1] >= 0) {
+        const T id = meta[n - 1];
+        XD_CHECK_MSG(id < c->plan.num_experts && id == std::floor(id) && id > previous,
+                     "a grouped row's experts are not ascending expert ids");
+        previous = static_cast<int>(id);
+        XD_CHECK_MSG(index_of[previous] >= 0, "a grouped row names an expert not computed here");
+        ++n;
+      }
+      for (int s = n; s < K; ++s)
+        XD_CHECK_MSG(meta[s - 1] == T(-1) && weight[s] == T(0), "a grouped row's absent slot is not empty");
+      for (int s = 0; s < n; ++s) {
+        const int e = s == 0 ? computed[filed_under[t]] : static_cast<int>(meta[s - 1]);
         slot_expert.push_back({(int)(t * K + s), index_of[e]});
         ch.expert_counts[index_of[e]]++;
       }
