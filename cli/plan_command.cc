@@ -184,6 +184,7 @@ int run_plan(const PlanOptions& o) {
     j["chosen_replica_weight_gradients"] =
         replica_weight_gradients_name(replica_weight_gradients_of(choice.replica_weights_late));
     j["overlapped"] = w.overlapped;
+    j["tokens_once_per_worker"] = w.grouped_rows;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
@@ -292,11 +293,12 @@ int run_plan(const PlanOptions& o) {
                                  : w.backward_pipeline_degree == 0 ? "auto (the best divisor of r)"
                                                                    : "r";
     std::printf("schedule: %s (farskip.overlapped), pipeline degree r %s, backward %s, connectivity %s, "
-                "replica weight gradients %s\n",
+                "replica weight gradients %s, %s\n",
                 w.overlapped ? "overlapped" : "simple, nothing overlapped",
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
                 backward.c_str(), connectivity_name(in.model.layer_connectivity(0)),
-                replica_weight_gradients_name(w.replica_weight_gradients));
+                replica_weight_gradients_name(w.replica_weight_gradients),
+                w.grouped_rows ? "a token once per worker" : "a token row per expert");
     if (planned->routing.workers > 0) {
       std::string fs;
       for (const PlanCandidate& c : plan.candidates) {
