@@ -13,10 +13,8 @@ namespace {
 
 using detail::row_offsets;
 
-ExchangeTag tag_of(const MoeDims& dm, ExchangePhase phase, int chunk) { return detail::moe_tag(dm, phase, chunk); }
-ExchangeTag backward_tag(const MoeDims& dm, ExchangePhase phase, int first) {
-  return detail::moe_backward_tag(dm, phase, first);
-}
+using detail::moe_backward_tag;
+using detail::moe_tag;
 
 }  // namespace
 
@@ -33,7 +31,7 @@ void moe_route_forward(MoeCache<T>* c, const T* xn, const MoeWeights<T>& w, Expe
     MoeChunk<T>& ch = c->chunks[i];
     std::vector<T> send;
     order_gather(&send, source, c->plan, ch.plan_rows, d);
-    exchange->start_to_experts(tag_of(dm, ExchangePhase::kDispatch, i), std::move(send), ch.counts, d);
+    exchange->start_to_experts(moe_tag(dm, ExchangePhase::kDispatch, i), std::move(send), ch.counts, d);
   }
 }
 
@@ -45,22 +43,11 @@ void moe_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange<
   XD_CHECK(w.computed.size() == computed);
   for (int i = 0; i < dm.chunks; ++i) {
     MoeChunk<T>& ch = c->chunks[i];
-    exchange->finish_to_experts(tag_of(dm, ExchangePhase::kDispatch, i), &ch.expert_in, &ch.expert_counts);
+    exchange->finish_to_experts(moe_tag(dm, ExchangePhase::kDispatch, i), &ch.expert_in, &ch.expert_counts);
     XD_CHECK(ch.expert_counts.size() == computed);
-    ch.expert_cache.resize(computed);
     std::vector<T> out(ch.expert_in.size());
-    const std::vector<size_t> first_row = row_offsets(ch.expert_counts);
-    // Owned experts while the replicas' weights may still be arriving.
-    for (bool replicas : {false, true}) {
-      if (replicas) exchange->before_replicas(dm.layer);
-      for (size_t j = 0; j < computed; ++j) {
-        if (exchange->is_replica(j) != replicas) continue;
-        const size_t row = first_row[j];
-        swiglu_expert_forward(out.data() + row * d, &ch.expert_cache[j], ch.expert_in.data() + row * d,
-                              w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
-      }
-    }
-    exchange->start_to_sources(tag_of(dm, ExchangePhase::kCombine, i), std::move(out), d);
+    detail::experts_forward(out.data(), &ch, w, exchange, dm);
+    exchange->start_to_sources(moe_tag(dm, ExchangePhase::kCombine, i), std::move(out), d);
   }
 }
 
@@ -86,19 +73,19 @@ void moe_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchan
 
 template <typename T>
 bool moe_dispatch_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
-  return exchange.landed(tag_of(dm, ExchangePhase::kDispatch, 0));
+  return exchange.landed(moe_tag(dm, ExchangePhase::kDispatch, 0));
 }
 
 template <typename T>
 bool moe_combine_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
   for (int i = 0; i < dm.chunks; ++i)
-    if (!exchange.landed(tag_of(dm, ExchangePhase::kCombine, i))) return false;
+    if (!exchange.landed(moe_tag(dm, ExchangePhase::kCombine, i))) return false;
   return true;
 }
 
 template <typename T>
 bool moe_combine_backward_landed(const ExpertExchange<T>& exchange, const MoeDims& dm) {
-  return exchange.landed(backward_tag(dm, ExchangePhase::kCombineBackward, 0));
+  return exchange.landed(moe_backward_tag(dm, ExchangePhase::kCombineBackward, 0));
 }
 
 template <typename T>
@@ -133,7 +120,8 @@ void moe_combine_backward_start(MoeCache<T>* c, const T* drouted, ExpertExchange
         }
         c->dweight[a] = static_cast<T>(dot);
       }
-    exchange->start_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), std::move(send), counts, d);
+    exchange->start_to_experts(moe_backward_tag(dm, ExchangePhase::kCombineBackward, first), std::move(send), counts,
+                               d);
   }
 }
 
@@ -160,7 +148,7 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
     // in the chunk's own expert_in.
     std::vector<T>& dout = c->chunks[first].expert_dout;
     std::vector<int> counts;
-    exchange->finish_to_experts(backward_tag(dm, ExchangePhase::kCombineBackward, first), &dout, &counts);
+    exchange->finish_to_experts(moe_backward_tag(dm, ExchangePhase::kCombineBackward, first), &dout, &counts);
     const size_t computed = counts.size();
     std::vector<std::vector<size_t>> at, in_at(span);
     const size_t rows = detail::backward_exchange_layout(
@@ -177,7 +165,7 @@ void moe_experts_backward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExchange
                                      w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
       }
     }
-    exchange->start_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), std::move(din), d);
+    exchange->start_to_sources(moe_backward_tag(dm, ExchangePhase::kDispatchBackward, first), std::move(din), d);
     // Replicas first: their gradients leave once the last chunk's are final.
     // Each expert's gradient takes its chunks in order, whatever the span.
     detail::schedule_weight_gradients<T>(
@@ -213,7 +201,7 @@ void moe_dispatch_backward_finish(T* dxn, MoeCache<T>* c, const T* xn, const Moe
   std::vector<T> rows;
   const int span = dm.backward_span();
   for (int first = 0; first < dm.chunks; first += span) {
-    exchange->finish_to_sources(backward_tag(dm, ExchangePhase::kDispatchBackward, first), &rows);
+    exchange->finish_to_sources(moe_backward_tag(dm, ExchangePhase::kDispatchBackward, first), &rows);
     size_t row = 0;
     for (int i = first; i < first + span; ++i) {
       const MoeChunk<T>& ch = c->chunks[i];

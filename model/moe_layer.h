@@ -59,7 +59,7 @@ struct MoeCache {
   RouterCache<T> router;
   DispatchPlan<T> plan;
   std::vector<MoeChunk<T>> chunks;  // r of them
-  std::vector<T> routed_rows;       // (A, d) expert outputs back at the source, plan order
+  std::vector<T> routed_rows;       // (A, d) expert outputs back at the source, plan order; grouped: (U, d) by group
   std::vector<T> dweight;           // (A) backward: d loss / d combine weight
   std::vector<T> dsource;           // SoftMoE backward: d loss / d slot inputs
   std::vector<ExpertCache<T>> shared_cache;
@@ -71,7 +71,6 @@ struct MoeCache {
   // groups are numbered by their first entry's expert (group_offsets, E+1).
   int group_slots = 0;
   std::vector<int> group_first, group_entry, group_offsets;
-  std::vector<T> group_rows;        // (U, d) each group's summed output, back at the source
   double loss_scale = 1;            // the router's backward waits for the experts' d(weight)
 };
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <unordered_map>
 
 #include "common/check.h"
 
@@ -43,24 +42,31 @@ void grouped_route(MoeCache<T>* c, const T* source, ExpertExchange<T>* exchange,
   // Plan entries come expert by expert, so a group is numbered when its
   // lowest expert's entry comes: groups are in the order of their first
   // expert, and each group's entries in expert order.
-  std::vector<int> entry_expert(A), entry_group(A), size;
-  std::unordered_map<int64_t, int> group_of;
-  group_of.reserve(A);
-  c->group_offsets.assign(E + 1, 0);
+  // The layer's destinations, numbered 0..D-1 (at most E), so that the
+  // group of (source row, destination) is a flat lookup.
+  std::vector<int> destination(E), destinations;
   for (int e = 0; e < E; ++e) {
-    const int64_t destination = exchange->destination_of(e);
-    XD_CHECK(destination >= 0 && destination < (int64_t{1} << 20));  // the key's low bits
+    const int worker = exchange->destination_of(e);
+    auto at = std::find(destinations.begin(), destinations.end(), worker);
+    destination[e] = static_cast<int>(at - destinations.begin());
+    if (at == destinations.end()) destinations.push_back(worker);
+  }
+  const size_t D = destinations.size();
+  std::vector<int> entry_expert(A), entry_group(A), size, group_at((size_t)plan.num_tokens * D, -1);
+  c->group_offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e)
     for (int a = plan.expert_offsets[e]; a < plan.expert_offsets[e + 1]; ++a) {
       entry_expert[a] = e;
-      auto [at, added] = group_of.try_emplace((int64_t)plan.source_row[a] << 20 | destination, (int)size.size());
-      if (added) {
+      XD_CHECK(plan.source_row[a] < plan.num_tokens);
+      int& group = group_at[(size_t)plan.source_row[a] * D + destination[e]];
+      if (group < 0) {
+        group = static_cast<int>(size.size());
         size.push_back(0);
         c->group_offsets[e + 1]++;
       }
-      entry_group[a] = at->second;
-      XD_CHECK_MSG(++size[at->second] <= K, "a group holds more entries than its rows have slots");
+      entry_group[a] = group;
+      XD_CHECK_MSG(++size[group] <= K, "a group holds more entries than its rows have slots");
     }
-  }
   for (int e = 0; e < E; ++e) c->group_offsets[e + 1] += c->group_offsets[e];
   const int U = static_cast<int>(size.size());
   c->group_first.assign(U + 1, 0);
@@ -107,7 +113,7 @@ void grouped_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExcha
     XD_CHECK(recv.size() == R * width);
     // Each (row, slot) to its expert, expert by expert, rows in order.
     ch.expert_counts.assign(C, 0);
-    std::vector<std::pair<int, int>> slot_expert;  // (row * K + slot, expert index)
+    std::vector<std::pair<int, int>> slot_expert;  // (row * K + slot, expert index), rows in order
     for (size_t t = 0; t < R; ++t) {
       const T* meta = recv.data() + t * width + d;
       const T* weight = meta + K - 1;
@@ -131,32 +137,23 @@ void grouped_experts_forward(MoeCache<T>* c, const MoeWeights<T>& w, ExpertExcha
         ch.expert_counts[index_of[e]]++;
       }
     }
-    std::stable_sort(slot_expert.begin(), slot_expert.end(),
-                     [](const auto& a, const auto& b) { return a.second < b.second; });
+    // Expert by expert, rows in order within one: each to its expert's next place.
     const size_t M = slot_expert.size();
+    std::vector<size_t> next = row_offsets(ch.expert_counts);
     ch.expert_in.resize(M * d);
     ch.entry_row.resize(M);
     ch.entry_slot.resize(M);
     ch.entry_weight.resize(M);
-    for (size_t m = 0; m < M; ++m) {
-      const int t = slot_expert[m].first / K, s = slot_expert[m].first % K;
+    for (const auto& [row_slot, expert] : slot_expert) {
+      const size_t m = next[expert]++;
+      const int t = row_slot / K, s = row_slot % K;
       ch.entry_row[m] = t;
       ch.entry_slot[m] = s;
       ch.entry_weight[m] = recv[(size_t)t * width + d + K - 1 + s];
       std::memcpy(ch.expert_in.data() + m * d, recv.data() + (size_t)t * width, sizeof(T) * d);
     }
-    ch.expert_cache.resize(C);
     ch.expert_out.resize(M * d);
-    const std::vector<size_t> first_row = row_offsets(ch.expert_counts);
-    for (bool replicas : {false, true}) {
-      if (replicas) exchange->before_replicas(dm.layer);
-      for (size_t j = 0; j < C; ++j) {
-        if (exchange->is_replica(j) != replicas) continue;
-        const size_t row = first_row[j];
-        swiglu_expert_forward(ch.expert_out.data() + row * d, &ch.expert_cache[j], ch.expert_in.data() + row * d,
-                              w.computed[j], ch.expert_counts[j], d, dm.expert_ff);
-      }
-    }
+    experts_forward(ch.expert_out.data(), &ch, w, exchange, dm);
     // Expert by expert in ascending order: each row's slots in their order.
     std::vector<T> out(R * d, T(0));
     for (size_t m = 0; m < M; ++m) {
@@ -173,11 +170,11 @@ template <typename T>
 void grouped_combine_finish(T* routed_out, MoeCache<T>* c, ExpertExchange<T>* exchange, const MoeDims& dm) {
   const int d = dm.hidden;
   const int U = static_cast<int>(c->group_first.size()) - 1;
-  finish_combines(&c->group_rows, U, *c, exchange, dm);
+  finish_combines(&c->routed_rows, U, *c, exchange, dm);
   std::fill(routed_out, routed_out + (size_t)c->plan.num_tokens * d, T(0));
   for (int u = 0; u < U; ++u) {
     T* dst = routed_out + (size_t)group_token(*c, u) * d;
-    const T* src = c->group_rows.data() + (size_t)u * d;
+    const T* src = c->routed_rows.data() + (size_t)u * d;
     for (int k = 0; k < d; ++k) dst[k] += src[k];
   }
 }

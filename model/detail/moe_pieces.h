@@ -54,6 +54,25 @@ void split_into_chunks(MoeCache<T>* c, int r, const std::vector<int>& offsets) {
   }
 }
 
+// Runs each computed expert on its block of ch->expert_in (expert_counts
+// rows each) into out: the owned experts first, while the replicas'
+// weights may still be arriving, then before_replicas and the replicas.
+template <typename T>
+void experts_forward(T* out, MoeChunk<T>* ch, const MoeWeights<T>& w, ExpertExchange<T>* exchange,
+                     const MoeDims& dm) {
+  const size_t computed = ch->expert_counts.size(), d = dm.hidden;
+  ch->expert_cache.resize(computed);
+  const std::vector<size_t> first_row = row_offsets(ch->expert_counts);
+  for (bool replicas : {false, true}) {
+    if (replicas) exchange->before_replicas(dm.layer);
+    for (size_t j = 0; j < computed; ++j) {
+      if (exchange->is_replica(j) != replicas) continue;
+      swiglu_expert_forward(out + first_row[j] * d, &ch->expert_cache[j], ch->expert_in.data() + first_row[j] * d,
+                            w.computed[j], ch->expert_counts[j], (int)d, dm.expert_ff);
+    }
+  }
+}
+
 // Finishes every chunk's Combine into `rows` (count x d): each chunk's rows
 // land at its plan_rows (plan entries, or groups).
 template <typename T>
