@@ -119,7 +119,9 @@ Expected<std::unique_ptr<DistributedTrainer>> DistributedTrainer::create(const J
     return Status::invalid_argument("backward pipeline degree " + std::to_string(rb) +
                                     " does not divide the forward one, " + std::to_string(r));
   t->model_->set_pipeline_degree(r, rb > 0 ? rb : r);
-  t->model_->set_tokens_once_per_worker(job.cluster.expert_parallel.tokens_once_per_worker);
+  // auto without a coordinator (tests) stays off, as the replicas' early weight gradients do.
+  t->model_->set_tokens_once_per_worker(job.cluster.expert_parallel.tokens_once_per_worker ==
+                                        TokensOncePerWorker::kOn);
   t->model_->set_timeline(&t->timeline_);
   XD_RETURN_IF_ERROR(t->wire_experts(*topo));
   if (!o.resume_dir.empty()) XD_RETURN_IF_ERROR(t->resume(o.resume_dir));

@@ -159,6 +159,7 @@ LABELS = {
     "farskip+r0": "FarSkip, overlapped, planner's r",
     "r0": "regular, overlapped, planner's r",
     "farskip+r0+once": "FarSkip, ovl., planner's r, once",
+    "farskip+r0+perexpert": "FarSkip, ovl., planner's r, per expert",
 }
 
 
@@ -197,8 +198,9 @@ def main():
     p.add_argument("--trace-step", type=int, default=12)
     p.add_argument("--out", default="bench/results")
     p.add_argument("--once", action="store_true",
-                   help="also run FarSkip overlapped at the planner's r sending a token once to each worker that "
-                        "computes some of its experts (+once; docs/overlap.md)")
+                   help="also run FarSkip overlapped at the planner's r with a token row per expert (+perexpert) "
+                        "and with a token once to each worker that computes some of its experts (+once); the "
+                        "other runs take the planner's choice (docs/overlap.md)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
@@ -210,7 +212,8 @@ def main():
         config = os.path.join(run_dir, "job.yaml")
         with open(config, "w") as f:
             f.write(s["yaml"].format(steps=a.steps, batch=s["batch"]))
-        runs = s["runs"] + ([r + "+once" for r in s["runs"] if r.endswith("+farskip+r0")] if a.once else [])
+        runs = s["runs"] + ([r + suffix for r in s["runs"] if r.endswith("+farskip+r0")
+                             for suffix in ("+perexpert", "+once")] if a.once else [])
         summaries = launch(a.xdmoe, config, runs, a.steps, run_dir, a.trace_step)
         base = summaries[runs[0]]
         ratio = base["mean_link_busy_s"] / base["mean_compute_s"]
@@ -221,6 +224,7 @@ def main():
                 "run": r,
                 "schedule": LABELS[r.split("+", 1)[1]],
                 "pipeline_degree": j["pipeline_degree"],
+                "tokens_once_per_worker": j.get("tokens_once_per_worker", False),
                 "link_over_compute": round(ratio, 3),
                 "step_ms": round(j["mean_step_s"] * 1e3, 1),
                 "speedup": round(base["mean_step_s"] / j["mean_step_s"], 3),
@@ -261,12 +265,13 @@ def main():
         w.writeheader()
         w.writerows(rows)
     lines = []
-    header = (f"{'setting':11} {'schedule':34} {'r':>2} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
+    header = (f"{'setting':11} {'schedule':38} {'r':>2} {'once':>4} {'step ms':>8} {'speedup':>8} {'fwd ovl%':>8} "
               f"{'bwd ovl%':>8} {'slowest':>11} {'exp ms':>7} {'spread':>7} {'bound ms':>9} {'step/bnd':>8} {'step/flr':>8} {'step/cpu':>8} {'pred ms':>8} {'live ms':>8} "
               f"{'pred*':>7} {'loss':>7}")
     lines.append(header)
     for r in rows:
-        lines.append(f"{r['setting']:11} {r['schedule']:34} {r['pipeline_degree']:>2} {r['step_ms']:>8} "
+        lines.append(f"{r['setting']:11} {r['schedule']:38} {r['pipeline_degree']:>2} "
+                     f"{'yes' if r['tokens_once_per_worker'] else 'no':>4} {r['step_ms']:>8} "
                      f"{r['speedup']:>7.2f}x {r['fwd_overlap_pct']:>8} {r['bwd_overlap_pct']:>8} "
                      f"{'%.0f/%.0f' % (r['critical_fwd_overlap_pct'], r['critical_bwd_overlap_pct']):>11} "
                      f"{r['exposed_ms']:>7} {r['compute_spread_ms']:>7} {r['bound_ms']:>9} "
@@ -274,11 +279,11 @@ def main():
                      f"{r['predicted_measured_compute_ms']:>7} "
                      f"{r['final_loss']:>7}")
     lines.append("")
-    lines.append(f"{'setting':11} {'schedule':34} {'r':>2} " + " ".join(f"{short:>7}" for _, short in WAITS) +
+    lines.append(f"{'setting':11} {'schedule':38} {'r':>2} " + " ".join(f"{short:>7}" for _, short in WAITS) +
                  f" {'fwd c/l':>13} {'bwd c/l':>13}   the slowest worker's waits (ms) by what for; each phase's "
                  "compute / comm")
     for r in rows:
-        lines.append(f"{r['setting']:11} {r['schedule']:34} {r['pipeline_degree']:>2} " +
+        lines.append(f"{r['setting']:11} {r['schedule']:38} {r['pipeline_degree']:>2} " +
                      " ".join(f"{r['wait_' + key.replace('/', '_') + '_ms']:>7}" for key, _ in WAITS) +
                      f" {'%.1f/%.1f' % (r['fwd_compute_ms'], r['fwd_comm_ms']):>13}"
                      f" {'%.1f/%.1f' % (r['bwd_compute_ms'], r['bwd_comm_ms']):>13}")
@@ -297,6 +302,8 @@ def main():
                  "exposed time), in ms: the larger one bounds the phase")
     lines.append("step/cpu: step / CPU floor, the workers' CPU time (every thread) over this machine's cores: "
                  "1.00 kept every core busy with the job (docs/overlap.md)")
+    lines.append("once: whether a token crossed once to each worker computing some of its experts (the planner's "
+                 "choice unless the run says once or per expert; docs/overlap.md)")
     lines.append("pred ms: the start-up plan's prediction; live ms: each step's prediction as it ran, the compute "
                  "re-fitted during the run (docs/planner.md, \"During a run\"); pred*: the prediction again with "
                  "the compute the whole run measured")

@@ -134,7 +134,8 @@ Expected<RunSpec> parse_run(const std::string& run) {
     else if (part == "simple") spec.simple = true;
     else if (part == "late" || part == "early") spec.replica_weight_gradients = part;
     else if (part == "sr") spec.sr_codecs = true;
-    else if (part == "once") spec.once = true;
+    else if (part == "once") spec.tokens_once_per_worker = "true";
+    else if (part == "perexpert") spec.tokens_once_per_worker = "false";
     else if (part.size() > 1 && part[0] == 'r' && isdigit((unsigned char)part[1]) &&
              part.find_first_not_of("0123456789/", 1) == std::string::npos) {
       // rN: r = N both ways; rN/M: forward N, backward M.
@@ -160,7 +161,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
       if (spec.mode != "hybrid") return Status::invalid_argument("domain sizes (" + part + ") need mode hybrid");
     } else {
       return Status::invalid_argument("unknown run option '" + part + "' in '" + run +
-                                      "' (farskip, simple, rN, dAxB, late, early, sr, once)");
+                                      "' (farskip, simple, rN, dAxB, late, early, sr, once, perexpert)");
     }
   }
   return spec;
@@ -205,7 +206,8 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   }
   if (spec.simple) args.push_back("--no-overlap");
   if (spec.sr_codecs) args.push_back("--sr-codecs");
-  if (spec.once) args.push_back("--tokens-once-per-worker");
+  if (!spec.tokens_once_per_worker.empty())
+    args.push_back("--tokens-once-per-worker=" + spec.tokens_once_per_worker);
   if (!run.checkpoint_dir.empty()) args.insert(args.end(), {"--checkpoint-dir", run.checkpoint_dir});
   if (run.checkpoint_every >= 0) args.insert(args.end(), {"--checkpoint-every", std::to_string(run.checkpoint_every)});
   if (!run.resume.empty()) args.insert(args.end(), {"--resume", run.resume});

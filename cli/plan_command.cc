@@ -184,7 +184,8 @@ int run_plan(const PlanOptions& o) {
     j["chosen_replica_weight_gradients"] =
         replica_weight_gradients_name(replica_weight_gradients_of(choice.replica_weights_late));
     j["overlapped"] = w.overlapped;
-    j["tokens_once_per_worker"] = w.grouped_rows;
+    j["tokens_once_per_worker"] = tokens_once_per_worker_name(in.expert_parallel.tokens_once_per_worker);
+    j["chosen_tokens_once_per_worker"] = choice.tokens_once_per_worker;
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : plan.candidates)
       j["candidates"].push_back({{"domain_sizes", c.domain_sizes},
@@ -198,6 +199,7 @@ int run_plan(const PlanOptions& o) {
                                  {"pipeline_degree", c.pipeline_degree},
                                  {"backward_pipeline_degree", c.backward_pipeline_degree},
                                  {"replica_weights_late", c.replica_weights_late},
+                                 {"tokens_once_per_worker", c.tokens_once_per_worker},
                                  {"exposed_allreduce_s", c.exposed_allreduce_s},
                                  {"ag_s", c.ag_s},
                                  {"rs_s", c.rs_s},
@@ -298,7 +300,9 @@ int run_plan(const PlanOptions& o) {
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
                 backward.c_str(), connectivity_name(in.model.layer_connectivity(0)),
                 replica_weight_gradients_name(w.replica_weight_gradients),
-                w.grouped_rows ? "a token once per worker" : "a token row per expert");
+                w.grouped_rows        ? "a token once per worker"
+                : w.grouped_rows_auto ? "a token once per worker where clearly faster (auto)"
+                                      : "a token row per expert");
     if (planned->routing.workers > 0) {
       std::string fs;
       for (const PlanCandidate& c : plan.candidates) {
@@ -337,7 +341,10 @@ int run_plan(const PlanOptions& o) {
                   pipeline_degrees_text(c.pipeline_degree, c.backward_pipeline_degree).c_str(), c.compute_s * 1e3, c.a2a_s * 1e3,
                   c.exposed_a2a_s * 1e3, c.ag_s * 1e3, c.rs_s * 1e3, c.exposed_ag_s * 1e3, c.exposed_rs_s * 1e3,
                   c.allreduce_s * 1e3, c.exposed_allreduce_s * 1e3, c.iteration_s * 1e3,
-                  c.feasible ? (c.replica_weights_late ? "  late" : "") : "  (over the cap)");
+                  c.feasible ? (std::string(c.replica_weights_late ? "  late" : "") +
+                                (c.tokens_once_per_worker ? "  once" : ""))
+                                   .c_str()
+                             : "  (over the cap)");
     }
     double fastest = choice.iteration_s;
     for (const PlanCandidate& c : plan.candidates)
@@ -352,6 +359,8 @@ int run_plan(const PlanOptions& o) {
     std::printf("\nchosen: domains %s (%s), pipeline degree %d forward, %d backward, predicted %s per iteration\n",
                 fmt_list(choice.domain_sizes).c_str(), why, choice.pipeline_degree, choice.backward_pipeline_degree,
                 fmt_seconds(choice.iteration_s).c_str());
+    if (choice.tokens_once_per_worker)
+      std::printf("a token crosses once to each worker computing some of its experts (\"once\" above)\n");
     if (choice.replica_weights_late)
       std::printf("the replicas' weight gradients come late (\"late\" above): after the embedding's, so the last "
                   "dense buckets leave sooner\n");

@@ -164,10 +164,6 @@ int run_simulate(const SimulateOptions& o) {
                    "note: the job's codecs are measured only without --flops-per-s; this simulation sends raw "
                    "bytes\n");
   }
-  if (job.cluster.expert_parallel.tokens_once_per_worker)
-    std::fprintf(stderr,
-                 "note: tokens_once_per_worker: the planner's figure counts a token once per worker; the simulated "
-                 "flows still move one row per expert\n");
   auto imbalance = level_imbalances(job, o.imbalances);
   if (!imbalance) return fail(imbalance.status().message());
   // The planner beside the simulation prices the same skewed hops.
@@ -216,6 +212,7 @@ int run_simulate(const SimulateOptions& o) {
 
   SimulationInputs si;
   si.workload = workload;
+  si.workload.grouped_rows = choice.tokens_once_per_worker;  // the flows carry the plan's rows
   si.level_sizes = in.level_sizes;
   si.domain_sizes = choice.domain_sizes;
   si.links = in.links;
@@ -252,8 +249,10 @@ int run_simulate(const SimulateOptions& o) {
   si.machine_cores = o.machine_cores;
   si.simgrid_config = o.simgrid_config;
   if (!o.json)
-    std::fprintf(stderr, "simulating %d step(s) of %d workers (%s) ...\n", o.steps, in.level_sizes.empty() ? 0 : job.cluster.world_size(),
-                 Topology(in.level_sizes, choice.domain_sizes).describe().c_str());
+    std::fprintf(stderr, "simulating %d step(s) of %d workers (%s%s) ...\n", o.steps,
+                 in.level_sizes.empty() ? 0 : job.cluster.world_size(),
+                 Topology(in.level_sizes, choice.domain_sizes).describe().c_str(),
+                 choice.tokens_once_per_worker ? "; a token once per worker" : "");
   auto result = simulate_steps(*schedule, si);
   if (!result) return fail(result.status().message());
   const SimulationResult& r = *result;
@@ -272,6 +271,7 @@ int run_simulate(const SimulateOptions& o) {
     j["pipeline_degree"] = choice.pipeline_degree;
     j["backward_pipeline_degree"] = choice.backward_pipeline_degree;
     j["overlapped"] = shape.overlapped;
+    j["tokens_once_per_worker"] = choice.tokens_once_per_worker;
     j["planner_step_s"] = choice.iteration_s;
     j["simulated_step_s"] = r.mean_step_s();
     j["flows"] = flow_granularity_name(r.flows);

@@ -54,6 +54,24 @@ Expected<ReplicaWeightGradients> parse_replica_weight_gradients(const std::strin
   return Status::invalid_argument("unknown value '" + s + "' (use auto, early or late)");
 }
 
+const char* tokens_once_per_worker_name(TokensOncePerWorker t) {
+  switch (t) {
+    case TokensOncePerWorker::kOff: return "false";
+    case TokensOncePerWorker::kOn: return "true";
+    case TokensOncePerWorker::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Expected<TokensOncePerWorker> parse_tokens_once_per_worker(const std::string& given) {
+  std::string s = given;  // YAML booleans come in any case: True, TRUE
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "auto") return TokensOncePerWorker::kAuto;
+  if (s == "true" || s == "yes" || s == "on") return TokensOncePerWorker::kOn;
+  if (s == "false" || s == "no" || s == "off") return TokensOncePerWorker::kOff;
+  return Status::invalid_argument("unknown value '" + given + "' (use auto, true or false)");
+}
+
 int ClusterSpec::world_size() const {
   int g = 1;
   for (const LevelSpec& l : levels) g *= l.size;
@@ -342,7 +360,12 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
         } else if (ek == "fused_encode") {
           r.get(ev, efull, &ep.fused_encode);
         } else if (ek == "tokens_once_per_worker") {
-          r.get(ev, efull, &ep.tokens_once_per_worker);
+          std::string s;
+          r.get(ev, efull, &s);
+          if (!r.ok()) return;
+          auto t = parse_tokens_once_per_worker(s);
+          if (!t) return r.fail(ev, efull, t.status().message());
+          ep.tokens_once_per_worker = *t;
         } else if (ek == "replica_weight_gradients") {
           std::string s;
           r.get(ev, efull, &s);

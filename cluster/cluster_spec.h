@@ -74,6 +74,18 @@ inline ReplicaWeightGradients replica_weight_gradients_of(bool late) {
   return late ? ReplicaWeightGradients::kLate : ReplicaWeightGradients::kEarly;
 }
 
+// Whether a token routed to several experts of one worker crosses to it once
+// (docs/overlap.md, "A token once per worker"): on, off, or auto, which the
+// planner turns on where it predicts a clearly faster step (never for
+// soft_moe or lossy token codecs, which cannot send grouped rows).
+enum class TokensOncePerWorker : int { kOff = 0, kOn = 1, kAuto = 2 };
+const char* tokens_once_per_worker_name(TokensOncePerWorker t);  // "false", "true", "auto"
+// "auto", or a YAML boolean: true/false, yes/no, on/off.
+Expected<TokensOncePerWorker> parse_tokens_once_per_worker(const std::string& s);
+inline TokensOncePerWorker tokens_once_per_worker_of(bool once) {
+  return once ? TokensOncePerWorker::kOn : TokensOncePerWorker::kOff;
+}
+
 struct ExpertParallelSpec {
   EpMode mode = EpMode::kAuto;
   // S^l per level; S^l divides SF^l. Only hybrid uses them; ep means all 1s and
@@ -112,9 +124,11 @@ struct ExpertParallelSpec {
   // A token routed to several experts of one worker crosses to it once; that
   // worker sums their weighted outputs and returns each expert's combine
   // weight gradient (docs/overlap.md, "A token once per worker"). Fewer
-  // token rows on every link, the same math up to the order of sums. Needs
-  // a token router (not soft_moe) and lossless token codecs (raw, zstd).
-  bool tokens_once_per_worker = false;
+  // token rows on every link, the same math up to the order of sums. On
+  // needs a token router (not soft_moe) and lossless token codecs (raw,
+  // zstd). A worker given auto (a job run without a coordinator) takes off;
+  // the coordinator assigns its plan's choice.
+  TokensOncePerWorker tokens_once_per_worker = TokensOncePerWorker::kAuto;
 };
 
 struct HostSpec {

@@ -22,20 +22,22 @@ Status JobConfig::validate() const {
                                     ") must be a multiple of the world size (" + std::to_string(g) +
                                     " workers from cluster.levels), so that every worker owns "
                                     "the same number of experts");
-  if (cluster.expert_parallel.tokens_once_per_worker) {
-    if (train.model.gating == Gating::kSoftMoe)
-      return Status::invalid_argument(
-          "cluster.expert_parallel.tokens_once_per_worker needs a router that sends tokens; soft_moe sends "
-          "slot inputs");
-    // Grouped rows carry expert ids and combine weights beside the token.
-    for (const LevelSpec& l : cluster.levels)
-      for (const std::string* spec : {&l.link.codecs.dispatch, &l.link.codecs.combine}) {
-        auto p = CodecPipeline::parse(*spec);
-        if (p && !p->is_lossless())
-          return Status::invalid_argument("cluster.expert_parallel.tokens_once_per_worker needs lossless token "
-                                          "codecs (raw or zstd); level " + l.name + " codes tokens with " + *spec);
-      }
-  }
+  if (cluster.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kOn)
+    XD_RETURN_IF_ERROR(can_send_tokens_once_per_worker().with_context("cluster.expert_parallel.tokens_once_per_worker"));
+  return Status::ok();
+}
+
+Status JobConfig::can_send_tokens_once_per_worker() const {
+  if (train.model.gating == Gating::kSoftMoe)
+    return Status::invalid_argument("needs a router that sends tokens; soft_moe sends slot inputs");
+  // Grouped rows carry expert ids and combine weights beside the token.
+  for (const LevelSpec& l : cluster.levels)
+    for (const std::string* spec : {&l.link.codecs.dispatch, &l.link.codecs.combine}) {
+      auto p = CodecPipeline::parse(*spec);
+      if (p && !p->is_lossless())
+        return Status::invalid_argument("needs lossless token codecs (raw or zstd); level " + l.name +
+                                        " codes tokens with " + *spec);
+    }
   return Status::ok();
 }
 
@@ -97,7 +99,7 @@ json cluster_to_json(const ClusterSpec& c) {
                                {"base_sync_every", ep.base_sync_every},
                                {"base_codec", ep.base_codec},
                                {"fused_encode", ep.fused_encode},
-                               {"tokens_once_per_worker", ep.tokens_once_per_worker},
+                               {"tokens_once_per_worker", tokens_once_per_worker_name(ep.tokens_once_per_worker)},
                                {"pipeline_degree", ep.pipeline_degree},
                                {"backward_pipeline_degree", ep.backward_pipeline_degree},
                                {"replica_weight_gradients",
@@ -175,7 +177,7 @@ void cluster_from_json(JsonFields& f, ClusterSpec* c) {
   e.get("base_sync_every", &c->expert_parallel.base_sync_every);
   e.get("base_codec", &c->expert_parallel.base_codec);
   e.get("fused_encode", &c->expert_parallel.fused_encode);
-  e.get("tokens_once_per_worker", &c->expert_parallel.tokens_once_per_worker);
+  get_named(e, "tokens_once_per_worker", parse_tokens_once_per_worker, &c->expert_parallel.tokens_once_per_worker);
   e.get("pipeline_degree", &c->expert_parallel.pipeline_degree);
   e.get("backward_pipeline_degree", &c->expert_parallel.backward_pipeline_degree);
   get_named(e, "replica_weight_gradients", parse_replica_weight_gradients,
@@ -314,7 +316,11 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
     outer.dense_grad = kSrCodecs.dense_grad;
     job->cluster.expert_parallel.base_sync_every = kSrCodecs.base_sync_every;
   }
-  if (o.tokens_once_per_worker) job->cluster.expert_parallel.tokens_once_per_worker = true;
+  if (!o.tokens_once_per_worker.empty()) {
+    auto t = parse_tokens_once_per_worker(o.tokens_once_per_worker);
+    if (!t) return t.status().with_context("--tokens-once-per-worker");
+    job->cluster.expert_parallel.tokens_once_per_worker = *t;
+  }
   if (!o.trace_steps.empty()) job->train.trace_steps = o.trace_steps;
   if (!o.trace_dir.empty()) job->train.trace_dir = o.trace_dir;
   return Status::ok();

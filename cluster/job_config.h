@@ -24,6 +24,10 @@ struct JobConfig {
   // Every rule of the parsers: the train and cluster rules, and that
   // model.num_experts is a multiple of the world size.
   Status validate() const;
+  // Whether tokens can travel once per worker: a token router (not soft_moe)
+  // and lossless token codecs on every link class. Else the reason, for
+  // tokens_once_per_worker: true to refuse and auto to stay off.
+  Status can_send_tokens_once_per_worker() const;
 };
 
 // The built-in distributed demo: default_cluster_spec() and default_train_config()
@@ -64,7 +68,7 @@ struct ScheduleOverrides {
   int backward_pipeline_degree = -2;  // -2: keep the config's; -1: follow r (a set r, else chosen)
   std::string replica_weight_gradients;  // auto, early or late; empty: keep the config's
   bool sr_codecs = false;
-  bool tokens_once_per_worker = false;  // true: set it; false: keep the config's
+  std::string tokens_once_per_worker;  // auto, true or false; empty: keep the config's
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
 };

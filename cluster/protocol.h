@@ -45,8 +45,8 @@ namespace xd {
 // when the replicas' weight gradients are computed. 10: metrics carry the
 // compute thread's waits by what it waited for. 11: metrics carry each
 // direction's compute. 12: the assigned expert_parallel carries
-// tokens_once_per_worker.
-inline constexpr int kProtocolVersion = 12;
+// tokens_once_per_worker. 13: ... as auto, true or false (a JSON string).
+inline constexpr int kProtocolVersion = 13;
 
 namespace op {
 inline constexpr const char* kRegister = "register";

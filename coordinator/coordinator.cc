@@ -266,11 +266,12 @@ Status Coordinator::Impl::run() {
   const PlanCandidate& choice = plan.choice();
   std::string domains;
   for (int s : choice.domain_sizes) domains += (domains.empty() ? "" : "x") + std::to_string(s);
-  XD_LOG_INFO("coordinator", "job %s (id %u): %d workers, levels %s; plan %s, domains %s, predicted %.1f ms/step%s",
+  XD_LOG_INFO("coordinator", "job %s (id %u): %d workers, levels %s; plan %s, domains %s, predicted %.1f ms/step%s%s",
               opts.job_name.c_str(), job_id, registry.world_size(),
               [&] { std::string s; for (int v : job.cluster.level_sizes()) s += (s.empty() ? "" : "x") + std::to_string(v); return s; }().c_str(),
               ep_mode_name(plan.mode), domains.c_str(), choice.iteration_s * 1e3,
-              replica_weights_late() ? "; the replicas' weight gradients late" : "");
+              replica_weights_late() ? "; the replicas' weight gradients late" : "",
+              choice.tokens_once_per_worker ? "; a token once per worker" : "");
   const std::string metrics_url =
       http_port > 0 ? "http://127.0.0.1:" + std::to_string(http_port) + "/metrics" : "off";
   XD_LOG_INFO("coordinator", "workers connect to %s; CLI at %s; Prometheus metrics %s",
@@ -458,6 +459,7 @@ void Coordinator::Impl::assign_all() {
   a.job.cluster.expert_parallel.pipeline_degree = forward_degree();
   a.job.cluster.expert_parallel.backward_pipeline_degree = backward_degree();
   a.job.cluster.expert_parallel.replica_weight_gradients = replica_weight_gradients();
+  a.job.cluster.expert_parallel.tokens_once_per_worker = tokens_once_per_worker_of(plan.choice().tokens_once_per_worker);
   for (const auto& e : registry.workers()) {
     a.rank = e->rank;
     a.peers.clear();
@@ -642,6 +644,7 @@ nlohmann::json Coordinator::Impl::status_json(double now) {
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
                       {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients())},
+                      {"tokens_once_per_worker", plan.choice().tokens_once_per_worker},
                       {"predicted_step_s", plan.choice().iteration_s}, {"uptime_s", now - started},
                       {"workers", ws}, {"links", links}, {"plan_changes", plan_changes_json()},
                       {"measured_link_bytes_per_s", replanner ? nlohmann::json(replanner->measured()) : nlohmann::json::object()},
@@ -762,6 +765,7 @@ void Coordinator::Impl::write_summary() {
                       {"pipeline_degree", forward_degree()},
                       {"backward_pipeline_degree", backward_degree()},
                       {"replica_weight_gradients", replica_weight_gradients_name(replica_weight_gradients())},
+                      {"tokens_once_per_worker", plan.choice().tokens_once_per_worker},
                       {"overlapped", job.train.farskip.overlapped},
                       {"connectivity", connectivity_name(job.train.model.layer_connectivity(0))},
                       {"world", registry.world_size()},

@@ -121,6 +121,10 @@ PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> li
   in.links = std::move(links);
   in.compute = compute;
   in.expert_parallel = job.cluster.expert_parallel;
+  // auto stays off where grouped rows cannot travel (soft_moe, lossy token codecs).
+  if (in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kAuto &&
+      !job.can_send_tokens_once_per_worker().is_ok())
+    in.expert_parallel.tokens_once_per_worker = TokensOncePerWorker::kOff;
   in.overlapped = job.train.farskip.overlapped;
   return in;
 }
@@ -161,7 +165,9 @@ Workload workload_of(const PlannerInputs& in) {
   w.experts_per_worker = double(m.num_experts) / g;
   w.expert_bytes = 3 * d * m.expert_intermediate_size * bytes;
   w.token_bytes = t * m.routed_rows_per_token() * d * bytes;
-  w.grouped_rows = in.expert_parallel.tokens_once_per_worker;
+  w.grouped_rows = in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kOn;
+  w.grouped_rows_auto =
+      in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kAuto && m.gating != Gating::kSoftMoe;
   w.routed_rows_per_token = m.routed_rows_per_token();
   w.num_experts = m.num_experts;
   w.expert_choice = m.gating == Gating::kExpertChoice;
@@ -296,8 +302,6 @@ struct LinkPair {
 
 }  // namespace
 
-namespace {
-
 // A token once per worker, routing uniform: the rows toward one destination
 // holding m of the E experts, over one row per expert. A token has k rows
 // there on average k m / E, and one row when any of its k experts is there.
@@ -319,6 +323,8 @@ std::array<double, 2> grouped_row_share(const Workload& w, double m) {
   const double slots = std::min(w.expert_choice ? E : k, m);
   return {rows * (w.hidden + slots - 0.5) / w.hidden, rows * (w.hidden + slots / 2) / w.hidden};
 }
+
+namespace {
 
 PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& level_sizes,
                                    const std::vector<LinkModel>& links, const std::vector<int>& domain_sizes,
@@ -425,6 +431,7 @@ PlanCandidate evaluate_with_degree(const Workload& w, const std::vector<int>& le
   // moves after the embedding's bucket, each layer's sent when done.
   late = late && w.overlapped && !rs_layer.empty();
   c.replica_weights_late = late;
+  c.tokens_once_per_worker = w.grouped_rows;
   const double kept_weights = late ? n / held : 1.0;  // of each layer's weight gradients
   c.gathered_bytes = (held - n) * w.expert_bytes * layers;
   c.feasible = c.gathered_bytes <= memory_cap_bytes * (1 + 1e-12);
@@ -775,6 +782,15 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
                                                best.pipeline_degree, best.backward_pipeline_degree, true);
     if (held_back.replica_weights_late && held_back.iteration_s < best.iteration_s * (1 - kPlanTieMargin))
       best = std::move(held_back);
+  }
+  // auto: grouped rows where clearly faster. Where no token crosses a link
+  // (every level gathered) they tie, and a row per expert stays.
+  if (w.grouped_rows_auto) {
+    Workload grouped = w;
+    grouped.grouped_rows = true;
+    grouped.grouped_rows_auto = false;
+    PlanCandidate once = evaluate_candidate(grouped, level_sizes, links, domain_sizes, memory_cap_bytes, link_codecs);
+    if (once.iteration_s < best.iteration_s * (1 - kPlanTieMargin)) best = std::move(once);
   }
   best.a2a_imbalance = a2a_imbalance_for(w.a2a_imbalance, w.routed_a2a_imbalance, domain_sizes);
   return best;

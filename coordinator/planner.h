@@ -40,6 +40,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -193,6 +194,9 @@ struct Workload {
   // rows to a destination shrink to one per token there, the rows toward
   // the experts widen by their expert ids and weights (grouped_row_share).
   bool grouped_rows = false;
+  // tokens_once_per_worker auto: evaluate_candidate() plans both and keeps
+  // grouped rows where they are clearly faster (kPlanTieMargin).
+  bool grouped_rows_auto = false;
   int routed_rows_per_token = 1;   // k
   int num_experts = 1;             // E
   bool expert_choice = false;
@@ -262,6 +266,7 @@ struct PlanCandidate {
   int pipeline_degree = 1;    // r of this candidate
   int backward_pipeline_degree = 1;  // the backward's r, a divisor of r
   bool replica_weights_late = false;  // the replicas' weight gradients after the embedding's
+  bool tokens_once_per_worker = false;  // planned with a token once per worker (grouped rows)
   double iteration_s = 0;     // compute + exposed a2a + exposed AG + exposed RS + exposed all-reduce
   double gathered_bytes = 0;  // replicas held per worker: n P_E (prod S^l - 1) * layers
   std::vector<double> level_bytes;  // bytes a worker sends per level per iteration
@@ -289,6 +294,12 @@ struct Plan {
 
 // Every (S^0..S^{L-1}) with S^l a divisor of SF^l, lexicographic.
 std::vector<std::vector<int>> domain_candidates(const std::vector<int>& level_sizes);
+
+// With w.grouped_rows (a token once per worker) and uniform routing, the
+// token bytes toward a destination computing `experts_at_destination`
+// experts, over one row per expert: {toward the experts, back to the
+// sources}, the groups' extra columns included. {1, 1} without.
+std::array<double, 2> grouped_row_share(const Workload& w, double experts_at_destination);
 
 // One candidate under a workload; memory_cap_bytes decides feasibility.
 PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& level_sizes,

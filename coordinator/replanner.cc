@@ -19,7 +19,10 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
       names_(std::move(link_names)),
       shaped_(std::move(shaped)),
       schedule_{pipeline_degree, backward_pipeline_degree, plan_.choice().replica_weights_late},
-      options_(options) {}
+      options_(options) {
+  // A plan update does not switch the rows' layout: the start's choice stays.
+  inputs_.expert_parallel.tokens_once_per_worker = tokens_once_per_worker_of(plan_.choice().tokens_once_per_worker);
+}
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                              int64_t latest_step, int64_t last_step, double step_s,

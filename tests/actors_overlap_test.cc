@@ -252,11 +252,12 @@ TEST(FarSkipOverlap, TheDistributedRunIsTheOneProcessFarSkipModel) {
 TEST(TokensOncePerWorker, GivesThePerExpertResultsWithFewerTokenBytes) {
   for (const auto& [mode, args] : {std::pair<std::string, std::vector<std::string>>{"ep", {"--mode", "ep"}},
                                    {"hybrid", {"--mode", "hybrid", "--domains", "1,2"}}}) {
-    std::vector<std::string> once_args = args;
+    std::vector<std::string> once_args = args, per_expert_args = args;
     once_args.push_back("--tokens-once-per-worker");
+    per_expert_args.push_back("--tokens-once-per-worker=false");
     // HybridEP's backward in exchanges of 2 chunks each.
     const int backward_r = mode == "hybrid" ? 2 : 0;
-    const JobRun per_expert = run_farskip(mode + "_per_expert", true, 4, args, "0ms", backward_r);
+    const JobRun per_expert = run_farskip(mode + "_per_expert", true, 4, per_expert_args, "0ms", backward_r);
     const JobRun once = run_farskip(mode + "_once", true, 4, once_args, "0ms", backward_r);
     ASSERT_EQ(once.losses.size(), (size_t)kSteps) << mode;
     const double loss = worst_loss_difference(once, per_expert);

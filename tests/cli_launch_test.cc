@@ -125,23 +125,26 @@ TEST_F(Launch, PlusLateAndPlusEarlyChooseWhenTheReplicasWeightGradientsRun) {
   auto [bad, why] = run(xdmoe_binary() + " launch --config " + config + " --mode hybrid+soon --steps 1 --run-dir " +
                         dir + "/bad");
   EXPECT_NE(bad, 0);
-  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early, sr, once)"),
+  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early, sr, once, "
+                     "perexpert)"),
             std::string::npos)
       << why;
 }
 
-// +once: the coordinator's --tokens-once-per-worker. HybridEP 1 x 2 (each
-// worker computes its DC's 4 experts of 8, top-2): fewer token bytes cross
-// the DC link, and the losses are those of one row per expert up to the
-// order of sums.
+// +once and +perexpert: the coordinator's --tokens-once-per-worker=true and
+// =false. HybridEP 1 x 2 (each worker computes its DC's 4 experts of 8,
+// top-2): fewer token bytes cross the DC link once per worker, and the
+// losses are those of one row per expert up to the order of sums.
 TEST_F(Launch, PlusOnceSendsATokenOnceToEachWorkerComputingItsExperts) {
   auto [code, out] = run(xdmoe_binary() + " launch --config " + config +
-                         " --mode hybrid+farskip+d1x2 --mode hybrid+farskip+d1x2+once --steps 3 --run-dir " + dir +
-                         "/run --cli-bind 'tcp://127.0.0.1:*'");
+                         " --mode hybrid+farskip+d1x2+perexpert --mode hybrid+farskip+d1x2+once --steps 3 --run-dir " +
+                         dir + "/run --cli-bind 'tcp://127.0.0.1:*'");
   ASSERT_EQ(code, 0) << out;
   nlohmann::json per_expert, once;
-  std::ifstream(dir + "/run/hybrid+farskip+d1x2/summary.json") >> per_expert;
+  std::ifstream(dir + "/run/hybrid+farskip+d1x2+perexpert/summary.json") >> per_expert;
   std::ifstream(dir + "/run/hybrid+farskip+d1x2+once/summary.json") >> once;
+  EXPECT_FALSE(per_expert.value("tokens_once_per_worker", true));
+  EXPECT_TRUE(once.value("tokens_once_per_worker", false));
   for (const char* kind : {"dc/moe_dispatch", "dc/moe_combine"}) {
     const double rows = per_expert["bytes_per_step"].value(kind, 0.0);
     EXPECT_GT(rows, 0.0) << kind;

@@ -58,14 +58,14 @@ TEST(JobConfigJson, EveryFieldOfAParsedJobRoundTrips) {
   EXPECT_FALSE(back->cluster.expert_parallel.fused_encode);
   EXPECT_EQ(back->cluster.expert_parallel.pipeline_degree, 3);
   EXPECT_EQ(back->cluster.expert_parallel.backward_pipeline_degree, 1);
-  EXPECT_FALSE(back->cluster.expert_parallel.tokens_once_per_worker);
+  EXPECT_EQ(back->cluster.expert_parallel.tokens_once_per_worker, TokensOncePerWorker::kAuto);
   // Grouped token rows need lossless token codecs: on the default links.
   JobConfig once = default_job_config();
-  once.cluster.expert_parallel.tokens_once_per_worker = true;
+  once.cluster.expert_parallel.tokens_once_per_worker = TokensOncePerWorker::kOn;
   ASSERT_TRUE(once.validate().is_ok()) << once.validate().to_string();
   auto once_back = job_config_from_json(json::parse(job_config_to_json(once).dump()));
   ASSERT_TRUE(once_back) << once_back.status().to_string();
-  EXPECT_TRUE(once_back->cluster.expert_parallel.tokens_once_per_worker);
+  EXPECT_EQ(once_back->cluster.expert_parallel.tokens_once_per_worker, TokensOncePerWorker::kOn);
   EXPECT_EQ(back->cluster.expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kLate);
   EXPECT_TRUE(back->train.farskip.enabled);
   EXPECT_FALSE(back->train.farskip.overlapped);

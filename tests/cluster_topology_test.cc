@@ -345,10 +345,17 @@ cluster:
   auto automatic = parse_cluster_spec("cluster:\n  expert_parallel: {pipeline_degree: auto}\n", "job.yaml");
   ASSERT_TRUE(automatic) << automatic.status().message();
   EXPECT_TRUE(automatic->expert_parallel.fused_encode) << "fused unless the config says otherwise";
-  EXPECT_FALSE(automatic->expert_parallel.tokens_once_per_worker) << "one row per expert unless asked";
-  auto once = parse_cluster_spec("cluster:\n  expert_parallel: {tokens_once_per_worker: true}\n", "job.yaml");
-  ASSERT_TRUE(once) << once.status().message();
-  EXPECT_TRUE(once->expert_parallel.tokens_once_per_worker);
+  EXPECT_EQ(automatic->expert_parallel.tokens_once_per_worker, TokensOncePerWorker::kAuto)
+      << "the planner chooses unless the config says otherwise";
+  for (const auto& [text, want] : {std::pair<const char*, TokensOncePerWorker>{"true", TokensOncePerWorker::kOn},
+                                   {"True", TokensOncePerWorker::kOn},
+                                   {"false", TokensOncePerWorker::kOff},
+                                   {"auto", TokensOncePerWorker::kAuto}}) {
+    auto once = parse_cluster_spec(std::string("cluster:\n  expert_parallel: {tokens_once_per_worker: ") + text + "}\n",
+                                   "job.yaml");
+    ASSERT_TRUE(once) << once.status().message();
+    EXPECT_EQ(once->expert_parallel.tokens_once_per_worker, want) << text;
+  }
   EXPECT_EQ(automatic->expert_parallel.pipeline_degree, 0) << "auto: the planner chooses";
   EXPECT_EQ(automatic->expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kAuto)
       << "the planner chooses unless the config says otherwise";

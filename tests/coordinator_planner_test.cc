@@ -206,6 +206,52 @@ TEST(Planner, ATokenOncePerWorkerCountsItsRowsAndTheirWiderLayout) {
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2}, links, {2}, 1e300).a2a_s, 0.0);
 }
 
+// auto plans both layouts and keeps grouped rows only where they are
+// clearly faster: with token rows on a slow link, yes; with every expert
+// gathered (no token crosses) the two tie and a row per expert stays.
+TEST(Planner, AutoSendsATokenOncePerWorkerOnlyWhereThatIsClearlyFaster) {
+  Workload w = one_layer(0, 6400);
+  w.experts_per_worker = 2;
+  w.num_experts = 4;
+  w.routed_rows_per_token = 2;
+  w.hidden = 64;
+  const std::vector<LinkModel> slow = {{0.0, 1e-6}};
+  Workload automatic = w;
+  automatic.grouped_rows_auto = true;
+  const PlanCandidate per_expert = evaluate_candidate(w, {2}, slow, {1}, 1e300);
+  EXPECT_FALSE(per_expert.tokens_once_per_worker);
+  const PlanCandidate chosen = evaluate_candidate(automatic, {2}, slow, {1}, 1e300);
+  EXPECT_TRUE(chosen.tokens_once_per_worker) << "5/6 of the rows on the only link";
+  EXPECT_LT(chosen.iteration_s, per_expert.iteration_s * (1 - kPlanTieMargin));
+  const PlanCandidate gathered = evaluate_candidate(automatic, {2}, slow, {2}, 1e300);
+  EXPECT_FALSE(gathered.tokens_once_per_worker) << "no token crosses a link: nothing to gain";
+  // One routed expert a token: a group is one row, only wider.
+  automatic.routed_rows_per_token = 1;
+  EXPECT_FALSE(evaluate_candidate(automatic, {2}, slow, {1}, 1e300).tokens_once_per_worker);
+}
+
+// auto never plans grouped rows a job cannot send: soft_moe routes slot
+// inputs, and a lossy token codec would garble the ids and weights.
+TEST(Planner, AutoStaysARowPerExpertForSoftMoeAndLossyTokenCodecs) {
+  auto grouped_auto = [](const std::string& yaml) {
+    auto job = parse_job_config(yaml, "job.yaml");
+    EXPECT_TRUE(job) << job.status().message();
+    if (!job) return true;
+    EXPECT_EQ(job->cluster.expert_parallel.tokens_once_per_worker, TokensOncePerWorker::kAuto);
+    return workload_of(planner_inputs_for(*job, spec_link_models(job->cluster), {2e10, 2e-6})).grouped_rows_auto;
+  };
+  const std::string cluster = "cluster:\n  levels:\n    - {name: dc, size: 2, link: {bandwidth: 1gbit, latency: 1ms, "
+                              "codecs: {dispatch: CODEC}}}\n";
+  auto with = [&](const std::string& codec) {
+    std::string c = cluster;
+    return c.replace(c.find("CODEC"), 5, codec);
+  };
+  EXPECT_TRUE(grouped_auto(with("raw")));
+  EXPECT_TRUE(grouped_auto(with("zstd:1"))) << "zstd keeps every bit";
+  EXPECT_FALSE(grouped_auto(with("bf16")));
+  EXPECT_FALSE(grouped_auto("model:\n  gating: soft_moe\n" + with("raw")));
+}
+
 TEST(Planner, LatencyIsPaidOncePerCollectiveNotPerMessage) {
   Workload w = one_layer(0, 1000);
   w.experts_per_worker = 1;

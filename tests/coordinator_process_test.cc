@@ -249,10 +249,15 @@ TEST(Cluster, AWorkerGetsTheEffectiveConfigurationAndOneOfAnotherVersionIsRefuse
     ASSERT_EQ(expected.cluster.expert_parallel.replica_weight_gradients, ReplicaWeightGradients::kAuto);
     const ReplicaWeightGradients replicas = a.job.cluster.expert_parallel.replica_weight_gradients;
     EXPECT_NE(replicas, ReplicaWeightGradients::kAuto);
+    // And tokens_once_per_worker auto: true or false, never auto.
+    ASSERT_EQ(expected.cluster.expert_parallel.tokens_once_per_worker, TokensOncePerWorker::kAuto);
+    const TokensOncePerWorker once = a.job.cluster.expert_parallel.tokens_once_per_worker;
+    EXPECT_NE(once, TokensOncePerWorker::kAuto);
     JobConfig resolved = expected;
     resolved.cluster.expert_parallel.pipeline_degree = forward_r;
     resolved.cluster.expert_parallel.backward_pipeline_degree = backward_r;
     resolved.cluster.expert_parallel.replica_weight_gradients = replicas;
+    resolved.cluster.expert_parallel.tokens_once_per_worker = once;
     EXPECT_EQ(job_config_to_json(a.job), job_config_to_json(resolved)) << "the overrides must reach the worker";
     EXPECT_NE(a.job_id, 0u);
     if (r == 0) job_id = a.job_id;

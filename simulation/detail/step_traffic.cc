@@ -98,10 +98,14 @@ std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) 
 // Toward the experts the rows cross the outer level first (HybridExpertExchange
 // moves level 0 first); back to the sources the inner level first. At level
 // l a worker sends D S^l / SF^l bytes to each of its SF^l / S^l - 1 A2A peers
-// (tokens routed uniformly, as the planner assumes).
+// (tokens routed uniformly, as the planner assumes); with a token once per
+// worker, the planner's share of them (grouped_row_share).
 void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool dispatch_codec,
                              std::vector<CommPhase>* out) const {
   const int levels = topo_.num_levels();
+  double computed_here = in_.workload.experts_per_worker;  // n prod_l S^l: a destination's experts
+  for (int s : topo_.domain_sizes()) computed_here *= s;
+  bytes *= grouped_row_share(in_.workload, computed_here)[outer_first ? 0 : 1];
   for (int i = 0; i < levels; ++i) {
     const int l = outer_first ? i : levels - 1 - i;
     const std::vector<int> peers = topo_.a2a_peers(rank, l);
