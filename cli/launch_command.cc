@@ -76,6 +76,10 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
                                  r.summary.value("replica_weight_gradients", std::string()) == "late") +
            ")";
   });
+  row("token rows", [](const RunResult& r) {
+    if (!r.summary.contains("tokens_once_per_worker")) return std::string("-");
+    return std::string(r.summary["tokens_once_per_worker"].get<bool>() ? "once per worker" : "one per expert");
+  });
   row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });
   row("final loss", [](const RunResult& r) { return cell(r.summary, "final_loss", "%.4f"); });
   row("tokens/s", [](const RunResult& r) { return cell(r.summary, "mean_tokens_per_s", "%.0f"); });
