@@ -108,10 +108,13 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                     kSrCodecs.expert_gather + ", expert_grad " + kSrCodecs.expert_grad + ", dense_grad " +
                     kSrCodecs.dense_grad + ", the SR base every " + std::to_string(kSrCodecs.base_sync_every) +
                     " steps (docs/compression.md)");
-  cmd->add_flag("--tokens-once-per-worker{true}", o->tokens_once_per_worker,
-                "Set cluster.expert_parallel.tokens_once_per_worker: a token routed to several experts of one worker "
-                "crosses to it once, and that worker sums their outputs (docs/overlap.md). Alone: true; "
-                "--tokens-once-per-worker=false sends a row per expert, =auto lets the planner choose (the default)")
+  cmd->add_option("--tokens-once-per-worker", o->tokens_once_per_worker,
+                  "Set cluster.expert_parallel.tokens_once_per_worker: true (the option alone) sends a token routed "
+                  "to several experts of one worker to it once, and that worker sums their outputs; false sends a "
+                  "row per expert; auto lets the planner choose. Not given: the config's, auto by default "
+                  "(docs/overlap.md)")
+      ->expected(0, 1)
+      ->default_str("true")
       ->check(CLI::IsMember({"auto", "true", "false"}));
   add_trace_steps_option(cmd, &o->trace_steps, "Steps whose timeline each worker writes as a Chrome trace, e.g. 20,21");
   cmd->add_option("--trace-dir", o->trace_dir, "Where traces go (default train.trace_dir, runs/trace)");

@@ -77,7 +77,8 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
            ")";
   });
   row("token rows", [](const RunResult& r) {
-    if (!r.summary.contains("tokens_once_per_worker")) return std::string("-");
+    if (!r.summary.contains("tokens_once_per_worker") || !r.summary["tokens_once_per_worker"].is_boolean())
+      return std::string("-");
     return std::string(r.summary["tokens_once_per_worker"].get<bool>() ? "once per worker" : "one per expert");
   });
   row("steps", [](const RunResult& r) { return r.summary.contains("steps_complete") ? r.summary["steps_complete"].dump() : "-"; });

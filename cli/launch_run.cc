@@ -423,6 +423,8 @@ RunResult run_with_restarts(const LaunchRun& run_in, const WorkerPlacement& plac
       if (run.spec.mode != "hybrid") run.spec.domains.clear();
       run.spec.pipeline_degree = r.summary.value("pipeline_degree", 1);
       run.spec.backward_pipeline_degree = r.summary.value("backward_pipeline_degree", run.spec.pipeline_degree);
+      if (r.summary.contains("tokens_once_per_worker") && r.summary["tokens_once_per_worker"].is_boolean())
+        run.spec.tokens_once_per_worker = r.summary["tokens_once_per_worker"].get<bool>() ? "true" : "false";
       run.no_probe = true;
       run.no_replan = true;
     }

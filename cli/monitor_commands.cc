@@ -134,8 +134,9 @@ void print_status(const nlohmann::json& s) {
   const int r = s.value("pipeline_degree", 0);
   const std::string degrees = pipeline_degrees_text(r, s.value("backward_pipeline_degree", r),
                                                     s.value("replica_weight_gradients", std::string()) == "late");
-  std::printf("mode %s, domains %s, r %s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
+  std::printf("mode %s, domains %s, r %s%s, predicted %s ms/step, up %s s\n", s.value("mode", "?").c_str(),
               fit(list_of(s, "domain_sizes"), 16).c_str(), degrees.c_str(),
+              s.value("tokens_once_per_worker", false) ? ", tokens once" : "",
               num(s, "predicted_step_s", "%.1f", 1e3).c_str(), num(s, "uptime_s", "%.0f").c_str());
   // The last re-plan: why the plan is what it is.
   const nlohmann::json changes = s.value("plan_changes", nlohmann::json::array());
