@@ -63,13 +63,11 @@ const char* tokens_once_per_worker_name(TokensOncePerWorker t) {
   return "?";
 }
 
-Expected<TokensOncePerWorker> parse_tokens_once_per_worker(const std::string& given) {
-  std::string s = given;  // YAML booleans come in any case: True, TRUE
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+Expected<TokensOncePerWorker> parse_tokens_once_per_worker(const std::string& s) {
   if (s == "auto") return TokensOncePerWorker::kAuto;
-  if (s == "true" || s == "yes" || s == "on") return TokensOncePerWorker::kOn;
-  if (s == "false" || s == "no" || s == "off") return TokensOncePerWorker::kOff;
-  return Status::invalid_argument("unknown value '" + given + "' (use auto, true or false)");
+  if (s == "true") return TokensOncePerWorker::kOn;
+  if (s == "false") return TokensOncePerWorker::kOff;
+  return Status::invalid_argument("unknown value '" + s + "' (use auto, true or false)");
 }
 
 int ClusterSpec::world_size() const {
@@ -360,12 +358,14 @@ Expected<ClusterSpec> parse_cluster_spec(const std::string& text, const std::str
         } else if (ek == "fused_encode") {
           r.get(ev, efull, &ep.fused_encode);
         } else if (ek == "tokens_once_per_worker") {
-          std::string s;
-          r.get(ev, efull, &s);
-          if (!r.ok()) return;
-          auto t = parse_tokens_once_per_worker(s);
-          if (!t) return r.fail(ev, efull, t.status().message());
-          ep.tokens_once_per_worker = *t;
+          // auto, or any YAML boolean (yaml-cpp's: True, yes, off, ...).
+          bool once = false;
+          if (ev.IsScalar() && ev.Scalar() == "auto")
+            ep.tokens_once_per_worker = TokensOncePerWorker::kAuto;
+          else if (ev.IsScalar() && YAML::convert<bool>::decode(ev, once))
+            ep.tokens_once_per_worker = tokens_once_per_worker_of(once);
+          else
+            return r.fail(ev, efull, "expected auto, true or false");
         } else if (ek == "replica_weight_gradients") {
           std::string s;
           r.get(ev, efull, &s);

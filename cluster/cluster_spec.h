@@ -80,7 +80,8 @@ inline ReplicaWeightGradients replica_weight_gradients_of(bool late) {
 // soft_moe or lossy token codecs, which cannot send grouped rows).
 enum class TokensOncePerWorker : int { kOff = 0, kOn = 1, kAuto = 2 };
 const char* tokens_once_per_worker_name(TokensOncePerWorker t);  // "false", "true", "auto"
-// "auto", or a YAML boolean: true/false, yes/no, on/off.
+// "auto", "true" or "false" (the JSON wire and the command line; the YAML
+// reader takes any YAML boolean too).
 Expected<TokensOncePerWorker> parse_tokens_once_per_worker(const std::string& s);
 inline TokensOncePerWorker tokens_once_per_worker_of(bool once) {
   return once ? TokensOncePerWorker::kOn : TokensOncePerWorker::kOff;

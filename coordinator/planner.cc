@@ -166,8 +166,7 @@ Workload workload_of(const PlannerInputs& in) {
   w.expert_bytes = 3 * d * m.expert_intermediate_size * bytes;
   w.token_bytes = t * m.routed_rows_per_token() * d * bytes;
   w.grouped_rows = in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kOn;
-  w.grouped_rows_auto =
-      in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kAuto && m.gating != Gating::kSoftMoe;
+  w.grouped_rows_auto = in.expert_parallel.tokens_once_per_worker == TokensOncePerWorker::kAuto;
   w.routed_rows_per_token = m.routed_rows_per_token();
   w.num_experts = m.num_experts;
   w.expert_choice = m.gating == Gating::kExpertChoice;

@@ -180,6 +180,8 @@ enum class DenseStage { kOneRound, kDirect, kRing };
 DenseStage dense_stage(const std::vector<int>& level_sizes, int level, double shard_bytes);
 // The inputs for a job: its model, batch_size * seq_len tokens per worker, its
 // levels and expert-parallel spec, and the given link and compute models.
+// tokens_once_per_worker auto becomes false where the job cannot group rows
+// (JobConfig::can_send_tokens_once_per_worker), so the planner never prices it.
 PlannerInputs planner_inputs_for(const JobConfig& job, std::vector<LinkModel> links,
                                  ComputeModel compute);
 

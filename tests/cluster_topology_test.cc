@@ -350,6 +350,7 @@ cluster:
   for (const auto& [text, want] : {std::pair<const char*, TokensOncePerWorker>{"true", TokensOncePerWorker::kOn},
                                    {"True", TokensOncePerWorker::kOn},
                                    {"false", TokensOncePerWorker::kOff},
+                                   {"off", TokensOncePerWorker::kOff},
                                    {"auto", TokensOncePerWorker::kAuto}}) {
     auto once = parse_cluster_spec(std::string("cluster:\n  expert_parallel: {tokens_once_per_worker: ") + text + "}\n",
                                    "job.yaml");
@@ -464,7 +465,8 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
       {"cluster:\n  expert_parallel: {base_sync_every: -1}\n",
        "cluster.expert_parallel.base_sync_every: must be >= 0"},
       {"cluster:\n  expert_parallel: {fused_encode: sometimes}\n", "cluster.expert_parallel.fused_encode"},
-      {"cluster:\n  expert_parallel: {tokens_once_per_worker: twice}\n", "cluster.expert_parallel.tokens_once_per_worker"},
+      {"cluster:\n  expert_parallel: {tokens_once_per_worker: twice}\n",
+       "cluster.expert_parallel.tokens_once_per_worker: expected auto, true or false"},
       {"cluster:\n  expert_parallel: {replica_weight_gradients: soon}\n",
        "cluster.expert_parallel.replica_weight_gradients: unknown value 'soon' (use auto, early or late)"},
       {"cluster:\n  expert_parallel: {base_codec: int8}\n",

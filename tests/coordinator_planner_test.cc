@@ -183,16 +183,22 @@ TEST(Planner, TrafficPerLevelFollowsTheDesignFormulas) {
   // inner first, it would carry n P_E S^1 (S^0 - 1) = 4000.
 }
 
-// A token once per worker: E = 4 experts, top-2, d = 64, 2 workers of 2
-// experts (EP). A token has one row per expert there, 1 on average; it
-// misses the destination only when both its experts are at home, 1 in 6.
-// Dispatch widens by 2K - 1 = 3 columns, the backward of Dispatch by K = 2.
-TEST(Planner, ATokenOncePerWorkerCountsItsRowsAndTheirWiderLayout) {
+// Tokens only: E = 4 experts, top-2, d = 64, 2 experts a worker.
+Workload two_experts_a_worker_top2() {
   Workload w = one_layer(0, 6400);
   w.experts_per_worker = 2;
   w.num_experts = 4;
   w.routed_rows_per_token = 2;
   w.hidden = 64;
+  return w;
+}
+
+// A token once per worker on 2 workers of 2 experts (EP). A token has one
+// row per expert there, 1 on average; it misses the destination only when
+// both its experts are at home, 1 in 6. Dispatch widens by 2K - 1 = 3
+// columns, the backward of Dispatch by K = 2.
+TEST(Planner, ATokenOncePerWorkerCountsItsRowsAndTheirWiderLayout) {
+  Workload w = two_experts_a_worker_top2();
   const std::vector<LinkModel> links = {{0.0, 1e-6}};
   const PlanCandidate per_expert = evaluate_candidate(w, {2}, links, {1}, 1e300);
   w.grouped_rows = true;
@@ -210,11 +216,7 @@ TEST(Planner, ATokenOncePerWorkerCountsItsRowsAndTheirWiderLayout) {
 // clearly faster: with token rows on a slow link, yes; with every expert
 // gathered (no token crosses) the two tie and a row per expert stays.
 TEST(Planner, AutoSendsATokenOncePerWorkerOnlyWhereThatIsClearlyFaster) {
-  Workload w = one_layer(0, 6400);
-  w.experts_per_worker = 2;
-  w.num_experts = 4;
-  w.routed_rows_per_token = 2;
-  w.hidden = 64;
+  const Workload w = two_experts_a_worker_top2();
   const std::vector<LinkModel> slow = {{0.0, 1e-6}};
   Workload automatic = w;
   automatic.grouped_rows_auto = true;

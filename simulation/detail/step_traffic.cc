@@ -11,6 +11,7 @@ StepTraffic::StepTraffic(const SimulationInputs& in, const StepSchedule& schedul
   double gathered = 1;
   for (int s : in.domain_sizes) gathered *= s;
   held_ = in.workload.experts_per_worker * gathered;
+  token_share_ = grouped_row_share(in.workload, held_);
   gathered_ = gathered;
   defers_owned_ = schedule.defers_owned_expert_weights;
   defers_replicas_ = schedule.defers_replica_expert_weights;
@@ -103,9 +104,7 @@ std::vector<CommPhase> StepTraffic::phases(const ScheduledComm& comm, int rank) 
 void StepTraffic::a2a_phases(int rank, double bytes, bool outer_first, bool dispatch_codec,
                              std::vector<CommPhase>* out) const {
   const int levels = topo_.num_levels();
-  double computed_here = in_.workload.experts_per_worker;  // n prod_l S^l: a destination's experts
-  for (int s : topo_.domain_sizes()) computed_here *= s;
-  bytes *= grouped_row_share(in_.workload, computed_here)[outer_first ? 0 : 1];
+  bytes *= token_share_[outer_first ? 0 : 1];
   for (int i = 0; i < levels; ++i) {
     const int l = outer_first ? i : levels - 1 - i;
     const std::vector<int> peers = topo_.a2a_peers(rank, l);

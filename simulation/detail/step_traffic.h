@@ -5,6 +5,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -55,6 +56,9 @@ class StepTraffic {
   Topology topo_;
   int r_ = 1;
   double held_ = 1;
+  // The token bytes each hop carries over one row per expert: {toward the
+  // experts, back to the sources} (grouped_row_share; {1, 1} a row per expert).
+  std::array<double, 2> token_share_{1.0, 1.0};
   double gathered_ = 1;        // experts held per owned one (the domain sizes' product)
   bool defers_owned_ = false;  // owned experts' weight gradients at the end (StepSchedule)
   bool defers_replicas_ = false;  // the replicas' too, before them
