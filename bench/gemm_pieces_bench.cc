@@ -1,13 +1,14 @@
 // gemm_pieces_bench: the pieces of gemm_in_pieces (model/gemm.h), which cut thin
 // products into pieces OpenBLAS multiplies with its small-matrix kernels and
-// transpose a thin op(B) first, set beside one cblas_sgemm call of the same
-// product, in the same run. It also prints whether gemm<float> takes the
-// pieces on this machine (gemm_uses_pieces()). Shapes are the model's:
+// transpose a thin op(B) first, and gemm<float> as this machine runs it (the
+// pieces, the thin AVX2 kernel of model/detail/thin_gemm.h, or one call),
+// set beside one cblas_sgemm call of the same product, in the same run. It
+// also prints which path gemm<float> takes for each product. Shapes are the model's:
 // the linear layers, the SwiGLU experts' forward (op(B) transposed), input
 // gradient (untransposed) and weight gradient (op(A) transposed), at the
 // Table V model (d = 64, ff = 64) and the default one (d = 128, ff = 256),
-// and wider ones the pieces must leave whole. Samples of the two sides
-// alternate, so load spikes hit both; the ratio is of medians.
+// and wider ones the pieces must leave whole. Samples of the three sides
+// take turns, so load spikes hit all; the ratios are of medians.
 //
 // usage: gemm_pieces_bench [--reps N] [--min-sample-ms X] [--csv FILE]
 // Threads are not set: use OPENBLAS_NUM_THREADS (1 is one worker per core).
@@ -91,21 +92,27 @@ int main(int argc, char** argv) {
       usage(2);
     }
   }
-  std::printf("gemm_pieces_bench: thin products in pieces vs one cblas_sgemm, same product\n");
+  std::printf("gemm_pieces_bench: thin products in pieces and through gemm<float> vs one cblas_sgemm\n");
   std::printf("openblas: %s, core %s, threads %d\n", openblas_get_config(),
               openblas_get_corename(), openblas_get_num_threads());
   std::printf("gemm<float> here: %s\n\n",
               xd::gemm_uses_pieces()
                   ? "pieces (a core with small-matrix kernels, or XDMOE_GEMM_PIECES=1)"
-                  : "one call (no small-matrix kernels on this core, or XDMOE_GEMM_PIECES=0)");
-  std::printf("%-40s %5s %5s %5s | %9s %9s | %6s | %s\n", "product (C = op(A) op(B))", "m", "n",
-              "k", "one GF/s", "pieces", "gain", "path");
+                  : xd::gemm_uses_thin_kernel(false, 64, 64)
+                        ? "the thin AVX2 kernel where op(A) is untransposed and op(B) holds at "
+                          "most 8192 entries, else one call (no small-matrix kernels on this core)"
+                        : "one call (no small-matrix kernels and no AVX2 here, or XDMOE_THIN_GEMM=0)");
+  std::printf("%-40s %5s %5s %5s | %9s %9s %6s | %9s %6s %-6s | %s\n", "product (C = op(A) op(B))",
+              "m", "n", "k", "one GF/s", "pieces", "gain", "gemm<f>", "gain", "takes", "op");
   FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
   if (!csv_path.empty() && !csv) {
     std::fprintf(stderr, "gemm_pieces_bench: cannot write %s\n", csv_path.c_str());
     return 1;
   }
-  if (csv) std::fprintf(csv, "product,ta,tb,m,n,k,beta,one_gflops,pieces_gflops,gain_pct\n");
+  if (csv)
+    std::fprintf(csv,
+                 "product,ta,tb,m,n,k,beta,one_gflops,pieces_gflops,gain_pct,gemm_gflops,"
+                 "gemm_gain_pct,gemm_path\n");
   xd::Rng rng(7);
   for (const Shape& s : kShapes) {
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
@@ -117,36 +124,47 @@ int main(int argc, char** argv) {
       cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
                   s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta, c.data(), s.n);
     };
-    auto ours = [&] {
+    auto pieces = [&] {
       xd::gemm_in_pieces(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta,
                          c.data(), s.n);
     };
+    auto chosen = [&] {
+      xd::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta,
+                      c.data(), s.n);
+    };
+    const char* takes = xd::gemm_uses_pieces() ? "pieces"
+                        : xd::gemm_uses_thin_kernel(s.ta, s.n, s.k) ? "thin"
+                                                                     : "one";
     // Calls per sample: enough for min_sample_ms, from a timed warm-up.
-    for (int w = 0; w < 3; ++w) { one(); ours(); }
+    for (int w = 0; w < 3; ++w) { one(); pieces(); chosen(); }
     double t0 = xd::steady_seconds();
     one();
     const double single = std::max(1e-7, xd::steady_seconds() - t0);
     const int calls = std::max(1, static_cast<int>(min_sample_ms * 1e-3 / single));
-    std::vector<double> t_one, t_ours;
+    std::vector<double> times[3];  // one call, pieces, gemm<float>
     for (int r = 0; r < reps; ++r) {
-      for (int side = 0; side < 2; ++side) {
-        const bool ours_now = (side == 0) == (r % 2 == 0);
+      for (int turn = 0; turn < 3; ++turn) {
+        const int side = (turn + r) % 3;
         double start = xd::steady_seconds();
-        for (int i = 0; i < calls; ++i) ours_now ? ours() : one();
-        (ours_now ? t_ours : t_one).push_back((xd::steady_seconds() - start) / calls);
+        for (int i = 0; i < calls; ++i) side == 0 ? one() : side == 1 ? pieces() : chosen();
+        times[side].push_back((xd::steady_seconds() - start) / calls);
       }
     }
     const double flops = 2.0 * s.m * s.n * s.k;
-    const double g_one = flops / median(t_one) / 1e9, g_ours = flops / median(t_ours) / 1e9;
-    const double gain = 100.0 * (median(t_one) / median(t_ours) - 1.0);
-    const char* path = s.ta ? "A^T B" : (s.tb ? "A B^T" : "A B");
-    std::printf("%-40s %5d %5d %5d | %9.1f %9.1f | %+5.0f%% | %s\n", s.what, s.m, s.n, s.k, g_one,
-                g_ours, gain, path);
+    const double t_one = median(times[0]), t_pieces = median(times[1]), t_chosen = median(times[2]);
+    const double g_one = flops / t_one / 1e9, g_pieces = flops / t_pieces / 1e9;
+    const double g_chosen = flops / t_chosen / 1e9;
+    const double gain = 100.0 * (t_one / t_pieces - 1.0), gain_chosen = 100.0 * (t_one / t_chosen - 1.0);
+    const char* op = s.ta ? "A^T B" : (s.tb ? "A B^T" : "A B");
+    std::printf("%-40s %5d %5d %5d | %9.1f %9.1f %+5.0f%% | %9.1f %+5.0f%% %-6s | %s\n", s.what, s.m,
+                s.n, s.k, g_one, g_pieces, gain, g_chosen, gain_chosen, takes, op);
     if (csv)
-      std::fprintf(csv, "\"%s\",%d,%d,%d,%d,%d,%g,%.2f,%.2f,%.1f\n", s.what, s.ta, s.tb, s.m, s.n,
-                   s.k, s.beta, g_one, g_ours, gain);
+      std::fprintf(csv, "\"%s\",%d,%d,%d,%d,%d,%g,%.2f,%.2f,%.1f,%.2f,%.1f,%s\n", s.what, s.ta,
+                   s.tb, s.m, s.n, s.k, s.beta, g_one, g_pieces, gain, g_chosen, gain_chosen, takes);
   }
   if (csv) std::fclose(csv);
-  std::printf("\ngain: one call's median time / the pieces' - 1 (alternating samples).\n");
+  std::printf("\ngain: one call's median time / the pieces' (or gemm<float>'s) - 1, samples taking "
+              "turns;\ntakes: gemm<float>'s path here: pieces, thin (the AVX2 kernel) or one (one "
+              "cblas_sgemm call).\n");
   return 0;
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "model/detail/thin_gemm.h"
+
 namespace xd {
 
 namespace {
@@ -33,7 +35,9 @@ void sgemm_call(bool ta, bool tb, int m, int n, int k, float alpha, const float*
 // measures each case against one call).
 // Only the AVX-512 cores have the small-matrix kernels; on the others a piece
 // is packed like a whole product and the pieces lose up to 29% (OpenBLAS's
-// Haswell kernels on an AMD Zen 4 core), hence gemm_uses_pieces().
+// Haswell kernels on an AMD Zen 4 core), hence gemm_uses_pieces(). There,
+// the thin products with op(A) untransposed go to our own AVX2 kernel
+// instead (model/detail/thin_gemm.h), which packs nothing.
 constexpr long kSmallProduct = 1000000;
 constexpr long kMaxRowPieceOperand = 8192;   // n * k, op(B)'s entries, for row pieces
 constexpr long kMaxSumPieceOperand = 32768;  // m * n, C's entries, for sum pieces
@@ -43,6 +47,20 @@ constexpr int kMaxWidthToTranspose = 128;
 int piece_count(long whole, long per_unit) {
   long units = std::max(1L, kSmallProduct / std::max(1L, per_unit));
   return static_cast<int>((whole + units - 1) / units);
+}
+
+// B is (n, k); op(B) = B^T is (k, n), written out row-major into this
+// thread's buffer (valid until its next call on this thread).
+const float* transposed(const float* b, int ldb, int n, int k) {
+  thread_local std::vector<float> buffer;
+  const long b_elements = static_cast<long>(n) * k;
+  if (static_cast<long>(buffer.size()) < b_elements) buffer.resize(b_elements);
+  float* bt = buffer.data();
+  for (int j = 0; j < n; ++j) {
+    const float* row = b + static_cast<long>(j) * ldb;
+    for (int p = 0; p < k; ++p) bt[static_cast<long>(p) * n + j] = row[p];
+  }
+  return bt;
 }
 
 bool decide_pieces() {
@@ -76,15 +94,8 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
       sgemm_call(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
-    // B is (n, k); op(B) = B^T is (k, n), written out row-major.
-    thread_local std::vector<float> transposed;
-    if (static_cast<long>(transposed.size()) < b_elements) transposed.resize(b_elements);
-    float* bt = transposed.data();
-    for (int j = 0; j < n; ++j) {
-      const float* row = b + static_cast<long>(j) * ldb;
-      for (int p = 0; p < k; ++p) bt[static_cast<long>(p) * n + j] = row[p];
-    }
-    gemm_in_pieces(false, false, m, n, k, alpha, a, lda, bt, n, beta, c, ldc);
+    gemm_in_pieces(false, false, m, n, k, alpha, a, lda, transposed(b, ldb, n, k), n, beta, c,
+                   ldc);
   } else if (!ta) {
     if (!rows_fit) {
       sgemm_call(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -112,6 +123,11 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
   }
 }
 
+bool gemm_uses_thin_kernel(bool trans_a, int n, int k) {
+  return !trans_a && !gemm_uses_pieces() && static_cast<long>(n) * k <= detail::kThinGemmMaxB &&
+         detail::thin_gemm_available();
+}
+
 template <>
 void gemm<float>(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
@@ -120,6 +136,15 @@ void gemm<float>(bool ta, bool tb, int m, int n, int k, float alpha, const float
     return;
   }
   if (m == 0 || n == 0) return;
+  if (gemm_uses_thin_kernel(ta, n, k)) {
+    // With op(B) transposed, one copy of a small weight against the m rows
+    // that pass over it.
+    if (tb)
+      detail::thin_gemm(m, n, k, alpha, a, lda, transposed(b, ldb, n, k), n, beta, c, ldc);
+    else
+      detail::thin_gemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

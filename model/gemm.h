@@ -1,10 +1,11 @@
 // gemm: C = alpha * op(A) * op(B) + beta * C on row-major matrices, through
 // OpenBLAS (sgemm/dgemm); where OpenBLAS has small-matrix kernels, the float
-// path cuts thin products into pieces for them (gemm_in_pieces below).
-// gemm_reference is the naive triple loop the tests compare the fast path
-// against. All are thread-safe: the only state is the choice of pieces, made
-// once, and a per-thread buffer of at most 8192 floats for a thin op(B)
-// transposed.
+// path cuts thin products into pieces for them (gemm_in_pieces below), and
+// elsewhere, on AVX2 cores, it multiplies thin ones with its own kernel
+// (model/detail/thin_gemm.h). gemm_reference is the naive triple loop the
+// tests compare the fast paths against. All are thread-safe: the only state
+// is the choice of path, made once, and a per-thread buffer of at most 8192
+// floats for a thin op(B) transposed.
 #pragma once
 
 namespace xd {
@@ -21,6 +22,13 @@ void gemm(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, 
 bool gemm_uses_pieces();
 void gemm_in_pieces(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
+// Elsewhere, on a core with AVX2 and FMA, gemm<float> multiplies a product
+// whose op(A) is untransposed and whose op(B) holds at most 8192 entries
+// with its own kernel, which does not pack (docs/model.md, "Thin GEMMs on
+// AVX2 cores"). gemm_uses_thin_kernel() says whether a product of that
+// shape takes it here (XDMOE_THIN_GEMM=0 turns the kernel off).
+bool gemm_uses_thin_kernel(bool trans_a, int n, int k);
 
 template <typename T>
 void gemm_reference(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a,

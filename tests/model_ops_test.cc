@@ -6,6 +6,7 @@
 
 #include "grad_check.h"
 #include "common/rng.h"
+#include "model/detail/thin_gemm.h"
 #include "model/detail/vector_exp.h"
 #include "model/gemm.h"
 #include "model/ops.h"
@@ -48,6 +49,9 @@ TEST(Gemm, BlasMatchesTheNaiveReferenceForEveryTransposeCombination) {
 // summed in pieces over k, or multiplied with op(B) transposed first
 // (gemm_in_pieces, model/gemm.cc);
 // uneven last pieces, padded leading dimensions and beta must all survive that.
+// gemm<float> takes whichever path this machine chooses: on an AVX2 core
+// without small-matrix kernels the first two cases go through the thin
+// kernel (model/detail/thin_gemm.h), the second after transposing op(B).
 TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
   struct Case { bool ta, tb; int m, n, k; };
   const Case cases[] = {
@@ -92,6 +96,67 @@ TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
       EXPECT_LT(worst_pieces, 1e-5) << shape << " beta " << beta;
       EXPECT_LT(worst_fast, 1e-5) << shape << " beta " << beta;
     }
+}
+
+// The AVX2 kernel for thin products (model/detail/thin_gemm.h), called
+// directly: every row-block remainder (1-5 rows), every column tail (masked
+// lanes), an empty sum, padded leading dimensions, and beta 0 (C never read:
+// NaN there must not leak) and 2. Columns past n in C's padding stay as they were.
+TEST(Gemm, TheThinKernelMatchesTheNaiveReferenceOnEveryEdge) {
+  if (!detail::thin_gemm_available())
+    GTEST_SKIP() << "this CPU has no AVX2 and FMA (or XDMOE_THIN_GEMM=0): the kernel is not used";
+  int checked = 0;
+  for (int m : {1, 2, 5, 6, 7, 13, 100})
+    for (int n : {1, 7, 8, 9, 15, 16, 17, 33, 64})
+      for (int k : {0, 1, 5, 64})
+        for (float beta : {0.f, 2.f}) {
+          const int lda = k + 3, ldb = n + 5, ldc = n + 2;
+          auto a = random_vector(static_cast<size_t>(m) * lda, 1, 0.1);
+          auto b = random_vector(static_cast<size_t>(k) * ldb, 2, 0.1);
+          auto c = random_vector(static_cast<size_t>(m) * ldc, 3);
+          std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+          std::vector<float> fast(c.begin(), c.end()), naive(c.begin(), c.end());
+          if (beta == 0.f)
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j < n; ++j) fast[static_cast<size_t>(i) * ldc + j] = std::nanf("");
+          detail::thin_gemm(m, n, k, 1.5f, af.data(), lda, bf.data(), ldb, beta, fast.data(), ldc);
+          gemm_reference<float>(false, false, m, n, k, 1.5f, af.data(), lda, bf.data(), ldb, beta,
+                                naive.data(), ldc);
+          double worst = 0;
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(i) * ldc + j;
+              if (j >= n) {
+                ASSERT_EQ(fast[at], float(c[at])) << "padding written at " << i << "," << j;
+                continue;
+              }
+              ASSERT_TRUE(std::isfinite(fast[at])) << m << "x" << n << "x" << k << " beta " << beta;
+              worst = std::max(worst, std::fabs(double(fast[at]) - naive[at]) / (1.0 + std::fabs(naive[at])));
+            }
+          }
+          EXPECT_LT(worst, 1e-6) << m << "x" << n << "x" << k << " beta " << beta;
+          ++checked;
+        }
+  EXPECT_EQ(checked, 7 * 9 * 4 * 2);
+}
+
+// Each element of C is one chain of multiply-adds over k, in order, so a
+// token row gets the same bits whatever rows share its call (as a worker's
+// rows do with another worker's in a distributed run).
+TEST(Gemm, TheThinKernelGivesARowTheSameBitsWhateverRowsShareItsCall) {
+  if (!detail::thin_gemm_available())
+    GTEST_SKIP() << "this CPU has no AVX2 and FMA (or XDMOE_THIN_GEMM=0): the kernel is not used";
+  const int m = 23, n = 40, k = 64;
+  auto a = random_vector(static_cast<size_t>(m) * k, 4), b = random_vector(static_cast<size_t>(k) * n, 5);
+  std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+  std::vector<float> all(static_cast<size_t>(m) * n);
+  detail::thin_gemm(m, n, k, 1.f, af.data(), k, bf.data(), n, 0.f, all.data(), n);
+  for (int i = 0; i < m; ++i) {
+    std::vector<float> alone(n);
+    detail::thin_gemm(1, n, k, 1.f, af.data() + static_cast<size_t>(i) * k, k, bf.data(), n, 0.f,
+                      alone.data(), n);
+    for (int j = 0; j < n; ++j) ASSERT_EQ(alone[j], all[static_cast<size_t>(i) * n + j]) << i << "," << j;
+  }
 }
 
 TEST(Linear, GradientsMatchFiniteDifferences) {
