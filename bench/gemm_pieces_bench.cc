@@ -48,6 +48,8 @@ const Shape kShapes[] = {
     {"expert fwd, 1024 rows, d 128 ff 256", false, true, 1024, 256, 128, 0.f},
     {"expert dx, 1024 rows, ff 256 <- d 128", false, false, 1024, 256, 128, 1.f},
     {"expert dW, 256 x 128 over 1024 rows", true, false, 256, 128, 1024, 1.f},
+    {"router logits, 8 experts (x W^T)", false, true, 2048, 8, 64, 0.f},
+    {"router dx, 8 experts (dy W)", false, false, 2048, 64, 8, 1.f},
     {"wide (whole): 1024 rows, 512 x 512", false, false, 1024, 512, 512, 1.f},
     {"wide (whole): dW 512 x 512 over 1024", true, false, 512, 512, 1024, 1.f},
 };
@@ -99,8 +101,9 @@ int main(int argc, char** argv) {
               xd::gemm_uses_pieces()
                   ? "pieces (a core with small-matrix kernels, or XDMOE_GEMM_PIECES=1)"
                   : xd::gemm_uses_thin_kernel(false, 64, 64)
-                        ? "the thin AVX2 kernel where op(A) is untransposed and op(B) holds at "
-                          "most 8192 entries, else one call (no small-matrix kernels on this core)"
+                        ? "the thin AVX2 kernel where op(A) is untransposed, op(B) holds at "
+                          "most 8192 entries and C is at least 16 wide, else one call (no "
+                          "small-matrix kernels on this core)"
                         : "one call (no small-matrix kernels and no AVX2 here, or XDMOE_THIN_GEMM=0)");
   std::printf("%-40s %5s %5s %5s | %9s %9s %6s | %9s %6s %-6s | %s\n", "product (C = op(A) op(B))",
               "m", "n", "k", "one GF/s", "pieces", "gain", "gemm<f>", "gain", "takes", "op");

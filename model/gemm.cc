@@ -124,8 +124,8 @@ void gemm_in_pieces(bool ta, bool tb, int m, int n, int k, float alpha, const fl
 }
 
 bool gemm_uses_thin_kernel(bool trans_a, int n, int k) {
-  return !trans_a && !gemm_uses_pieces() && static_cast<long>(n) * k <= detail::kThinGemmMaxB &&
-         detail::thin_gemm_available();
+  return !trans_a && !gemm_uses_pieces() && n >= detail::kThinGemmMinColumns &&
+         static_cast<long>(n) * k <= detail::kThinGemmMaxB && detail::thin_gemm_available();
 }
 
 template <>

@@ -16,6 +16,9 @@ namespace xd::detail {
 // The largest op(B), in entries (a 64 x 128 weight), this kernel takes: it
 // stays in the core's L1 cache while every block of A's rows passes over it.
 inline constexpr long kThinGemmMaxB = 8192;
+// The fewest columns of C it takes: a narrower product (a router's logits,
+// one per expert) fills too few of a tile's 16 lanes, and OpenBLAS is faster.
+inline constexpr int kThinGemmMinColumns = 16;
 
 // Whether this CPU has AVX2 and FMA and XDMOE_THIN_GEMM is not "0"; asked
 // once, then cached.
