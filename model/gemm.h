@@ -25,9 +25,10 @@ void gemm_in_pieces(bool trans_a, bool trans_b, int m, int n, int k, float alpha
 
 // Elsewhere, on a core with AVX2 and FMA, gemm<float> multiplies a product
 // whose op(A) is untransposed, whose op(B) holds at most 8192 entries and
-// whose C is at least 16 columns wide with its own kernel, which does not pack (docs/model.md, "Thin GEMMs on
-// AVX2 cores"). gemm_uses_thin_kernel() says whether a product of that
-// shape takes it here (XDMOE_THIN_GEMM=0 turns the kernel off).
+// whose C is at least 16 columns wide with its own kernel, which does not
+// pack (docs/model.md, "Thin GEMMs on AVX2 cores"). gemm_uses_thin_kernel()
+// says whether a product of that shape takes it here (XDMOE_THIN_GEMM=0
+// turns the kernel off).
 bool gemm_uses_thin_kernel(bool trans_a, int n, int k);
 
 template <typename T>

@@ -50,19 +50,22 @@ TEST(Gemm, BlasMatchesTheNaiveReferenceForEveryTransposeCombination) {
 // (gemm_in_pieces, model/gemm.cc);
 // uneven last pieces, padded leading dimensions and beta must all survive that.
 // gemm<float> takes whichever path this machine chooses: on an AVX2 core
-// without small-matrix kernels the first two cases go through the thin
-// kernel (model/detail/thin_gemm.h), the second after transposing op(B).
+// without small-matrix kernels the first, second, fourth and last two cases
+// go through the thin kernel (model/detail/thin_gemm.h; op(B) of at most 8192
+// entries, transposed first where it is op(B) = B^T), the others one call.
 TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
   struct Case { bool ta, tb; int m, n, k; };
   const Case cases[] = {
       {false, false, 1037, 64, 64},   // row pieces, the last one shorter
       {false, true, 1037, 64, 64},    // op(B) transposed first, then row pieces
       {true, false, 64, 48, 1501},    // the sum over k in pieces
-      {false, true, 300, 256, 32},    // op(B) too wide to transpose: one call
+      {false, true, 300, 256, 32},    // op(B) too wide to transpose in pieces: one call
       {false, false, 300, 512, 64},   // too wide for pieces: one call
       {false, false, 300, 128, 128},  // B too large for row pieces: one call
       {false, true, 300, 128, 128},   // the same transposed: one call
       {true, false, 200, 200, 64},    // C too large for sum pieces: one call
+      {false, true, 301, 40, 64},     // small enough for one call, or the thin kernel's 8-lane tail
+      {false, false, 97, 100, 64},    // the same untransposed, a 4-lane tail
   };
   for (const Case& t : cases)
     for (float beta : {0.f, 2.f}) {
@@ -99,45 +102,55 @@ TEST(Gemm, ThinProductsCutIntoPiecesMatchTheNaiveReference) {
 }
 
 // The AVX2 kernel for thin products (model/detail/thin_gemm.h), called
-// directly: every row-block remainder (1-5 rows), every column tail (masked
-// lanes), an empty sum, padded leading dimensions, and beta 0 (C never read:
-// NaN there must not leak) and 2. Columns past n in C's padding stay as they were.
+// directly: every remainder of rows (1-5: m % 6) and of columns (1-15: n %
+// 16, in 8- and 16-lane masked tiles), an empty sum, padded leading
+// dimensions, beta 0 (C never read: NaN there must not leak) and 2, alpha 0
+// (A and B never read: NaN there must not leak). Columns past n in C's
+// padding stay as they were.
 TEST(Gemm, TheThinKernelMatchesTheNaiveReferenceOnEveryEdge) {
   if (!detail::thin_gemm_available())
     GTEST_SKIP() << "this CPU has no AVX2 and FMA (or XDMOE_THIN_GEMM=0): the kernel is not used";
+  const std::vector<int> rows = {1, 2, 3, 4, 5, 6, 7, 13, 100};
+  std::vector<int> columns;
+  for (int n = 1; n <= 33; ++n) columns.push_back(n);
+  columns.push_back(64);
   int checked = 0;
-  for (int m : {1, 2, 5, 6, 7, 13, 100})
-    for (int n : {1, 7, 8, 9, 15, 16, 17, 33, 64})
+  for (int m : rows)
+    for (int n : columns)
       for (int k : {0, 1, 5, 64})
-        for (float beta : {0.f, 2.f}) {
-          const int lda = k + 3, ldb = n + 5, ldc = n + 2;
-          auto a = random_vector(static_cast<size_t>(m) * lda, 1, 0.1);
-          auto b = random_vector(static_cast<size_t>(k) * ldb, 2, 0.1);
-          auto c = random_vector(static_cast<size_t>(m) * ldc, 3);
-          std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
-          std::vector<float> fast(c.begin(), c.end()), naive(c.begin(), c.end());
-          if (beta == 0.f)
-            for (int i = 0; i < m; ++i)
-              for (int j = 0; j < n; ++j) fast[static_cast<size_t>(i) * ldc + j] = std::nanf("");
-          detail::thin_gemm(m, n, k, 1.5f, af.data(), lda, bf.data(), ldb, beta, fast.data(), ldc);
-          gemm_reference<float>(false, false, m, n, k, 1.5f, af.data(), lda, bf.data(), ldb, beta,
-                                naive.data(), ldc);
-          double worst = 0;
-          for (int i = 0; i < m; ++i) {
-            for (int j = 0; j < ldc; ++j) {
-              const size_t at = static_cast<size_t>(i) * ldc + j;
-              if (j >= n) {
-                ASSERT_EQ(fast[at], float(c[at])) << "padding written at " << i << "," << j;
-                continue;
+        for (float alpha : {1.5f, 0.f})
+          for (float beta : {0.f, 2.f}) {
+            const int lda = k + 3, ldb = n + 5, ldc = n + 2;
+            auto a = random_vector(static_cast<size_t>(m) * lda, 1, 0.1);
+            auto b = random_vector(static_cast<size_t>(k) * ldb, 2, 0.1);
+            auto c = random_vector(static_cast<size_t>(m) * ldc, 3);
+            std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+            std::vector<float> fast(c.begin(), c.end()), naive(c.begin(), c.end());
+            if (beta == 0.f)
+              for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) fast[static_cast<size_t>(i) * ldc + j] = std::nanf("");
+            if (alpha == 0.f && !af.empty()) af[0] = std::nanf("");
+            detail::thin_gemm(m, n, k, alpha, af.data(), lda, bf.data(), ldb, beta, fast.data(), ldc);
+            if (alpha == 0.f && !af.empty()) af[0] = 0.f;  // the reference multiplies it by 0
+            gemm_reference<float>(false, false, m, n, k, alpha, af.data(), lda, bf.data(), ldb, beta,
+                                  naive.data(), ldc);
+            double worst = 0;
+            for (int i = 0; i < m; ++i) {
+              for (int j = 0; j < ldc; ++j) {
+                const size_t at = static_cast<size_t>(i) * ldc + j;
+                if (j >= n) {
+                  ASSERT_EQ(fast[at], float(c[at])) << "padding written at " << i << "," << j;
+                  continue;
+                }
+                ASSERT_TRUE(std::isfinite(fast[at]))
+                    << m << "x" << n << "x" << k << " alpha " << alpha << " beta " << beta;
+                worst = std::max(worst, std::fabs(double(fast[at]) - naive[at]) / (1.0 + std::fabs(naive[at])));
               }
-              ASSERT_TRUE(std::isfinite(fast[at])) << m << "x" << n << "x" << k << " beta " << beta;
-              worst = std::max(worst, std::fabs(double(fast[at]) - naive[at]) / (1.0 + std::fabs(naive[at])));
             }
+            EXPECT_LT(worst, 1e-6) << m << "x" << n << "x" << k << " alpha " << alpha << " beta " << beta;
+            ++checked;
           }
-          EXPECT_LT(worst, 1e-6) << m << "x" << n << "x" << k << " beta " << beta;
-          ++checked;
-        }
-  EXPECT_EQ(checked, 7 * 9 * 4 * 2);
+  EXPECT_EQ(checked, 9 * 34 * 4 * 2 * 2);
 }
 
 // Each element of C is one chain of multiply-adds over k, in order, so a
@@ -148,15 +161,34 @@ TEST(Gemm, TheThinKernelGivesARowTheSameBitsWhateverRowsShareItsCall) {
     GTEST_SKIP() << "this CPU has no AVX2 and FMA (or XDMOE_THIN_GEMM=0): the kernel is not used";
   const int m = 23, n = 40, k = 64;
   auto a = random_vector(static_cast<size_t>(m) * k, 4), b = random_vector(static_cast<size_t>(k) * n, 5);
+  auto c = random_vector(static_cast<size_t>(m) * n, 6);
   std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
-  std::vector<float> all(static_cast<size_t>(m) * n);
-  detail::thin_gemm(m, n, k, 1.f, af.data(), k, bf.data(), n, 0.f, all.data(), n);
-  for (int i = 0; i < m; ++i) {
-    std::vector<float> alone(n);
-    detail::thin_gemm(1, n, k, 1.f, af.data() + static_cast<size_t>(i) * k, k, bf.data(), n, 0.f,
-                      alone.data(), n);
-    for (int j = 0; j < n; ++j) ASSERT_EQ(alone[j], all[static_cast<size_t>(i) * n + j]) << i << "," << j;
+  for (float beta : {0.f, 2.f}) {
+    std::vector<float> all(c.begin(), c.end());
+    detail::thin_gemm(m, n, k, 1.5f, af.data(), k, bf.data(), n, beta, all.data(), n);
+    for (int i = 0; i < m; ++i) {
+      std::vector<float> alone(c.begin() + static_cast<long>(i) * n, c.begin() + static_cast<long>(i + 1) * n);
+      detail::thin_gemm(1, n, k, 1.5f, af.data() + static_cast<size_t>(i) * k, k, bf.data(), n, beta,
+                        alone.data(), n);
+      for (int j = 0; j < n; ++j)
+        ASSERT_EQ(alone[j], all[static_cast<size_t>(i) * n + j]) << i << "," << j << " beta " << beta;
+    }
   }
+}
+
+// gemm<float> hands the kernel exactly the thin products: op(A)
+// untransposed, op(B) of at most 8192 entries, C at least 16 wide.
+TEST(Gemm, OnlyThinProductsTakeTheThinKernel) {
+  if (gemm_uses_pieces() || !detail::thin_gemm_available())
+    GTEST_SKIP() << "OpenBLAS has small-matrix kernels here, or the CPU no AVX2 and FMA: "
+                 << "the kernel is not used";
+  EXPECT_TRUE(gemm_uses_thin_kernel(false, 64, 64));
+  EXPECT_TRUE(gemm_uses_thin_kernel(false, 16, 512));     // 8192 entries, 16 wide
+  EXPECT_FALSE(gemm_uses_thin_kernel(false, 15, 64));     // narrower than a tile
+  EXPECT_FALSE(gemm_uses_thin_kernel(false, 8, 64));      // a router's logits
+  EXPECT_FALSE(gemm_uses_thin_kernel(false, 17, 482));    // 8194 entries
+  EXPECT_FALSE(gemm_uses_thin_kernel(false, 128, 128));   // a d = 128 weight
+  EXPECT_FALSE(gemm_uses_thin_kernel(true, 64, 64));      // a weight gradient
 }
 
 TEST(Linear, GradientsMatchFiniteDifferences) {

@@ -26,15 +26,20 @@ namespace {
 constexpr int kTileRows = 6;   // MR: 6 x 2 accumulators, 2 of B, 1 of A: 15 of 16 registers
 constexpr int kTileCols = 16;  // NR: two 8-lane registers
 
-// C[0:R, 0:16) = alpha * A[0:R, 0:k) * B[0:k, 0:16) + beta * C, or only the
-// columns whose lanes `low` and `high` keep (a masked lane of B reads as 0
-// and is never touched in memory; a masked lane of C is neither read nor
-// written).
-template <int R, bool kMasked>
+// C[0:R, 0:kLanes) = alpha * A[0:R, 0:k) * B[0:k, 0:kLanes) + beta * C, in
+// one 8-lane register per row (kLanes 8) or two (16). With kMasked, the last
+// register keeps only the lanes `mask` sets: there a lane of B reads as 0,
+// and a lane of C is neither read nor written. No address past the tile's
+// columns is formed (AMD leaves faults on masked-off lanes to the
+// implementation).
+template <int R, int kLanes, bool kMasked>
 __attribute__((target("avx2,fma"))) inline void tile(int k, const float* a, long lda,
                                                      const float* b, long ldb, float* c,
                                                      long ldc, float alpha, float beta,
-                                                     __m256i low, __m256i high) {
+                                                     const __m256i& mask) {
+  static_assert(kLanes == 8 || kLanes == 16, "a tile is one or two 8-lane registers wide");
+  constexpr bool kHigh = kLanes == 16;
+  constexpr bool kLowMasked = kMasked && !kHigh;
   __m256 acc_low[R], acc_high[R];
   XD_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -43,13 +48,14 @@ __attribute__((target("avx2,fma"))) inline void tile(int k, const float* a, long
   }
   for (int p = 0; p < k; ++p) {
     const float* row = b + p * ldb;
-    const __m256 b_low = kMasked ? _mm256_maskload_ps(row, low) : _mm256_loadu_ps(row);
-    const __m256 b_high = kMasked ? _mm256_maskload_ps(row + 8, high) : _mm256_loadu_ps(row + 8);
+    const __m256 b_low = kLowMasked ? _mm256_maskload_ps(row, mask) : _mm256_loadu_ps(row);
+    __m256 b_high = _mm256_setzero_ps();
+    if (kHigh) b_high = kMasked ? _mm256_maskload_ps(row + 8, mask) : _mm256_loadu_ps(row + 8);
     XD_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 a_rp = _mm256_broadcast_ss(a + r * lda + p);
       acc_low[r] = _mm256_fmadd_ps(a_rp, b_low, acc_low[r]);
-      acc_high[r] = _mm256_fmadd_ps(a_rp, b_high, acc_high[r]);
+      if (kHigh) acc_high[r] = _mm256_fmadd_ps(a_rp, b_high, acc_high[r]);
     }
   }
   const __m256 alpha_v = _mm256_set1_ps(alpha);
@@ -60,22 +66,28 @@ __attribute__((target("avx2,fma"))) inline void tile(int k, const float* a, long
     __m256 out_low = _mm256_mul_ps(acc_low[r], alpha_v);
     __m256 out_high = _mm256_mul_ps(acc_high[r], alpha_v);
     if (beta != 0.0f) {
-      const __m256 c_low = kMasked ? _mm256_maskload_ps(out, low) : _mm256_loadu_ps(out);
-      const __m256 c_high = kMasked ? _mm256_maskload_ps(out + 8, high) : _mm256_loadu_ps(out + 8);
+      const __m256 c_low = kLowMasked ? _mm256_maskload_ps(out, mask) : _mm256_loadu_ps(out);
       out_low = _mm256_fmadd_ps(beta_v, c_low, out_low);
-      out_high = _mm256_fmadd_ps(beta_v, c_high, out_high);
+      if (kHigh) {
+        const __m256 c_high = kMasked ? _mm256_maskload_ps(out + 8, mask) : _mm256_loadu_ps(out + 8);
+        out_high = _mm256_fmadd_ps(beta_v, c_high, out_high);
+      }
     }
-    if (kMasked) {
-      _mm256_maskstore_ps(out, low, out_low);
-      _mm256_maskstore_ps(out + 8, high, out_high);
-    } else {
+    if (kLowMasked)
+      _mm256_maskstore_ps(out, mask, out_low);
+    else
       _mm256_storeu_ps(out, out_low);
-      _mm256_storeu_ps(out + 8, out_high);
+    if (kHigh) {
+      if (kMasked)
+        _mm256_maskstore_ps(out + 8, mask, out_high);
+      else
+        _mm256_storeu_ps(out + 8, out_high);
     }
   }
 }
 
-// One block of R rows of C across every column.
+// One block of R rows of C across every column: 16-column tiles, then the
+// tail (1-15 columns) in the narrowest tile that holds it.
 template <int R>
 __attribute__((target("avx2,fma"))) void row_block(int n, int k, float alpha, const float* a,
                                                    long lda, const float* b, long ldb, float beta,
@@ -83,14 +95,21 @@ __attribute__((target("avx2,fma"))) void row_block(int n, int k, float alpha, co
   const __m256i none = _mm256_setzero_si256();
   int j = 0;
   for (; j + kTileCols <= n; j += kTileCols)
-    tile<R, false>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, none, none);
-  if (const int left = n - j) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    // Lane i is kept where i < left (low) or i + 8 < left (high): a set sign bit.
-    const __m256i low = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane);
-    const __m256i high = _mm256_cmpgt_epi32(_mm256_set1_epi32(left - 8), lane);
-    tile<R, true>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, low, high);
+    tile<R, 16, false>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, none);
+  const int left = n - j;
+  if (left == 0) return;
+  if (left == 8) {
+    tile<R, 8, false>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, none);
+    return;
   }
+  // The last register keeps lane i where i < its share of the tail: a set sign bit.
+  const int in_last = left > 8 ? left - 8 : left;
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(in_last), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  if (left > 8)
+    tile<R, 16, true>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, mask);
+  else
+    tile<R, 8, true>(k, a, lda, b + j, ldb, c + j, ldc, alpha, beta, mask);
 }
 
 __attribute__((target("avx2,fma"))) void thin_gemm_avx2(int m, int n, int k, float alpha,
@@ -129,6 +148,15 @@ void thin_gemm(int m, int n, int k, float alpha, const float* a, int lda, const 
                float beta, float* c, int ldc) {
   XD_CHECK(thin_gemm_available());
   XD_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= k && ldb >= n && ldc >= n);
+  if (alpha == 0.0f) {
+    // As in BLAS, A and B are not read (a NaN there does not reach C).
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        float& out = c[static_cast<long>(i) * ldc + j];
+        out = beta == 0.0f ? 0.0f : beta * out;
+      }
+    return;
+  }
   thin_gemm_avx2(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

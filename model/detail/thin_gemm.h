@@ -7,14 +7,14 @@
 // This kernel reads A and B where they are: 6 rows of C by 16 columns at a
 // time in 12 AVX2 registers, one fused multiply-add per element of the sum
 // over k, in order, so each element of C gets the same bits whichever rows
-// share its call. A beta of 0 never reads C.
+// share its call. A beta of 0 never reads C; an alpha of 0 never reads A or B.
 // Pure functions; thread-safe.
 #pragma once
 
 namespace xd::detail {
 
-// The largest op(B), in entries (a 64 x 128 weight), this kernel takes: it
-// stays in the core's L1 cache while every block of A's rows passes over it.
+// The largest op(B), in entries (a 64 x 128 weight), this kernel takes: 32
+// KB, about a core's L1 data cache, which every block of A's rows passes over.
 inline constexpr long kThinGemmMaxB = 8192;
 // The fewest columns of C it takes: a narrower product (a router's logits,
 // one per expert) fills too few of a tile's 16 lanes, and OpenBLAS is faster.
