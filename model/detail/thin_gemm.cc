@@ -26,6 +26,28 @@ namespace {
 constexpr int kTileRows = 6;   // MR: 6 x 2 accumulators, 2 of B, 1 of A: 15 of 16 registers
 constexpr int kTileCols = 16;  // NR: two 8-lane registers
 
+#define XD_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+
+// 8 floats at p, or only the lanes `mask` sets (the others read as 0, and no
+// memory behind them is touched).
+template <bool kMasked>
+XD_AVX2_INLINE __m256 load_lanes(const float* p, const __m256i& mask) {
+  return kMasked ? _mm256_maskload_ps(p, mask) : _mm256_loadu_ps(p);
+}
+
+// out = alpha * acc + beta * out on 8 lanes, or only those `mask` sets; out
+// is read only when beta is not 0.
+template <bool kMasked>
+XD_AVX2_INLINE void finish_lanes(float* out, const __m256i& mask, const __m256& acc,
+                                 const __m256& alpha, float beta) {
+  __m256 v = _mm256_mul_ps(acc, alpha);
+  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), load_lanes<kMasked>(out, mask), v);
+  if (kMasked)
+    _mm256_maskstore_ps(out, mask, v);
+  else
+    _mm256_storeu_ps(out, v);
+}
+
 // C[0:R, 0:kLanes) = alpha * A[0:R, 0:k) * B[0:k, 0:kLanes) + beta * C, in
 // one 8-lane register per row (kLanes 8) or two (16). With kMasked, the last
 // register keeps only the lanes `mask` sets: there a lane of B reads as 0,
@@ -39,18 +61,14 @@ __attribute__((target("avx2,fma"))) inline void tile(int k, const float* a, long
                                                      const __m256i& mask) {
   static_assert(kLanes == 8 || kLanes == 16, "a tile is one or two 8-lane registers wide");
   constexpr bool kHigh = kLanes == 16;
-  constexpr bool kLowMasked = kMasked && !kHigh;
+  constexpr bool kLowMasked = kMasked && !kHigh;  // the last register is the only one
   __m256 acc_low[R], acc_high[R];
   XD_UNROLL
-  for (int r = 0; r < R; ++r) {
-    acc_low[r] = _mm256_setzero_ps();
-    acc_high[r] = _mm256_setzero_ps();
-  }
+  for (int r = 0; r < R; ++r) acc_low[r] = acc_high[r] = _mm256_setzero_ps();
   for (int p = 0; p < k; ++p) {
     const float* row = b + p * ldb;
-    const __m256 b_low = kLowMasked ? _mm256_maskload_ps(row, mask) : _mm256_loadu_ps(row);
-    __m256 b_high = _mm256_setzero_ps();
-    if (kHigh) b_high = kMasked ? _mm256_maskload_ps(row + 8, mask) : _mm256_loadu_ps(row + 8);
+    const __m256 b_low = load_lanes<kLowMasked>(row, mask);
+    const __m256 b_high = kHigh ? load_lanes<kMasked>(row + 8, mask) : _mm256_setzero_ps();
     XD_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 a_rp = _mm256_broadcast_ss(a + r * lda + p);
@@ -59,30 +77,10 @@ __attribute__((target("avx2,fma"))) inline void tile(int k, const float* a, long
     }
   }
   const __m256 alpha_v = _mm256_set1_ps(alpha);
-  const __m256 beta_v = _mm256_set1_ps(beta);
   XD_UNROLL
   for (int r = 0; r < R; ++r) {
-    float* out = c + r * ldc;
-    __m256 out_low = _mm256_mul_ps(acc_low[r], alpha_v);
-    __m256 out_high = _mm256_mul_ps(acc_high[r], alpha_v);
-    if (beta != 0.0f) {
-      const __m256 c_low = kLowMasked ? _mm256_maskload_ps(out, mask) : _mm256_loadu_ps(out);
-      out_low = _mm256_fmadd_ps(beta_v, c_low, out_low);
-      if (kHigh) {
-        const __m256 c_high = kMasked ? _mm256_maskload_ps(out + 8, mask) : _mm256_loadu_ps(out + 8);
-        out_high = _mm256_fmadd_ps(beta_v, c_high, out_high);
-      }
-    }
-    if (kLowMasked)
-      _mm256_maskstore_ps(out, mask, out_low);
-    else
-      _mm256_storeu_ps(out, out_low);
-    if (kHigh) {
-      if (kMasked)
-        _mm256_maskstore_ps(out + 8, mask, out_high);
-      else
-        _mm256_storeu_ps(out + 8, out_high);
-    }
+    finish_lanes<kLowMasked>(c + r * ldc, mask, acc_low[r], alpha_v, beta);
+    if (kHigh) finish_lanes<kMasked>(c + r * ldc + 8, mask, acc_high[r], alpha_v, beta);
   }
 }
 
