@@ -5,7 +5,6 @@
 
 #include "cluster/topology.h"
 #include "coordinator/planner.h"
-#include "model/param_layout.h"
 #include "transport/communicator.h"
 
 namespace xd {
