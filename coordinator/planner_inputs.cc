@@ -47,18 +47,18 @@ Status PlannerInputs::validate() const {
   if (!(compute.flops_per_s > 0) || !std::isfinite(compute.flops_per_s))
     return bad("compute.flops_per_s must be positive");
   if (!(compute.gemm_overhead_s >= 0)) return bad("compute.gemm_overhead_s must be >= 0");
-  if (!(compute.non_gemm_factor >= 1) || !std::isfinite(compute.non_gemm_factor))
-    return bad("compute.non_gemm_factor must be finite and >= 1");
-  if (!(compute.optimizer_s_per_param >= 0) || !std::isfinite(compute.optimizer_s_per_param))
-    return bad("compute.optimizer_s_per_param must be finite and >= 0");
-  if (!(compute.transport_cpu_s_per_byte >= 0) || !std::isfinite(compute.transport_cpu_s_per_byte))
-    return bad("compute.transport_cpu_s_per_byte must be finite and >= 0");
-  if (!(compute.exchange_cpu_s_per_byte >= 0) || !std::isfinite(compute.exchange_cpu_s_per_byte))
-    return bad("compute.exchange_cpu_s_per_byte must be finite and >= 0");
-  if (!(compute.transport_cpu_s_per_message >= 0) || !std::isfinite(compute.transport_cpu_s_per_message))
-    return bad("compute.transport_cpu_s_per_message must be finite and >= 0");
-  if (!(compute.exchange_cpu_s_per_message >= 0) || !std::isfinite(compute.exchange_cpu_s_per_message))
-    return bad("compute.exchange_cpu_s_per_message must be finite and >= 0");
+  // A compute figure that must be finite and at least `floor` ("0" or "1").
+  auto finite_at_least = [&](double value, double floor, const char* name, const char* floor_text) {
+    return value >= floor && std::isfinite(value)
+               ? Status::ok()
+               : bad(std::string("compute.") + name + " must be finite and >= " + floor_text);
+  };
+  XD_RETURN_IF_ERROR(finite_at_least(compute.non_gemm_factor, 1, "non_gemm_factor", "1"));
+  XD_RETURN_IF_ERROR(finite_at_least(compute.optimizer_s_per_param, 0, "optimizer_s_per_param", "0"));
+  XD_RETURN_IF_ERROR(finite_at_least(compute.transport_cpu_s_per_byte, 0, "transport_cpu_s_per_byte", "0"));
+  XD_RETURN_IF_ERROR(finite_at_least(compute.exchange_cpu_s_per_byte, 0, "exchange_cpu_s_per_byte", "0"));
+  XD_RETURN_IF_ERROR(finite_at_least(compute.transport_cpu_s_per_message, 0, "transport_cpu_s_per_message", "0"));
+  XD_RETURN_IF_ERROR(finite_at_least(compute.exchange_cpu_s_per_message, 0, "exchange_cpu_s_per_message", "0"));
   if (!a2a_imbalance.empty() && a2a_imbalance.size() != level_sizes.size())
     return bad("need one A2A imbalance per level, or none");
   for (double f : a2a_imbalance)

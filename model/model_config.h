@@ -30,6 +30,12 @@ enum class Connectivity : int {
   kFarSkipAttention = 2,  // attention input partial only
   kFarSkipMoe = 3,        // MoE input outdated only
 };
+// Whether a layer's attention reads the partial p_{k-1} (FarSkip attention),
+// and whether its MoE block reads the outdated o_{k-1} (FarSkip MoE).
+inline bool farskip_attention(Connectivity c) {
+  return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipAttention;
+}
+inline bool farskip_moe(Connectivity c) { return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipMoe; }
 
 struct ModelConfig {
   int vocab_size = 256;

@@ -19,8 +19,6 @@ constexpr double kXMoeInitialTemperature = 0.07;
 }  // namespace
 
 using detail::computes_replicas;
-using detail::farskip_attention;
-using detail::farskip_moe;
 
 template <typename T>
 MoeTransformer<T>::MoeTransformer(const ParamLayout& layout)

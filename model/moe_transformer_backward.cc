@@ -12,8 +12,6 @@
 namespace xd {
 
 using detail::computes_replicas;
-using detail::farskip_attention;
-using detail::farskip_moe;
 
 template <typename T>
 void MoeTransformer<T>::backward(ExpertExchange<T>* exchange) {

@@ -82,10 +82,6 @@ class StepTimeline {
     return w_.connectivity.empty() ? Connectivity::kRegular
                                    : w_.connectivity[std::min<size_t>(k, w_.connectivity.size() - 1)];
   }
-  static bool farskip_attention(Connectivity x) {
-    return x == Connectivity::kFarSkip || x == Connectivity::kFarSkipAttention;
-  }
-  static bool farskip_moe(Connectivity x) { return x == Connectivity::kFarSkip || x == Connectivity::kFarSkipMoe; }
   void release_bucket(int group) {  // MoeTransformer's grads_ready(group)
     if (w_.overlapped) dense_done_ = std::max(dense_done_, send(t_, bucket_[dense_bucket_of_group(layers_, group)]));
   }
@@ -123,6 +119,7 @@ class StepTimeline {
   std::vector<Route> bucket_;  // the dense buckets, in the order backward finishes them
   std::vector<double> bucket_sent_, bucket_messages_;  // what a worker sends for each bucket, all levels
   Route base_, norm_sum_;
+  bool outer_base_bf16_ = false;  // the base crosses the outer stage in bf16 (all_reduce)
 
   double expert_fwd_ = 0, expert_bwd_ = 0, bwd_scale_ = 0, attention_fwd_ = 0, qkv_fwd_ = 0;
 
@@ -143,7 +140,6 @@ void StepTimeline::plan_levels(const std::vector<int>& domain_sizes) {
   // A measured F, else this candidate's from the routing probe: its domains
   // decide which rows cross which level.
   const std::vector<double> imbalance = a2a_imbalance_for(w_.a2a_imbalance, w_.routed_a2a_imbalance, domain_sizes);
-  double gathered_per_layer_experts = 1;
   const std::vector<GatherHop> gather = expert_gather_hops(n_ * w_.expert_bytes, domain_sizes, link_codecs_);
   double relayed_origins = 0;  // blocks of lossy outer levels a raw inner level relays, per peer
   for (int l = 0; l < num_levels_; ++l) {
@@ -198,7 +194,6 @@ void StepTimeline::plan_levels(const std::vector<int>& domain_sizes) {
     a2a_chunk_messages_ += a2a_msgs;
     c_.level_messages[l] += layers_ * (2.0 * (r_ + rb_) * a2a_msgs + ag_messages + rs_messages);
     if (s > 1) relayed_origins = codec.gather_lossy() ? relayed_origins + (s - 1) : relayed_origins * s;
-    gathered_per_layer_experts *= s;
   }
   auto spanned = [this](Route route) {
     for (Hop& h : route) h.busy *= span_;
@@ -206,7 +201,7 @@ void StepTimeline::plan_levels(const std::vector<int>& domain_sizes) {
   };
   to_experts_span_ = spanned(to_experts_chunk_);
   to_sources_span_ = spanned(to_sources_chunk_);
-  held_ = n_ * gathered_per_layer_experts;
+  held_ = n_ * held_per_worker;  // experts per layer incl. own
   // Late replica weight gradients need replicas and the overlapped backward
   // (MoeTransformer::BackwardHooks): their share of the weight gradients
   // moves after the embedding's bucket, each layer's sent when done.
@@ -242,9 +237,6 @@ void StepTimeline::plan_memory(double memory_cap_bytes) {
 // collectives' 4 MB message size and an outer stage spanning several levels
 // send a few more than this counts.)
 Route StepTimeline::all_reduce(double bytes, bool base, double times, double* sent_total, double* messages_total) {
-  bool outer_base_bf16 = false;
-  for (int l = 0; l + 1 < num_levels_ && !link_codecs_.empty(); ++l)
-    outer_base_bf16 = outer_base_bf16 || link_codecs_[l].gather_against_base;
   auto count = [&](int l, double sent, double messages) {
     c_.level_bytes[l] += sent;
     c_.level_messages[l] += times * messages;
@@ -256,7 +248,7 @@ Route StepTimeline::all_reduce(double bytes, bool base, double times, double* se
   for (int l = num_levels_ - 1; l >= 0; --l) {
     const int sf = level_sizes_[l];
     const bool bf16 = l == num_levels_ - 1 ? !link_codecs_.empty() && link_codecs_[l].gather_against_base
-                                           : outer_base_bf16;
+                                           : outer_base_bf16_;
     // base_codec: sign (outer stage): a sign bit a float, a fp32 scale per
     // 1024 and a bit per 1024, to every other member in one round.
     const bool sign = base && bf16 && l < num_levels_ - 1 && w_.base_outer_sign;
@@ -284,6 +276,8 @@ Route StepTimeline::all_reduce(double bytes, bool base, double times, double* se
 }
 
 void StepTimeline::plan_dense() {
+  for (int l = 0; l + 1 < num_levels_ && !link_codecs_.empty(); ++l)
+    outer_base_bf16_ = outer_base_bf16_ || link_codecs_[l].gather_against_base;
   // The buckets backward finishes (model/param_layout.h): the LM head's, one
   // per layer, the embedding's (dense_bucket_of_group numbers them).
   std::vector<double> bucket_bytes(layers_ + 2, w_.dense_param_bytes / (layers_ + 2));

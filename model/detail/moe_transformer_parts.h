@@ -1,5 +1,5 @@
-// What MoeTransformer's forward keeps for its backward, and the connectivity
-// tests both schedules use (model/moe_transformer.cc: the forward,
+// What MoeTransformer's forward keeps for its backward, and the test for
+// replicas both schedules use (model/moe_transformer.cc: the forward,
 // model/moe_transformer_backward.cc: the backward). Internal to the model.
 #pragma once
 
@@ -27,12 +27,6 @@ struct MoeTransformer<T>::LayerCache {
 
 namespace detail {
 
-inline bool farskip_attention(Connectivity c) {
-  return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipAttention;
-}
-inline bool farskip_moe(Connectivity c) {
-  return c == Connectivity::kFarSkip || c == Connectivity::kFarSkipMoe;
-}
 // Whether gathered experts (HybridEP replicas) are among those computed here.
 template <typename T>
 bool computes_replicas(const ExpertExchange<T>& exchange) {
