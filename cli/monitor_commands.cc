@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -97,6 +98,36 @@ void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) > 0)
     std::printf("  codecs: %s ms of wall time encoding and decoding (busiest worker)\n",
                 num(last_step, "codec_s", "%.1f", 1e3).c_str());
+}
+
+// One pass's communication (the busiest link's transmit time while it ran),
+// the exposed part of it and the overlap, for the most-waiting worker, and
+// the slowest worker's overlap (the critical path).
+void print_direction(const nlohmann::json& l, const char* name, const char* prefix) {
+  const std::string p(prefix);
+  std::printf("  %-9s comm %s ms, exposed %s ms, overlap %s%% (slowest %s%%)\n", (std::string(name) + ":").c_str(),
+              num(l, (p + "_comm_s").c_str(), "%.1f", 1e3).c_str(),
+              num(l, (p + "_exposed_s").c_str(), "%.1f", 1e3).c_str(),
+              num(l, (p + "_overlap_percent").c_str(), "%.0f").c_str(),
+              num(l, ("critical_" + p + "_overlap_percent").c_str(), "%.0f").c_str());
+}
+
+// How long the forward waited for each layer's gathered experts (HybridEP;
+// the most-waiting worker's), wrapped at 80 columns; nothing without them.
+void print_gather_waits(const nlohmann::json& l) {
+  const auto it = l.find("gather_wait_s");
+  if (it == l.end() || !it->is_array() || it->empty()) return;
+  std::string line = "  wait for gathered experts by layer (ms):";
+  for (const auto& w : *it) {
+    char v[32];
+    std::snprintf(v, sizeof v, " %.1f", w.is_number() ? w.get<double>() * 1e3 : 0.0);
+    if (line.size() + std::strlen(v) > 80) {
+      std::printf("%s\n", line.c_str());
+      line = "   ";
+    }
+    line += v;
+  }
+  std::printf("%s\n", line.c_str());
 }
 
 // The slowest worker's waits by what for (docs/overlap.md), wrapped at 80
@@ -196,10 +227,9 @@ void print_status(const nlohmann::json& s) {
     std::printf("  CPU floor %s ms, step / CPU floor %s; compute spread %s ms\n",
                 num(l, "cpu_floor_s", "%.1f", 1e3).c_str(), num(l, "step_over_cpu_floor", "%.2f").c_str(),
                 num(l, "compute_spread_s", "%.1f", 1e3).c_str());
-    std::printf("  overlap forward %s%%, backward %s%% (the slowest worker's %s%%, %s%%)\n",
-                num(l, "fwd_overlap_percent", "%.0f").c_str(), num(l, "bwd_overlap_percent", "%.0f").c_str(),
-                num(l, "critical_fwd_overlap_percent", "%.0f").c_str(),
-                num(l, "critical_bwd_overlap_percent", "%.0f").c_str());
+    print_direction(l, "forward", "fwd");
+    print_direction(l, "backward", "bwd");
+    print_gather_waits(l);
     print_waits(l);
     print_codec_time(l);
   }

@@ -260,6 +260,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"compute_seconds", "Compute time of the step.", s->compute_s},
         {"compute_spread_seconds", "Slowest worker's compute minus the fastest's: waiting for a more loaded peer.",
          s->compute_spread_s()},
+        {"comm_seconds", "Communication time of the step (both passes; the busiest link class's transmit time).",
+         s->comm_s},
         {"exposed_comm_seconds", "Communication time not hidden behind compute.", s->exposed_comm_s},
         {"overlap_percent", "1 - exposed / total communication, in percent.", s->overlap_percent()},
         {"link_busy_seconds", "Busiest shaped link class's transmit time in the step.", s->link_busy_s},
@@ -318,6 +320,13 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         o << "xdmoe_critical_wait_seconds{" << label << ",direction=\"" << key.substr(0, slash) << "\",wait=\""
           << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
       }
+    }
+    if (!s->gather_wait_s.empty()) {
+      gauge("gather_wait_seconds",
+            "Time the forward waited for a layer's gathered experts (HybridEP), the most-waiting worker.");
+      for (size_t layer = 0; layer < s->gather_wait_s.size(); ++layer)
+        o << "xdmoe_gather_wait_seconds{" << label << ",layer=\"" << layer << "\"} " << s->gather_wait_s[layer]
+          << "\n";
     }
     // Keys are "link/op" (bytes on the wire) and "link/op_raw" (the fp32
     // bytes before any codec): two metrics with the same labels.

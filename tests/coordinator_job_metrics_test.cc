@@ -201,6 +201,27 @@ TEST(JobMetrics, OverlapIsReportedPerDirectionBesideStepOverBound) {
   EXPECT_DOUBLE_EQ(metrics.mean(0).bwd_compute_s, (0.35 + 0.3) / 2);
 }
 
+// The step's communication time beside its exposed part, and the forward's
+// wait for each layer's gathered experts, the most-waiting worker's per layer.
+TEST(JobMetrics, PrometheusCarriesTheStepsCommunicationAndEachLayersWaitForGatheredExperts) {
+  JobMetrics metrics(2);
+  StepMetrics a = report(1, 0.4, 0.5), b = report(1, 0.3, 0.2);
+  a.comm_s = 0.25, b.comm_s = 0.5;
+  a.gather_wait_s = {0.004, 0.0, 0.001}, b.gather_wait_s = {0.002, 0.003, 0.0};
+  metrics.record(0, a);
+  metrics.record(1, b);
+  const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_comm_seconds{job=\"j\"} 0.5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_gather_wait_seconds{job=\"j\",layer=\"0\"} 0.004\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_gather_wait_seconds{job=\"j\",layer=\"1\"} 0.003\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_gather_wait_seconds{job=\"j\",layer=\"2\"} 0.001\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("layer=\"3\""), std::string::npos) << text;
+  // Without gathered experts (EP) there is no such gauge.
+  JobMetrics ep(1);
+  ep.record(0, report(1, 0.4, 0.5));
+  EXPECT_EQ(ep.prometheus("j", {"running"}).find("xdmoe_gather_wait_seconds"), std::string::npos);
+}
+
 // The critical path runs through the slowest worker's compute: its own waits
 // are the communication the schedule left exposed. The faster workers' waits
 // also hold the time they spent waiting out its compute.

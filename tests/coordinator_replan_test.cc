@@ -14,6 +14,7 @@
 #include <optional>
 #include <fstream>
 #include <sstream>
+#include <regex>
 #include <string>
 
 #include "cluster/job_config.h"
@@ -448,6 +449,11 @@ TEST(Replan, AJobThrottledHardSwitchesDomainsAtAStepBoundaryAndStillTrainsAsOneP
   EXPECT_NE(status.find("re-planned after step"), std::string::npos) << status;
   EXPECT_NE(status.find("why: link class 'dc' measured"), std::string::npos) << status;
   EXPECT_NE(status.find("step / bound"), std::string::npos) << status;  // the last step's block too
+  // Each pass's communication, exposed part and overlap.
+  EXPECT_TRUE(std::regex_search(status, std::regex("  forward:  comm [0-9.]+ ms, exposed [0-9.]+ ms, overlap")))
+      << status;
+  EXPECT_TRUE(std::regex_search(status, std::regex("  backward: comm [0-9.]+ ms, exposed [0-9.]+ ms, overlap")))
+      << status;
   std::istringstream status_lines(status);
   for (std::string line; std::getline(status_lines, line);) EXPECT_LE(line.size(), 80u) << "too wide: " << line;
   // Every worker switched at the same step.
