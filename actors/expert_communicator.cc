@@ -83,6 +83,9 @@ Status ExpertCommunicator::set_codecs(const ExpertCodecOptions& o) {
   for (int l = 0; l < levels; ++l) {
     if (o.grad[l].against_base) return Status::invalid_argument("expert gradients have no base ('sr:')");
     if (o.grad[l].predict) return Status::invalid_argument("expert gradients take no prediction ('pred:')");
+    if (o.grad[l].bit_delta)
+      return Status::invalid_argument("expert gradients take no bit differences ('delta:'): a step's gradients "
+                                      "are not the last step's plus a little");
     base = base || (o.gather[l].against_base && !topology_.ag_peers(rank_, l).empty());
     gather_codecs_.push_back(std::make_unique<ExpertStreamCodec>(
         o.gather[l], ExpertStreamCodec::Traffic::kWeights, expert_floats_));

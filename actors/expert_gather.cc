@@ -232,7 +232,7 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
 Status ExpertCommunicator::receive_gather_level(int layer, int l, LevelExchange* x, std::vector<Relayed>* kept) {
   return receive_level(
       l, x, /*gather=*/true, [&](int peer) { return gather_refs(layer, held_after(peer, l)); },
-      gather_codecs_[l]->is_raw() ? nullptr : kept);
+      gather_codecs_[l]->is_exact() ? nullptr : kept);
 }
 
 Status ExpertCommunicator::gather_layer(uint32_t step, int layer, LevelExchange* first_sent, PackedRows* rows) {

@@ -35,7 +35,7 @@ std::vector<std::pair<int, int>> ExpertCommunicator::relay_origins(int m, int le
   if (!gather_codecs_[level]->is_raw()) return out;
   for (int l = 0; l < level; ++l) {
     const std::vector<int> peers = topology_.ag_peers(m, l);
-    if (!gather_codecs_[l]->is_raw()) {
+    if (!gather_codecs_[l]->is_exact()) {  // an exact level's replicas go on as floats
       for (int q : peers) out.emplace_back(l, q);
     } else {
       for (int p : peers)

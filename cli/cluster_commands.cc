@@ -90,7 +90,8 @@ CLI::Option* add_trace_steps_option(CLI::App* cmd, std::vector<int64_t>* steps, 
 void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
   cmd->add_flag("--farskip", o->farskip, "FarSkip connectivity on every layer (farskip.enabled)");
   cmd->add_flag("--no-overlap", o->no_overlap,
-                "The simple schedule: the same math with nothing overlapped (farskip.overlapped: false)");
+                "The simple schedule: the same math, token exchanges and the dense all-reduce in series with compute "
+                "(farskip.overlapped: false; docs/overlap.md)");
   cmd->add_option("--pipeline-degree", o->pipeline_degree,
                   "Override cluster.expert_parallel.pipeline_degree: A2A chunks r (0: the planner's choice)")
       ->check(CLI::Range(0, 64));
@@ -108,6 +109,10 @@ void add_schedule_options(CLI::App* cmd, ScheduleOverrides* o) {
                     kSrCodecs.expert_gather + ", expert_grad " + kSrCodecs.expert_grad + ", dense_grad " +
                     kSrCodecs.dense_grad + ", the SR base every " + std::to_string(kSrCodecs.base_sync_every) +
                     " steps (docs/compression.md)");
+  cmd->add_flag("--delta-weights", o->delta_weights,
+                std::string("Send the outermost link class's expert all-gather as exact bit differences from what "
+                            "the receivers hold: expert_gather ") +
+                    kDeltaWeights + " (lossless; docs/compression.md)");
   cmd->add_option("--tokens-once-per-worker", o->tokens_once_per_worker,
                   "Set cluster.expert_parallel.tokens_once_per_worker: true (the option alone) sends a token routed "
                   "to several experts of one worker to it once, and that worker sums their outputs; false sends a "

@@ -134,6 +134,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
     else if (part == "simple") spec.simple = true;
     else if (part == "late" || part == "early") spec.replica_weight_gradients = part;
     else if (part == "sr") spec.sr_codecs = true;
+    else if (part == "delta") spec.delta_weights = true;
     else if (part == "once") spec.tokens_once_per_worker = "true";
     else if (part == "perexpert") spec.tokens_once_per_worker = "false";
     else if (part.size() > 1 && part[0] == 'r' && isdigit((unsigned char)part[1]) &&
@@ -161,7 +162,7 @@ Expected<RunSpec> parse_run(const std::string& run) {
       if (spec.mode != "hybrid") return Status::invalid_argument("domain sizes (" + part + ") need mode hybrid");
     } else {
       return Status::invalid_argument("unknown run option '" + part + "' in '" + run +
-                                      "' (farskip, simple, rN, dAxB, late, early, sr, once, perexpert)");
+                                      "' (farskip, simple, rN, dAxB, late, early, sr, delta, once, perexpert)");
     }
   }
   return spec;
@@ -206,6 +207,7 @@ RunResult run_job(const LaunchRun& run, const WorkerPlacement& placement) {
   }
   if (spec.simple) args.push_back("--no-overlap");
   if (spec.sr_codecs) args.push_back("--sr-codecs");
+  if (spec.delta_weights) args.push_back("--delta-weights");
   if (!spec.tokens_once_per_worker.empty())
     args.push_back("--tokens-once-per-worker=" + spec.tokens_once_per_worker);
   if (!run.checkpoint_dir.empty()) args.insert(args.end(), {"--checkpoint-dir", run.checkpoint_dir});

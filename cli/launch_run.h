@@ -28,6 +28,7 @@ struct RunSpec {
   std::vector<int> domains;  // +d2x1: these domain sizes (mode hybrid); empty: the plan's
   std::string replica_weight_gradients;  // +late, +early; empty: the config's
   bool sr_codecs = false;  // +sr: the coordinator's --sr-codecs
+  bool delta_weights = false;  // +delta: the coordinator's --delta-weights
   // +once: the coordinator's --tokens-once-per-worker=true; +perexpert:
   // =false (a token row per expert); empty: the config's.
   std::string tokens_once_per_worker;

@@ -285,9 +285,9 @@ int run_plan(const PlanOptions& o) {
       if (ls.codecs.dense_grad != "raw")
         std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
                     cc.dense_fraction);
-      if (cc.gather_lossy())  // as the planner prices it (expert_gather_hops)
+      if (cc.gather_relayed())  // as the planner prices it (expert_gather_hops)
         lossy_gather += (lossy_gather.empty() ? "" : ", ") + ls.name;
-      else if (!lossy_gather.empty())
+      else if (!cc.gather_lossy() && !lossy_gather.empty())
         std::printf("  %-10s expert all-gather: relays what crossed %s as it arrived (docs/compression.md, Relays)\n",
                     "", lossy_gather.c_str());
     }
@@ -296,7 +296,7 @@ int run_plan(const PlanOptions& o) {
                                                                    : "r";
     std::printf("schedule: %s (farskip.overlapped), pipeline degree r %s, backward %s, connectivity %s, "
                 "replica weight gradients %s, %s\n",
-                w.overlapped ? "overlapped" : "simple, nothing overlapped",
+                w.overlapped ? "overlapped" : "simple, token exchanges and dense all-reduce in series",
                 w.pipeline_degree > 0 ? std::to_string(w.pipeline_degree).c_str() : "auto (best of 1, 2, 4, 8)",
                 backward.c_str(), connectivity_name(in.model.layer_connectivity(0)),
                 replica_weight_gradients_name(w.replica_weight_gradients),

@@ -140,6 +140,8 @@ std::optional<std::pair<std::string, std::string>> codec_issue(const LinkCodecs&
       return std::pair{kind, "'sr:' applies to weights only; gradients have no base"};
     if (e->predict && std::string(kind) == "expert_grad")
       return std::pair{kind, "'pred:' predicts weights only; gradients are not a trajectory"};
+    if (e->bit_delta && std::string(kind) == "expert_grad")
+      return std::pair{kind, "'delta:' codes weights only; a step's gradients are not the last step's plus a little"};
   }
   if (c.dense_grad != "raw" && c.dense_grad != "bf16")
     return std::pair{"dense_grad", "'" + c.dense_grad + "' is not a dense-gradient codec (use raw or bf16)"};

@@ -316,6 +316,12 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
     outer.dense_grad = kSrCodecs.dense_grad;
     job->cluster.expert_parallel.base_sync_every = kSrCodecs.base_sync_every;
   }
+  if (o.delta_weights) {
+    if (o.sr_codecs)
+      return Status::invalid_argument("--delta-weights and --sr-codecs both set the expert all-gather's codec: pick one");
+    if (job->cluster.levels.empty()) return Status::invalid_argument("--delta-weights: the job has no link class");
+    job->cluster.levels.front().link.codecs.expert_gather = kDeltaWeights;
+  }
   if (!o.tokens_once_per_worker.empty()) {
     auto t = parse_tokens_once_per_worker(o.tokens_once_per_worker);
     if (!t) return t.status().with_context("--tokens-once-per-worker");

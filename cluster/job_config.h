@@ -68,6 +68,7 @@ struct ScheduleOverrides {
   int backward_pipeline_degree = -2;  // -2: keep the config's; -1: follow r (a set r, else chosen)
   std::string replica_weight_gradients;  // auto, early or late; empty: keep the config's
   bool sr_codecs = false;
+  bool delta_weights = false;  // the outermost link class's expert_gather: kDeltaWeights
   std::string tokens_once_per_worker;  // auto, true or false; empty: keep the config's
   std::vector<int64_t> trace_steps;
   std::string trace_dir;     // empty: keep the config's
@@ -86,6 +87,12 @@ struct SrCodecSet {
   int base_sync_every;
 };
 inline constexpr SrCodecSet kSrCodecs{"sr:ef:int4_row:128+zstd:1", "ef:int4_row:128+zstd:1", "bf16", 10};
+
+// The expert all-gather codec --delta-weights (and a launch run's +delta)
+// puts on the outermost link class: each weight's bit difference from what
+// the receivers hold, byte plane by byte plane, then zstd. Exact, so the run
+// keeps the one process's numbers (docs/compression.md).
+inline constexpr const char* kDeltaWeights = "delta:zstd:1";
 
 // Settings the job takes but that cannot change anything it does, each as
 // "key: why", for `xdmoe plan` and the coordinator to point out: expert

@@ -7,8 +7,19 @@ namespace xd {
 Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
   const std::string form =
       " (the form is [sr:][ef:][pred:]PIPELINE[@STEP:PIPELINE]..., e.g. sr:topk:0.02+zstd;"
-      " pred: needs ef: before it)";
+      " pred: needs ef: before it; or delta:PIPELINE with a lossless PIPELINE, e.g. delta:zstd:1)";
   ExpertCodecSpec out;
+  if (spec.rfind("delta:", 0) == 0) {
+    auto p = CodecPipeline::parse(spec.substr(6));
+    if (!p) return Status::invalid_argument("expert codec '" + spec + "': " + p.status().message() + form);
+    if (!p->is_lossless())
+      return Status::invalid_argument("expert codec '" + spec +
+                                      "': delta: sends exact bit differences; its pipeline must be lossless (raw "
+                                      "values, then zstd)" + form);
+    out.bit_delta = true;
+    out.pipeline = std::move(*p);
+    return out;
+  }
   const size_t at = spec.find('@');
   std::string rest = spec.substr(0, at);
   for (;;) {
@@ -63,14 +74,14 @@ Expected<ExpertCodecSpec> ExpertCodecSpec::parse(const std::string& spec) {
 }
 
 std::string ExpertCodecSpec::spec() const {
-  std::string s = std::string(against_base ? "sr:" : "") + (feedback ? "ef:" : "") + (predict ? "pred:" : "") +
-                  pipeline.spec();
+  std::string s = std::string(bit_delta ? "delta:" : "") + (against_base ? "sr:" : "") + (feedback ? "ef:" : "") +
+                  (predict ? "pred:" : "") + pipeline.spec();
   for (const Switch& w : later) s += "@" + std::to_string(w.from_step) + ":" + w.pipeline.spec();
   return s;
 }
 
 bool ExpertCodecSpec::is_raw() const {
-  if (against_base || feedback || !pipeline.is_raw()) return false;
+  if (bit_delta || against_base || feedback || !pipeline.is_raw()) return false;
   return std::all_of(later.begin(), later.end(), [](const Switch& w) { return w.pipeline.is_raw(); });
 }
 

@@ -22,7 +22,7 @@ namespace xd {
 
 // How expert tensors (weights in the HybridEP all-gather, or replica
 // gradients on their way back) cross one link class, as written in a job
-// config: "[sr:][ef:][pred:]PIPELINE".
+// config: "[sr:][ef:][pred:]PIPELINE", or "delta:PIPELINE".
 //   sr:  send the residual against the layer's base expert (weights only);
 //        the receiver adds the base back.
 //   ef:  error feedback: send the change against what the receivers already
@@ -39,6 +39,14 @@ namespace xd {
 //        so an entry's velocity is set by about one revisit), or 1 for a
 //        dense pipeline. AdamW moves most weights in the same direction for
 //        many steps; the prediction follows that drift between corrections.
+//   delta: (weights only, alone, a lossless PIPELINE) send each weight's
+//        bits as their difference from the bits the receivers hold (what the
+//        last message brought them), in the floats' order as integers,
+//        zigzag-coded and laid out byte plane by byte plane, so zstd finds
+//        the high bytes an optimizer step leaves alone. Exact: receivers
+//        rebuild the sender's weights to the bit, so a run keeps the one
+//        process's numbers. Sender and receivers keep what the receivers
+//        hold (one copy of the tensors on each side).
 //   PIPELINE: a CodecPipeline spec, e.g. "topk:0.01+zstd:1", "bf16", "raw".
 //   @STEP:PIPELINE (any number, steps increasing): from training step STEP
 //        on, the sender uses that pipeline instead. AdamW moves the weights
@@ -58,6 +66,7 @@ struct ExpertCodecSpec {
   bool against_base = false;
   bool feedback = false;
   bool predict = false;  // pred:
+  bool bit_delta = false;  // delta:
   CodecPipeline pipeline = CodecPipeline::raw();  // from step 0
   std::vector<Switch> later;                      // from_step increasing, > 0
 

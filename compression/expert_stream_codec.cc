@@ -7,9 +7,64 @@
 
 namespace xd {
 
+namespace {
+
+// delta: a float's bits as an unsigned integer in the floats' order (every
+// negative below every positive, -0 just below +0), so a small change of
+// the value is a small difference of integers; and back. Branch-free, so
+// the loops over a tensor vectorize.
+inline uint32_t ordered_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+inline float from_ordered_bits(uint32_t o) {
+  const uint32_t u = o ^ (static_cast<uint32_t>(static_cast<int32_t>(~o) >> 31) | 0x80000000u);
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+// The difference (mod 2^32) zigzag-coded: small either way, few high bits.
+inline uint32_t zigzag(uint32_t d) { return (d << 1) ^ static_cast<uint32_t>(static_cast<int32_t>(d) >> 31); }
+inline uint32_t unzigzag(uint32_t z) { return (z >> 1) ^ (0u - (z & 1u)); }
+
+// `n` 32-bit words as four byte planes (every word's lowest byte first,
+// then the next), and back: zstd then sees the runs of zero high bytes.
+// Plane by plane, so the loops vectorize.
+void to_byte_planes(const float* words, size_t n, uint8_t* planes) {
+  for (size_t b = 0; b < 4; ++b) {
+    uint8_t* plane = planes + b * n;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, words + i, sizeof u);
+      plane[i] = static_cast<uint8_t>(u >> (8 * b));
+    }
+  }
+}
+void from_byte_planes(const uint8_t* planes, size_t n, float* words) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(planes[i]) | uint32_t(planes[n + i]) << 8 | uint32_t(planes[2 * n + i]) << 16 |
+                       uint32_t(planes[3 * n + i]) << 24;
+    std::memcpy(words + i, &u, sizeof u);
+  }
+}
+
+// held = the float whose ordered bits are held's plus the zigzag-coded
+// difference d: the same integer steps on the sender and the receivers.
+void advance_bits(float* held, const float* d, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    uint32_t z;
+    std::memcpy(&z, d + k, sizeof z);
+    held[k] = from_ordered_bits(ordered_bits(held[k]) + unzigzag(z));
+  }
+}
+
+}  // namespace
+
 ExpertStreamCodec::ExpertStreamCodec(ExpertCodecSpec spec, Traffic traffic, size_t tensor_floats)
     : spec_(std::move(spec)), traffic_(traffic), n_(tensor_floats) {
   XD_CHECK(!spec_.predict || (spec_.feedback && traffic_ == Traffic::kWeights));
+  XD_CHECK_MSG(!spec_.bit_delta || traffic_ == Traffic::kWeights, "delta: is for expert weights only");
   gain_ = spec_.predict ? spec_.velocity_gain() : 0.0f;
 }
 
@@ -47,7 +102,16 @@ void ExpertStreamCodec::pack(const ExpertTensorRef& t, size_t from, size_t count
   const auto v = spec_.predict && s ? velocity_.find(t.key) : velocity_.end();
   const float* vt = v != velocity_.end() ? v->second.data() + from : nullptr;
   double signal = 0, residual = 0;
-  if (traffic_ == Traffic::kWeights) {
+  if (spec_.bit_delta) {
+    // Against +0.0 where the receivers hold nothing yet.
+    const std::vector<float>* held = find_state(t.key);
+    const float* h = held ? held->data() + from : nullptr;
+    for (size_t k = 0; k < count; ++k) {
+      const uint32_t d = zigzag(ordered_bits(x[k]) - ordered_bits(h ? h[k] : 0.0f));
+      std::memcpy(row + k, &d, sizeof d);
+      signal += double(x[k]) * x[k];
+    }
+  } else if (traffic_ == Traffic::kWeights) {
     // The same float operations, in the same order, wherever this runs: the
     // fused and the separate pass pack the same bits.
     const float* base = spec_.against_base && t.base ? t.base + from : nullptr;
@@ -97,6 +161,7 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   out->payload.clear();
   if (spec_.is_raw()) return Status::ok();  // exact: no error, no state
   err->signal += sums.signal;
+  if (spec_.bit_delta) return encode_bit_delta(tensors, packed, out, step);
   std::vector<float*> st(tensors.size(), nullptr), vel(tensors.size(), nullptr);
   if (spec_.feedback)
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -166,7 +231,30 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   return Status::ok();
 }
 
+// The receivers will hold exactly the packed weights: move the state there
+// by the same integer steps they take, then lay out the byte planes.
+Status ExpertStreamCodec::encode_bit_delta(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
+                                           EncodedTensor* out, uint64_t step) {
+  for (size_t i = 0; i < tensors.size(); ++i) advance_bits(state(tensors[i].key).data(), packed->data() + i * n_, n_);
+  scratch_.resize(packed->size());
+  to_byte_planes(packed->data(), packed->size(), reinterpret_cast<uint8_t*>(scratch_.data()));
+  std::memcpy(packed->data(), scratch_.data(), packed->size() * sizeof(float));
+  const CodecPipeline& pipeline = spec_.pipeline_at(step);
+  if (pipeline.is_raw()) return Status::ok();  // the planes are the message
+  return pipeline.encode(packed->data(), {tensors.size(), n_}, out);
+}
+
 void ExpertStreamCodec::apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded) {
+  if (spec_.bit_delta) {
+    scratch_.resize(tensors.size() * n_);
+    from_byte_planes(reinterpret_cast<const uint8_t*>(decoded), scratch_.size(), scratch_.data());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::vector<float>& held = state(tensors[i].key);
+      advance_bits(held.data(), scratch_.data() + i * n_, n_);
+      std::memcpy(tensors[i].data, held.data(), n_ * sizeof(float));
+    }
+    return;
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ExpertTensorRef& t = tensors[i];
     const float* d = decoded + i * n_;

@@ -4,7 +4,9 @@
 // needs (compression/expert_codec.h says what sr: and ef: mean).
 //
 // One message carries a packed batch of tensors (rows = tensors, cols =
-// tensor_floats). Weights: the sender encodes x - base - held and both sides
+// tensor_floats). With delta: the rows are each weight's bit difference from
+// what the receivers hold, and the message is their byte planes; both sides
+// keep what the receivers hold, exactly. Weights: the sender encodes x - base - held and both sides
 // add the decoded change to `held` (what every receiver holds, minus the
 // base); gradients: the sender encodes g + carried and keeps what the codec
 // dropped as the next step's `carried`. State is keyed per tensor by the
@@ -67,6 +69,8 @@ class ExpertStreamCodec {
 
   const ExpertCodecSpec& spec() const { return spec_; }
   bool is_raw() const { return spec_.is_raw(); }
+  // Receivers rebuild the sender's floats to the bit (raw, or delta:).
+  bool is_exact() const { return spec_.is_raw() || spec_.bit_delta; }
   size_t tensor_floats() const { return n_; }
 
   // Writes elements [from, from + count) of tensor t's row into row[0..count):
@@ -104,6 +108,8 @@ class ExpertStreamCodec {
   // entry.
   void advance(float* held, float* velocity, const float* d, bool fresh) const;
   void predict(float* held, const float* velocity) const;  // no-op without a velocity
+  Status encode_bit_delta(const std::vector<ExpertTensorRef>& tensors, std::vector<float>* packed,
+                          EncodedTensor* out, uint64_t step);
   void correct(float* held, float* velocity, size_t k, float d, bool fresh) const {
     held[k] += d;
     if (velocity && !fresh) velocity[k] += gain_ * d;
@@ -119,6 +125,7 @@ class ExpertStreamCodec {
   // against in full; 0 or absent: never.
   std::unordered_map<uint64_t, uint64_t> rebuilt_;
   std::vector<float> decoded_;
+  std::vector<float> scratch_;  // delta: a message's byte planes, or their words
   SparseTensor sparse_;
 };
 

@@ -8,6 +8,7 @@
 #include "common/rng.h"
 #include "compression/codec.h"
 #include "compression/expert_codec.h"
+#include "compression/expert_stream_codec.h"
 
 namespace xd {
 
@@ -57,6 +58,49 @@ std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, in
   return {double(e.payload.size() + e.metadata.size()) / raw, best / raw};
 }
 
+// delta: wire fraction and encode + decode seconds per raw byte of one
+// step's message of `rows` tensors of `width` weights: init_std-sized
+// weights, each moved by an AdamW-sized step (about half the peak learning
+// rate, root mean square, as the default job's experts move), through a
+// sender and a receiver that already hold the weights before the step.
+std::pair<double, double> measure_bit_delta(const ExpertCodecSpec& spec, int rows, int width, double init_std,
+                                            double learning_rate) {
+  ExpertStreamCodec sender(spec, ExpertStreamCodec::Traffic::kWeights, width);
+  ExpertStreamCodec receiver(spec, ExpertStreamCodec::Traffic::kWeights, width);
+  std::vector<float> w(static_cast<size_t>(rows) * width), got(w.size());
+  Rng rng(12345);
+  for (float& v : w) v = static_cast<float>(init_std * rng.normal());
+  std::vector<ExpertTensorRef> mine(rows), theirs(rows);
+  for (int i = 0; i < rows; ++i) {
+    mine[i] = {static_cast<uint64_t>(i), w.data() + size_t(i) * width, nullptr, 0};
+    theirs[i] = {static_cast<uint64_t>(i), got.data() + size_t(i) * width, nullptr, 0};
+  }
+  double best = 1e300, fraction = 1.0;
+  for (int rep = 0; rep < 4; ++rep) {  // the first sends the weights whole
+    if (rep > 0)
+      for (float& v : w) v += static_cast<float>(0.5 * learning_rate * rng.normal());
+    std::vector<float> packed;
+    EncodedTensor e;
+    ReconstructionError err;
+    const double t0 = steady_seconds();
+    if (!sender.encode(mine, &packed, &e, &err).is_ok()) return {1.0, 0.0};
+    Status received = Status::ok();
+    if (e.payload.empty() && e.metadata.empty()) {
+      receiver.apply(theirs, packed.data());
+    } else {
+      auto record = parse_codec_record(e.metadata);
+      received = record ? receiver.apply_encoded(theirs, *record, e.payload.data(), e.payload.size())
+                        : record.status();
+    }
+    const double dt = steady_seconds() - t0;
+    if (!received.is_ok()) return {1.0, 0.0};
+    if (rep == 0) continue;
+    best = std::min(best, dt);
+    fraction = e.payload.empty() ? 1.0 : double(e.payload.size() + e.metadata.size()) / (w.size() * sizeof(float));
+  }
+  return {fraction, best / (w.size() * sizeof(float))};
+}
+
 std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
   const int width = job.train.model.hidden_size;
   const long long routed = static_cast<long long>(job.train.batch_size) * job.train.seq_len *
@@ -86,6 +130,12 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
   auto expert_cost = [&](const std::string& spec) -> std::pair<double, double> {
     auto e = ExpertCodecSpec::parse(spec);
     if (!e) return {1.0, 0.0};
+    if (e->bit_delta) {
+      if (!measured_experts.count(spec))
+        measured_experts[spec] =
+            measure_bit_delta(*e, 3, expert_width, mc.init_std, job.train.optimizer.learning_rate);
+      return measured_experts[spec];
+    }
     const double steps = std::max(1.0, double(job.train.steps));
     std::pair<double, double> mean{0.0, 0.0};
     // Segment i runs from the i-th switch (step 0 first) to the next one.
@@ -115,6 +165,7 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
     cc.dense_fraction = c.dense_grad == "bf16" ? 0.5 : 1.0;
     auto gather = ExpertCodecSpec::parse(c.expert_gather);
     cc.gather_against_base = gather && gather->against_base;
+    cc.gather_delta = gather && gather->bit_delta;
     out.push_back(cc);
     (*links)[l].codecs = c;
     (*links)[l].codec_cost = out.back();

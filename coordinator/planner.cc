@@ -140,7 +140,7 @@ std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<in
       }
     }
     out.push_back(hop);
-    if (s > 1 && codec.gather_lossy()) {
+    if (s > 1 && codec.gather_relayed()) {
       lossy_groups.push_back({hop.raw_bytes * (s - 1), codec.gather_fraction, codec.gather_s_per_byte});
     } else if (s > 1) {
       exact *= s;

@@ -26,7 +26,9 @@ struct DataConfig {
 // partial variants). `overlapped` is about execution, not math, and applies
 // to every distributed run: true hides communication behind compute
 // (docs/overlap.md); false is the "simple" implementation -- the same
-// messages and the same numbers with nothing overlapped.
+// messages and the same numbers, token exchanges and the dense all-reduce in
+// series with compute (HybridEP's expert all-gather and replica gradients
+// still run on the communicator's threads).
 struct FarSkipConfig {
   bool enabled = false;
   bool overlapped = true;

@@ -125,8 +125,8 @@ TEST_F(Launch, PlusLateAndPlusEarlyChooseWhenTheReplicasWeightGradientsRun) {
   auto [bad, why] = run(xdmoe_binary() + " launch --config " + config + " --mode hybrid+soon --steps 1 --run-dir " +
                         dir + "/bad");
   EXPECT_NE(bad, 0);
-  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early, sr, once, "
-                     "perexpert)"),
+  EXPECT_NE(why.find("unknown run option 'soon' in 'hybrid+soon' (farskip, simple, rN, dAxB, late, early, sr, delta, "
+                     "once, perexpert)"),
             std::string::npos)
       << why;
 }

@@ -164,6 +164,25 @@ TEST(JobConfig, SettingsThatCannotChangeTheJobAreNamedAndTheOthersAreNot) {
       << late[0];
 }
 
+TEST(JobConfig, DeltaWeightsSetOnlyTheOutermostLinksAllGatherAndRefuseToShareItWithSrCodecs) {
+  JobConfig job = example_job();
+  const JobConfig before = job;
+  ScheduleOverrides o;
+  o.delta_weights = true;
+  ASSERT_TRUE(override_schedule(&job, o).is_ok());
+  EXPECT_EQ(job.cluster.levels.front().link.codecs.expert_gather, "delta:zstd:1");
+  EXPECT_EQ(job.cluster.levels.front().link.codecs.expert_grad, before.cluster.levels.front().link.codecs.expert_grad);
+  for (size_t l = 1; l < job.cluster.levels.size(); ++l)
+    EXPECT_EQ(link_codecs_to_json(job.cluster.levels[l].link.codecs),
+              link_codecs_to_json(before.cluster.levels[l].link.codecs));
+  EXPECT_TRUE(job.validate().is_ok());
+  o.sr_codecs = true;
+  JobConfig both = before;
+  const Status st = override_schedule(&both, o);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("pick one"), std::string::npos) << st.message();
+}
+
 TEST(JobConfig, SrCodecsCompressTheOutermostLinksExpertAndDenseTrafficAndLeaveTheRestAlone) {
   JobConfig job = example_job();
   job.cluster.levels.front().link.codecs.dispatch = "bf16";

@@ -457,6 +457,13 @@ TEST(ClusterSpec, ErrorsNameFileLineAndKey) {
        "        codecs: {expert_grad: \"sr:topk:0.1\"}\n",
        "cluster.levels[0].link.codecs.expert_grad: 'sr:' applies to weights only"},
       {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {expert_grad: \"delta:zstd:1\"}\n",
+       "cluster.levels[0].link.codecs.expert_grad: 'delta:' codes weights only"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
+       "        codecs: {expert_gather: \"delta:int8_row\"}\n",
+       "cluster.levels[0].link.codecs.expert_gather: expert codec 'delta:int8_row': delta: sends exact bit "
+       "differences; its pipeline must be lossless"},
+      {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"
        "        codecs: {expert_gather: \"sr:topk:2\"}\n",
        "cluster.levels[0].link.codecs.expert_gather: expert codec 'sr:topk:2'"},
       {"cluster:\n  levels:\n    - name: dc\n      size: 2\n      link:\n        bandwidth: 1gbit\n"

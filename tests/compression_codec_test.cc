@@ -796,6 +796,24 @@ TEST(ExpertResidualCodec, TheReceiverRebuildsBasePlusResidualAndTheBaseBeatsPlai
 namespace xd {
 namespace {
 
+TEST(ExpertCodecSpec, DeltaTakesALosslessPipelineAloneAndSaysWhyOtherwise) {
+  auto delta = ExpertCodecSpec::parse("delta:zstd:1");
+  ASSERT_TRUE(delta) << delta.status().to_string();
+  EXPECT_TRUE(delta->bit_delta);
+  EXPECT_FALSE(delta->is_raw());
+  EXPECT_EQ(delta->spec(), "delta:raw+zstd:1");
+  EXPECT_EQ(ExpertCodecSpec::parse(delta->spec())->spec(), delta->spec());
+  EXPECT_TRUE(ExpertCodecSpec::parse("delta:raw")->bit_delta);
+  auto lossy = ExpertCodecSpec::parse("delta:bf16+zstd:1");
+  ASSERT_FALSE(lossy);
+  EXPECT_NE(lossy.status().message().find("must be lossless"), std::string::npos) << lossy.status().message();
+  for (const char* bad : {"delta:", "delta:sr:topk:0.1", "sr:delta:zstd", "ef:delta:zstd", "delta:zstd@5:raw"}) {
+    auto r = ExpertCodecSpec::parse(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.status().message().find("delta:PIPELINE"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ExpertCodecSpec, ReadsTheBaseAndFeedbackPrefixesAndRefusesTheRestNamingTheForm) {
   auto sr = ExpertCodecSpec::parse("sr:ef:topk:0.02+zstd:1");
   ASSERT_TRUE(sr) << sr.status().to_string();

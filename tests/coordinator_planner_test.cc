@@ -342,6 +342,23 @@ TEST(Planner, ARawLevelInsideALossyOneRelaysWhatCrossedItAtThatLevelsFraction) {
   EXPECT_DOUBLE_EQ(raw.level_bytes[1] - both.level_bytes[1], 2000.0 * (1 - 0.01));
 }
 
+TEST(Planner, WhatCrossedAnExactDeltaLevelGoesOnRawInsideItNotRelayed) {
+  Workload w = one_layer(1000, 0);
+  const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
+  const PlanCandidate raw = evaluate_candidate(w, {2, 2}, links, {2, 2}, 1e300);
+  std::vector<LinkCodecCost> codecs(2);
+  codecs[0].gather_fraction = 0.7;  // delta: across level 0
+  codecs[0].gather_s_per_byte = 3e-9;
+  codecs[0].gather_delta = true;
+  const PlanCandidate delta = evaluate_candidate(w, {2, 2}, links, {2, 2}, 1e300, codecs);
+  // Level 0 carries 700 of 1000 bytes; level 1 its own and the rebuilt expert
+  // raw (2000), one message, no decode beside the first.
+  EXPECT_DOUBLE_EQ(raw.level_bytes[0] - delta.level_bytes[0], 1000.0 * (1 - 0.7));
+  EXPECT_DOUBLE_EQ(delta.level_bytes[1], raw.level_bytes[1]);
+  EXPECT_DOUBLE_EQ(delta.level_messages[1], raw.level_messages[1]);
+  EXPECT_NEAR(delta.ag_s, 1000 * (0.7 * 1e-6 + 3e-9) + 2000 * 1e-7, 1e-15);
+}
+
 TEST(Planner, WorkloadCountsTheModelShapes) {
   PlannerInputs in;
   in.model = default_train_config().model;

@@ -193,7 +193,7 @@ void StepTimeline::plan_levels(const std::vector<int>& domain_sizes) {
     const double ag_messages = (s - 1) * (1.0 + relayed), rs_messages = s - 1;
     a2a_chunk_messages_ += a2a_msgs;
     c_.level_messages[l] += layers_ * (2.0 * (r_ + rb_) * a2a_msgs + ag_messages + rs_messages);
-    if (s > 1) relayed_origins = codec.gather_lossy() ? relayed_origins + (s - 1) : relayed_origins * s;
+    if (s > 1) relayed_origins = codec.gather_relayed() ? relayed_origins + (s - 1) : relayed_origins * s;
   }
   auto spanned = [this](Route route) {
     for (Hop& h : route) h.busy *= span_;
