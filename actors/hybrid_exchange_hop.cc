@@ -88,19 +88,26 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     std::vector<OutFrame> frames;
     if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
     const CodecPipeline* codec = codecs.empty() ? nullptr : &codecs[group[i]];
+    const float* rows_at = staged.data() + (size_t)out_off[i] * width;
     if (codec && !codec->is_raw()) {
       auto encoded = std::make_shared<EncodedTensor>();
       const double t0 = steady_seconds();
-      Status st = codec->encode(staged.data() + (size_t)out_off[i] * width, {rows, (uint64_t)width}, encoded.get());
+      Status st = codec->encode(rows_at, {rows, (uint64_t)width}, encoded.get());
       add_codec_seconds(steady_seconds() - t0);
-      if (!st.is_ok()) return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
-      frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
-                                std::shared_ptr<const void>(encoded, encoded->payload.data())});
-      sends.push_back(transport_->send(group[i], tag, std::move(frames), std::move(encoded->metadata), kFlagCompressed));
-    } else {
-      frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
-      sends.push_back(transport_->send(group[i], tag, std::move(frames)));
+      if (st.is_ok()) {
+        frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
+                                  std::shared_ptr<const void>(encoded, encoded->payload.data())});
+        sends.push_back(
+            transport_->send(group[i], tag, std::move(frames), std::move(encoded->metadata), kFlagCompressed));
+        continue;
+      }
+      // Rows the codec cannot take (NaN or Inf: a step the non-finite guard
+      // will skip or stop at) cross raw; the receiver takes either.
+      if (!codec->refuses_non_finite() || !has_non_finite(rows_at, (uint64_t)rows * width))
+        return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
     }
+    frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
+    sends.push_back(transport_->send(group[i], tag, std::move(frames)));
   }
   return Status::ok();
 }

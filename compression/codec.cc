@@ -26,11 +26,8 @@ using detail::is_top_k;
 using detail::is_value_codec;
 
 Status first_non_finite(const float* x, uint64_t n, const char* codec) {
-  // One branch-free pass over the exponent bits (it vectorizes); the
-  // element is looked for only when there is one.
-  uint32_t non_finite = 0;
-  for (uint64_t i = 0; i < n; ++i) non_finite |= (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
-  if (!non_finite) return Status::ok();
+  // The element is looked for only when there is one.
+  if (!has_non_finite(x, n)) return Status::ok();
   for (uint64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
       return Status::invalid_argument(std::string(codec) + " cannot encode a non-finite value (element " +
@@ -184,6 +181,18 @@ bool CodecPipeline::is_raw() const { return stages_.size() == 1 && stages_.front
 bool CodecPipeline::is_lossless() const { return stages_.front().kind == CodecKind::kRaw; }
 
 bool CodecPipeline::is_sparse() const { return is_sparse_kind(stages_.front().kind); }
+
+bool CodecPipeline::refuses_non_finite() const {
+  const CodecKind k = stages_.front().kind;
+  return k != CodecKind::kRaw && k != CodecKind::kBf16 && k != CodecKind::kFp16;
+}
+
+bool has_non_finite(const float* x, uint64_t n) {
+  // One branch-free pass over the exponent bits.
+  uint32_t non_finite = 0;
+  for (uint64_t i = 0; i < n; ++i) non_finite |= (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
+  return non_finite != 0;
+}
 
 Status CodecPipeline::encode(const float* data, TensorShape shape, EncodedTensor* out, SparseTensor* sparse) const {
   if (sparse) {

@@ -77,6 +77,10 @@ class CodecPipeline {
   std::string spec() const;  // parse(spec()) gives the same pipeline
   bool is_raw() const;       // plain raw: nothing to encode
   bool is_lossless() const;  // raw values, any byte codecs: decode gives the input's bits
+  // int8_row, int4_row, topk, topk_sign, block_sign: encode() refuses NaN
+  // and Inf. A sender that must pass them on (a step the non-finite guard
+  // will skip) sends such a tensor raw instead (has_non_finite).
+  bool refuses_non_finite() const;
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
   // codec refuses it, a shape beyond kMaxCodecElements, a sparse codec's
@@ -117,6 +121,8 @@ Status decode_tensor(const std::string& metadata, const uint8_t* payload, size_t
                      size_t n);
 
 bool is_sparse(const CodecRecord& record);  // its value codec is topk, topk_sign or block_sign
+// Whether x[0..n) holds a NaN or an infinity (one pass that vectorizes).
+bool has_non_finite(const float* x, uint64_t n);
 // Decodes a topk-, topk_sign- or block_sign-coded tensor into `out`, with decode_tensor's
 // checks (the tensor has record.shape.elements() entries). Other codecs: an
 // error.

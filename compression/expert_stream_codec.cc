@@ -160,16 +160,23 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   out->metadata.clear();
   out->payload.clear();
   if (spec_.is_raw()) return Status::ok();  // exact: no error, no state
-  err->signal += sums.signal;
-  if (spec_.bit_delta) return encode_bit_delta(tensors, packed, out, step);
+  if (spec_.bit_delta) {
+    err->signal += sums.signal;
+    return encode_bit_delta(tensors, packed, out, step);
+  }
+  const CodecPipeline& pipeline = spec_.pipeline_at(step);
+  // NaN or Inf where the pipeline refuses them (a step the non-finite guard
+  // will skip or stop at): the message goes raw, exactly, as a first one
+  // does, and the reconstruction error leaves it out.
+  const bool non_finite = pipeline.refuses_non_finite() && has_non_finite(packed->data(), packed->size());
+  if (!non_finite) err->signal += sums.signal;
   std::vector<float*> st(tensors.size(), nullptr), vel(tensors.size(), nullptr);
   if (spec_.feedback)
     for (size_t i = 0; i < tensors.size(); ++i) {
       st[i] = state(tensors[i].key).data();
       if (weights) vel[i] = velocity(tensors[i].key);
     }
-  const CodecPipeline& pipeline = spec_.pipeline_at(step);
-  if (pipeline.is_raw() || first) {
+  if (pipeline.is_raw() || first || non_finite) {
     // Sent as packed, exactly: the receivers hold it all, nothing is carried.
     for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) {
       const float* row = packed->data() + i * n_;

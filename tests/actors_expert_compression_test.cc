@@ -140,6 +140,35 @@ TEST(ExpertStreamCodec, DeltaRebuildsEveryWeightToTheBitStepAfterStepAndSmallSte
   }
 }
 
+// A step whose gradients hold a NaN (the non-finite guard will skip it): the
+// lossy codec cannot take it, so the message crosses raw and the owner sees
+// the NaN; nothing non-finite is carried into the next step's message.
+TEST(ExpertStreamCodec, GradientsHoldingANanCrossRawAndLeaveNothingCarried) {
+  const size_t n = 1024;
+  ExpertStreamCodec sender = codec("ef:int4_row:128+zstd:1", ExpertStreamCodec::Traffic::kGradients, n);
+  ExpertStreamCodec receiver = codec("ef:int4_row:128+zstd:1", ExpertStreamCodec::Traffic::kGradients, n);
+  std::vector<float> g = normal(n, 11, 1e-3f);
+  ReconstructionError err;
+  (void)send_once(sender, receiver, g, nullptr, &err);  // something carried from a lossy step
+  g = normal(n, 12, 1e-3f);
+  g[100] = std::nanf("");
+  std::vector<float> packed;
+  EncodedTensor enc;
+  ReconstructionError nan_err;
+  ASSERT_TRUE(sender.encode({{7, g.data(), nullptr}}, &packed, &enc, &nan_err).is_ok());
+  EXPECT_TRUE(enc.payload.empty() && enc.metadata.empty()) << "sent raw";
+  EXPECT_TRUE(std::isnan(packed[100]));
+  EXPECT_EQ(nan_err.signal, 0.0) << "the reconstruction error leaves it out";
+  // The next, finite step: what arrives is that step's gradient alone, to
+  // int4 precision, with no NaN carried.
+  g = normal(n, 13, 1e-3f);
+  std::vector<float> got = send_once(sender, receiver, g, nullptr, &err);
+  for (size_t k = 0; k < n; ++k) {
+    ASSERT_TRUE(std::isfinite(got[k])) << k;
+    EXPECT_NEAR(got[k], g[k], 3e-4) << k;
+  }
+}
+
 TEST(ExpertStreamCodec, WithoutFeedbackEveryStepSendsTheSameApproximation) {
   const size_t n = 2048;
   std::vector<float> x = normal(n, 3);

@@ -247,6 +247,23 @@ TEST_F(Recovery, APoisonedCheckpointWithNanPolicySkipSkipsTheSameStepsOnEveryWor
   EXPECT_EQ(skipped_by_rank[0].size(), size_t(skipped)) << logs;
   for (int r = 1; r < 4; ++r) EXPECT_EQ(skipped_by_rank[r], skipped_by_rank[0]) << "rank " << r << " skipped other steps";
   EXPECT_NE(logs.find("model.embed_tokens.weight"), std::string::npos) << "the log names the tensor: " << logs;
+  // With lossy codecs, which refuse NaN: the SR set on the DC link (4-bit
+  // replica gradients) and 8-bit token rows inside the DCs. The rows and
+  // gradients holding the NaN cross raw, and the same steps are skipped.
+  std::string lossy = job_yaml(2, 2, "  nan_policy: skip\n");
+  const std::string inner = "link: {bandwidth: 10gbit, latency: 0ms, shape: false}";
+  lossy.replace(lossy.find(inner), inner.size(),
+                "link: {bandwidth: 10gbit, latency: 0ms, shape: false, codecs: {dispatch: int8_row, combine: int8_row}}");
+  std::ofstream(root_ + "/skip_lossy.yaml") << lossy;
+  auto [lcode, lout] = run(xdmoe_binary() + " launch --config " + root_ + "/skip_lossy.yaml --mode hybrid+d2x1+sr "
+                           "--steps 40 --run-dir " + root_ + "/skip_lossy --cli-bind 'tcp://127.0.0.1:*' --resume " +
+                           poisoned);
+  ASSERT_EQ(lcode, 0) << lout;
+  const nlohmann::json ls = read_json(root_ + "/skip_lossy/hybrid+d2x1+sr/summary.json");
+  EXPECT_EQ(ls["skipped_steps"].get<int64_t>(), skipped) << lout;
+  EXPECT_TRUE(std::isfinite(ls["final_loss"].get<double>())) << lout;
+  EXPECT_GT(ls["bytes_per_step"].value("worker/moe_dispatch_raw", 0.0), ls["bytes_per_step"].value("worker/moe_dispatch", 0.0))
+      << "the finite steps' rows were compressed: " << ls["bytes_per_step"].dump();
   // The default policy stops at the first such step, naming it.
   auto [scode, sout] = run(xdmoe_binary() + " launch --config " + root_ + "/job4.yaml --mode ep --steps 40 --run-dir " +
                            root_ + "/stop --cli-bind 'tcp://127.0.0.1:*' --resume " + poisoned);
