@@ -320,6 +320,22 @@ TEST(Planner, ExpertAndDenseCodecsScaleTheirBytesAndTheSrBaseAddsOneBf16ExpertPe
   EXPECT_DOUBLE_EQ(evaluate_candidate(w, {2, 2}, links, {2, 1}, 1e300, codecs).level_bytes[1], raw.level_bytes[1]);
 }
 
+// The runtime all-reduces the dense gradients in two stages, the innermost
+// level and one group across all the others; that group runs in bf16 when
+// any of its link classes asks for it, so the planner prices it so too.
+TEST(Planner, Bf16DenseGradientsOnOneOuterLevelAreBf16OnEveryOuterLevel) {
+  Workload w = one_layer(0, 0);
+  w.dense_param_bytes = 1600;
+  const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}, {0.0, 1e-8}};
+  const PlanCandidate raw = evaluate_candidate(w, {2, 2, 2}, links, {1, 1, 1}, 1e300);
+  std::vector<LinkCodecCost> codecs(3);
+  codecs[0].dense_fraction = 0.5;  // bf16 on the outermost level only
+  const PlanCandidate bf16 = evaluate_candidate(w, {2, 2, 2}, links, {1, 1, 1}, 1e300, codecs);
+  EXPECT_DOUBLE_EQ(bf16.level_bytes[0], 0.5 * raw.level_bytes[0]);
+  EXPECT_DOUBLE_EQ(bf16.level_bytes[1], 0.5 * raw.level_bytes[1]) << "the same outer group as level 0";
+  EXPECT_DOUBLE_EQ(bf16.level_bytes[2], raw.level_bytes[2]) << "the innermost stage stays fp32";
+}
+
 TEST(Planner, ARawLevelInsideALossyOneRelaysWhatCrossedItAtThatLevelsFraction) {
   Workload w = one_layer(1000, 0);  // experts only, one per worker
   const std::vector<LinkModel> links = {{0.0, 1e-6}, {0.0, 1e-7}};
