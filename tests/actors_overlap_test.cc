@@ -296,8 +296,14 @@ TEST(FarSkipOverlap, AHeavilyDelayedLinkGivesIdenticalResults) {
   const JobRun slow = run_farskip("slow", true, 4, args, "40ms");
   const double loss = worst_loss_difference(slow, fast);
   const double weights = worst_weight_difference(slow, fast);
-  std::printf("[overlap] 40 ms inter-DC delay vs none (overlapped, r=4): worst loss difference %.2e, weights %.2e\n",
-              loss, weights);
+  const double exposed_fast = fast.summary.value("mean_exposed_comm_s", -1.0);
+  const double exposed_slow = slow.summary.value("mean_exposed_comm_s", -1.0);
+  std::printf("[overlap] 40 ms inter-DC delay vs none (overlapped, r=4): worst loss difference %.2e, weights %.2e; "
+              "exposed communication %.1f vs %.1f ms a step\n", loss, weights, exposed_slow * 1e3, exposed_fast * 1e3);
+  // The delay took effect: every step's last Combine across the DCs lands
+  // 40 ms after it left, and this model's compute cannot cover that.
+  EXPECT_GE(exposed_slow, 0.040);
+  EXPECT_LT(exposed_fast, exposed_slow - 0.030);
   // Weights to the bit; the reported loss is a mean over workers that the
   // coordinator sums in arrival order, so it may differ in the last bit.
   EXPECT_LT(loss, 1e-12);
