@@ -185,6 +185,35 @@ INSTANTIATE_TEST_SUITE_P(EpAndHybridWithOneAndFourChunks, SimpleVsOverlapped,
                            return std::get<0>(info.param) + "_r" + std::to_string(std::get<1>(info.param));
                          });
 
+// The partial variants reorder other parts of a layer (attention_only: the
+// attention input skips; moe_only: the MoE input is outdated, and the last
+// layer's experts run first): simple and overlapped still give the same
+// bits, in EP and in HybridEP.
+TEST(FarSkipOverlap, ThePartialVariantsGiveTheSameBitsSimpleAndOverlapped) {
+  for (const char* variant : {"attention_only", "moe_only"})
+    for (const auto& [mode, args] : {std::pair<std::string, std::vector<std::string>>{"ep", {"--mode", "ep"}},
+                                     {"hybrid", {"--mode", "hybrid", "--domains", "1,2"}}}) {
+      JobRun runs[2];
+      for (int overlapped = 0; overlapped < 2; ++overlapped) {
+        JobRun& out = runs[overlapped];
+        out.dir = temp_dir(std::string(variant) + "_" + mode + (overlapped ? "_overlapped" : "_simple"));
+        std::string yaml = farskip_yaml(overlapped, out.dir + "/ckpt") + cluster_yaml(4);
+        yaml.replace(yaml.find("  enabled: true\n"), 16, "  enabled: true\n  " + std::string(variant) + ": true\n");
+        auto job = testing::run_job(out.dir, yaml, 4, args);
+        ASSERT_TRUE(job.ok()) << variant << " " << mode << "\n" << job.logs();
+        for (const auto& l : job.summary["losses"]) out.losses.push_back(l.get<double>());
+        EXPECT_EQ(job.summary.value("connectivity", ""), variant == std::string("attention_only")
+                                                             ? "farskip_attention" : "farskip_moe") << job.summary.dump();
+      }
+      ASSERT_EQ(runs[0].losses.size(), (size_t)kSteps);
+      const double weights = worst_weight_difference(runs[1], runs[0]);
+      std::printf("[overlap] %s %s: simple vs overlapped, worst loss difference %.2e, weights %.2e\n", variant,
+                  mode.c_str(), worst_loss_difference(runs[1], runs[0]), weights);
+      EXPECT_LT(worst_loss_difference(runs[1], runs[0]), 1e-6) << variant << " " << mode;
+      EXPECT_EQ(weights, 0.0) << variant << " " << mode;
+    }
+}
+
 // The backward in 2 exchanges of 2 forward chunks each: the same rows move,
 // fewer and larger messages, over one level of peers (HybridEP 1 x 2, the
 // compute thread's direct exchanges) and over two (EP, the comm threads'
