@@ -251,12 +251,17 @@ TEST(FarSkipOverlap, ABackwardDegreeDividingRMovesTheSameRowsInFewerExchanges) {
 }
 
 // The one-process FarSkip model on the same global batch: the distributed
-// schedule (overlapped, 4 chunks) computes the model of docs/model.md, in EP
-// and in HybridEP with every expert held on every worker (domains 2 x 2: no
-// token row leaves its worker; the exchange hands the rows on uncopied).
+// schedule (overlapped, 4 chunks) computes the model of docs/model.md, in EP,
+// in HybridEP with every expert held on every worker (domains 2 x 2: no
+// token row leaves its worker; the exchange hands the rows on uncopied), and
+// in HybridEP with the experts gathered across the DCs and the tokens
+// exchanged inside them (domains 2 x 1), simple and overlapped.
 TEST(FarSkipOverlap, TheDistributedRunIsTheOneProcessFarSkipModel) {
   const JobRun ep = run_farskip("vs_one_process", true, 4, {"--mode", "ep"});
   const JobRun held = run_farskip("held_vs_one_process", true, 4, {"--mode", "hybrid", "--domains", "2,2"});
+  const JobRun gathered = run_farskip("gathered_vs_one_process", true, 4, {"--mode", "hybrid", "--domains", "2,1"});
+  const JobRun gathered_simple =
+      run_farskip("gathered_simple_vs_one_process", false, 4, {"--mode", "hybrid", "--domains", "2,1"});
   auto job = parse_job_config(farskip_yaml(true, ep.dir + "/unused") + cluster_yaml(4), "<test>");
   ASSERT_TRUE(job.has_value()) << job.status().to_string();
   ASSERT_EQ(job->train.model.layer_connectivity(0), Connectivity::kFarSkip);
@@ -264,9 +269,11 @@ TEST(FarSkipOverlap, TheDistributedRunIsTheOneProcessFarSkipModel) {
   ASSERT_TRUE(trainer.has_value()) << trainer.status().to_string();
   JobRun single;
   for (int i = 0; i < kSteps; ++i) single.losses.push_back((*trainer)->step()->loss.loss);
-  for (const auto& [name, run] : {std::pair<const char*, const JobRun*>{"ep", &ep}, {"hybrid 2 x 2", &held}}) {
+  for (const auto& [name, run] :
+       {std::pair<const char*, const JobRun*>{"ep, overlapped", &ep}, {"hybrid 2 x 2, overlapped", &held},
+        {"hybrid 2 x 1, overlapped", &gathered}, {"hybrid 2 x 1, simple", &gathered_simple}}) {
     const double worst = worst_loss_difference(*run, single);
-    std::printf("[overlap] distributed FarSkip (%s, r=4, overlapped) vs one process: worst loss difference %.2e\n",
+    std::printf("[overlap] distributed FarSkip (%s, r=4) vs one process: worst loss difference %.2e\n",
                 name, worst);
     EXPECT_LT(worst, 1e-4) << name;
   }
