@@ -87,6 +87,51 @@ void expect_buckets_equal_one_all_reduce(bool overlapped, bool bf16) {
   EXPECT_NE(got[0][100], gradients(0, n)[100]);
 }
 
+// bf16 on the wire, fp32 sums (MegaScale-MoE Sec. 5), against the exact sums
+// in double: within bf16's rounding of each partial and of the result, the
+// same bits on every rank. Inner pairs with 2 outer members (the outer
+// stage in one round) and with 4 outer members and a shard past the
+// one-round limit (a bf16 reduce-scatter, fp32 sums, a bf16 all-gather).
+TEST(DenseAllReduce, Bf16SumsAreTheExactSumsToBf16PrecisionOnEveryPathAndTheSameBitsEverywhere) {
+  for (const auto& [world, n] : {std::pair<int, size_t>{4, 10000}, {8, 40000}}) {
+    const int outer_size = world / 2;
+    auto transports = testing::local_transports(world);
+    std::vector<std::unique_ptr<Communicator>> inner, outer;
+    for (int r = 0; r < world; ++r) {
+      inner.push_back(std::make_unique<Communicator>(transports[r].get(), std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
+      std::vector<int> across;
+      for (int o = 0; o < outer_size; ++o) across.push_back(r % 2 + 2 * o);
+      outer.push_back(std::make_unique<Communicator>(transports[r].get(), across));
+    }
+    const size_t shard_bytes = n / 2 * sizeof(float);
+    EXPECT_EQ(Communicator::one_shot_all_reduce(outer_size, shard_bytes), world == 4) << "the path this case takes";
+    std::vector<std::vector<float>> got(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&, r] {
+        got[r] = gradients(r, n);
+        XD_CHECK(detail::dense_all_reduce(inner[r].get(), outer[r].get(), detail::DenseWirePrecision{true, true},
+                                          CollectiveTag(0, kNoLayer, 1), got[r].data(), n).is_ok());
+      });
+    for (auto& t : threads) t.join();
+    std::vector<std::vector<float>> g(world);
+    for (int r = 0; r < world; ++r) g[r] = gradients(r, n);
+    double worst = 0;  // |got - exact| over the bound
+    for (size_t i = 0; i < n; ++i) {
+      double exact = 0, magnitude = 0;
+      for (int r = 0; r < world; ++r) exact += g[r][i], magnitude += std::abs(g[r][i]);
+      // Each partial and each stage's sum rounded to 8 mantissa bits once.
+      const double bound = 3 * std::ldexp(magnitude, -8);
+      worst = std::max(worst, std::abs(got[0][i] - exact) / bound);
+    }
+    std::printf("[dense bf16] %d ranks, %zu floats: worst error %.2f of the bound\n", world, n, worst);
+    EXPECT_LE(worst, 1.0) << world << " ranks";
+    EXPECT_GT(worst, 0.0) << "bf16 rounds something";
+    for (int r = 1; r < world; ++r)
+      EXPECT_EQ(0, std::memcmp(got[r].data(), got[0].data(), n * sizeof(float))) << "rank " << r << " of " << world;
+  }
+}
+
 TEST(GradientBuckets, OverlappedBucketsGiveTheSumsOfOneAllReduce) { expect_buckets_equal_one_all_reduce(true, false); }
 TEST(GradientBuckets, BucketsRunAtTheEndGiveTheSumsOfOneAllReduce) { expect_buckets_equal_one_all_reduce(false, false); }
 TEST(GradientBuckets, Bf16BucketsGiveTheSumsOfOneBf16AllReduce) { expect_buckets_equal_one_all_reduce(true, true); }
