@@ -370,16 +370,18 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "auto+farskip+sr)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mode", f->modes,
-                  "Runs, one after another: MODE[+farskip][+simple][+rN[/M]][+dAxB][+late|+early][+sr|+delta][+once|+perexpert] with MODE ep, "
-                  "ep_flat, hybrid or auto; +farskip turns FarSkip connectivity on, +simple runs the simple schedule (token exchanges and the dense all-reduce in series), "
-                  "+r4 splits each A2A into 4 chunks (r0: the planner's choice), +r4/2 the forward's into 4 and the "
-                  "backward's into 2 (r4/0: the planner's backward), +d2x1 runs hybrid with domains 2 x 1, +late "
-                  "computes the replicas' weight gradients after the embedding's (+early with their layer; neither: "
-                  "the config's, auto by default), +sr compresses the outermost link's expert weights (SR residuals), "
-                  "replica gradients and dense gradients (the coordinator's --sr-codecs), +delta sends the outermost link's "
-                  "expert weights as exact bit differences (--delta-weights), +once sends a token once to each "
-                  "worker computing some of its experts, +perexpert once per expert (--tokens-once-per-worker=true or "
-                  "false; neither: the config's, auto by default) (repeatable)");
+                  "Runs, one after another: "
+                  "MODE[+farskip][+simple][+rN[/M]][+dAxB][+late|+early][+sr|+delta][+once|+perexpert] with MODE ep, "
+                  "ep_flat, hybrid or auto; +farskip turns FarSkip connectivity on, +simple runs the simple schedule "
+                  "(token exchanges and the dense all-reduce in series), +r4 splits each A2A into 4 chunks (r0: the "
+                  "planner's choice), +r4/2 the forward's into 4 and the backward's into 2 (r4/0: the planner's "
+                  "backward), +d2x1 runs hybrid with domains 2 x 1, +late computes the replicas' weight gradients "
+                  "after the embedding's (+early with their layer; neither: the config's, auto by default), +sr "
+                  "compresses the outermost link's expert weights (SR residuals), replica gradients and dense "
+                  "gradients (the coordinator's --sr-codecs), +delta sends the outermost link's expert weights as "
+                  "exact bit differences (--delta-weights), +once sends a token once to each worker computing some of "
+                  "its experts, +perexpert once per expert (--tokens-once-per-worker=true or false; neither: the "
+                  "config's, auto by default) (repeatable)");
   add_trace_steps_option(cmd, &f->trace_steps,
                          "Trace these steps of every run (Chrome trace JSON per worker in <run-dir>/<run>/trace; "
                          "scripts/trace_png.py draws them)");

@@ -318,7 +318,8 @@ Status override_schedule(JobConfig* job, const ScheduleOverrides& o) {
   }
   if (o.delta_weights) {
     if (o.sr_codecs)
-      return Status::invalid_argument("--delta-weights and --sr-codecs both set the expert all-gather's codec: pick one");
+      return Status::invalid_argument(
+          "--delta-weights and --sr-codecs both set the expert all-gather's codec: pick one");
     if (job->cluster.levels.empty()) return Status::invalid_argument("--delta-weights: the job has no link class");
     job->cluster.levels.front().link.codecs.expert_gather = kDeltaWeights;
   }

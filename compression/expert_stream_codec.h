@@ -4,9 +4,7 @@
 // needs (compression/expert_codec.h says what sr: and ef: mean).
 //
 // One message carries a packed batch of tensors (rows = tensors, cols =
-// tensor_floats). With delta: the rows are each weight's bit difference from
-// what the receivers hold, and the message is their byte planes; both sides
-// keep what the receivers hold, exactly. Weights: the sender encodes x - base - held and both sides
+// tensor_floats). Weights: the sender encodes x - base - held and both sides
 // add the decoded change to `held` (what every receiver holds, minus the
 // base); gradients: the sender encodes g + carried and keeps what the codec
 // dropped as the next step's `carried`. State is keyed per tensor by the
@@ -27,6 +25,10 @@
 // and, with feedback, a replica rebuilt against the same base version is
 // brought up to date at those entries alone (the others have not changed).
 // apply() is the dense reference of that path.
+//
+// delta: (weights) the rows are each weight's bit difference from `held`,
+// what the receivers hold, and the message is their byte planes; both sides
+// step `held` by the same integers, so it is the sender's weights exactly.
 //
 // One per (link class, traffic kind) on a worker; not thread-safe (the
 // runtime's ExpertCommunicator calls it under its codec mutex).

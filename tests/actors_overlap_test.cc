@@ -202,8 +202,8 @@ TEST(FarSkipOverlap, ThePartialVariantsGiveTheSameBitsSimpleAndOverlapped) {
         auto job = testing::run_job(out.dir, yaml, 4, args);
         ASSERT_TRUE(job.ok()) << variant << " " << mode << "\n" << job.logs();
         for (const auto& l : job.summary["losses"]) out.losses.push_back(l.get<double>());
-        EXPECT_EQ(job.summary.value("connectivity", ""), variant == std::string("attention_only")
-                                                             ? "farskip_attention" : "farskip_moe") << job.summary.dump();
+        const std::string connectivity = variant == std::string("attention_only") ? "farskip_attention" : "farskip_moe";
+        EXPECT_EQ(job.summary.value("connectivity", ""), connectivity) << job.summary.dump();
       }
       ASSERT_EQ(runs[0].losses.size(), (size_t)kSteps);
       const double weights = worst_weight_difference(runs[1], runs[0]);

@@ -253,7 +253,8 @@ TEST_F(Recovery, APoisonedCheckpointWithNanPolicySkipSkipsTheSameStepsOnEveryWor
   std::string lossy = job_yaml(2, 2, "  nan_policy: skip\n");
   const std::string inner = "link: {bandwidth: 10gbit, latency: 0ms, shape: false}";
   lossy.replace(lossy.find(inner), inner.size(),
-                "link: {bandwidth: 10gbit, latency: 0ms, shape: false, codecs: {dispatch: int8_row, combine: int8_row}}");
+                "link: {bandwidth: 10gbit, latency: 0ms, shape: false,"
+                " codecs: {dispatch: int8_row, combine: int8_row}}");
   std::ofstream(root_ + "/skip_lossy.yaml") << lossy;
   auto [lcode, lout] = run(xdmoe_binary() + " launch --config " + root_ + "/skip_lossy.yaml --mode hybrid+d2x1+sr "
                            "--steps 40 --run-dir " + root_ + "/skip_lossy --cli-bind 'tcp://127.0.0.1:*' --resume " +
@@ -262,8 +263,9 @@ TEST_F(Recovery, APoisonedCheckpointWithNanPolicySkipSkipsTheSameStepsOnEveryWor
   const nlohmann::json ls = read_json(root_ + "/skip_lossy/hybrid+d2x1+sr/summary.json");
   EXPECT_EQ(ls["skipped_steps"].get<int64_t>(), skipped) << lout;
   EXPECT_TRUE(std::isfinite(ls["final_loss"].get<double>())) << lout;
-  EXPECT_GT(ls["bytes_per_step"].value("worker/moe_dispatch_raw", 0.0), ls["bytes_per_step"].value("worker/moe_dispatch", 0.0))
-      << "the finite steps' rows were compressed: " << ls["bytes_per_step"].dump();
+  const nlohmann::json& bytes = ls["bytes_per_step"];
+  EXPECT_GT(bytes.value("worker/moe_dispatch_raw", 0.0), bytes.value("worker/moe_dispatch", 0.0))
+      << "the finite steps' rows were compressed: " << bytes.dump();
   // The default policy stops at the first such step, naming it.
   auto [scode, sout] = run(xdmoe_binary() + " launch --config " + root_ + "/job4.yaml --mode ep --steps 40 --run-dir " +
                            root_ + "/stop --cli-bind 'tcp://127.0.0.1:*' --resume " + poisoned);
