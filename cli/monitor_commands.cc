@@ -4,11 +4,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cluster/protocol.h"
@@ -112,26 +112,36 @@ void print_direction(const nlohmann::json& l, const char* name, const char* pref
               num(l, ("critical_" + p + "_overlap_percent").c_str(), "%.0f").c_str());
 }
 
-// How long the forward waited for each layer's gathered experts (HybridEP;
-// the most-waiting worker's), wrapped at 80 columns; nothing without them.
-void print_gather_waits(const nlohmann::json& l) {
-  const auto it = l.find("gather_wait_s");
-  if (it == l.end() || !it->is_array() || it->empty()) return;
-  std::string line = "  wait for gathered experts by layer (ms):";
-  for (const auto& w : *it) {
-    char v[32];
-    std::snprintf(v, sizeof v, " %.1f", w.is_number() ? w.get<double>() * 1e3 : 0.0);
-    if (line.size() + std::strlen(v) > 80) {
+// `line` then `pieces`, a space before each, wrapped at 80 columns onto
+// lines indented by three.
+void print_wrapped(std::string line, const std::vector<std::string>& pieces) {
+  for (const std::string& piece : pieces) {
+    if (line.size() + 1 + piece.size() > 80 && line.size() > 4) {
       std::printf("%s\n", line.c_str());
       line = "   ";
     }
-    line += v;
+    line += ' ';
+    line += piece;
   }
   std::printf("%s\n", line.c_str());
 }
 
-// The slowest worker's waits by what for (docs/overlap.md), wrapped at 80
-// columns after a comma or semicolon.
+// How long the forward waited for each layer's gathered experts (HybridEP;
+// the most-waiting worker's); nothing without them.
+void print_gather_waits(const nlohmann::json& l) {
+  const auto it = l.find("gather_wait_s");
+  if (it == l.end() || !it->is_array() || it->empty()) return;
+  std::vector<std::string> waits;
+  for (const auto& w : *it) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%.1f", w.is_number() ? w.get<double>() * 1e3 : 0.0);
+    waits.push_back(v);
+  }
+  print_wrapped("  wait for gathered experts by layer (ms):", waits);
+}
+
+// The slowest worker's waits by what for (docs/overlap.md), broken after a
+// comma or semicolon.
 void print_waits(const nlohmann::json& last_step) {
   const auto it = last_step.find("critical_waits_s");
   if (it == last_step.end() || !it->is_object()) return;
@@ -140,22 +150,16 @@ void print_waits(const nlohmann::json& last_step) {
     if (w.value().is_number()) waits[w.key()] = w.value().get<double>();
   const std::string text = waits_text(waits);
   if (text.empty()) return;
-  std::string line = "  the slowest worker waited for (ms):";
-  size_t at = 0;
-  while (at < text.size()) {
+  std::vector<std::string> pieces;
+  for (size_t at = 0; at < text.size();) {
     size_t end = text.find_first_of(",;", at);
     end = end == std::string::npos ? text.size() : end + 1;
     std::string piece = text.substr(at, end - at);
     if (piece[0] == ' ') piece.erase(0, 1);
-    if (line.size() + 1 + piece.size() > 80 && line.size() > 4) {
-      std::printf("%s\n", line.c_str());
-      line = "   ";
-    }
-    line += ' ';
-    line += piece;
+    pieces.push_back(piece);
     at = end;
   }
-  std::printf("%s\n", line.c_str());
+  print_wrapped("  the slowest worker waited for (ms):", pieces);
 }
 
 // Every line fits 80 columns: long names are cut with "~".

@@ -263,7 +263,7 @@ int run_plan(const PlanOptions& o) {
                   fmt_seconds(w.exchange_cpu_s_per_message).c_str(), w.exchange_cpu_s_per_byte * 1e9,
                   fmt_seconds(choice.exchange_cpu_s).c_str());
     std::printf("links:\n");
-    std::string lossy_gather;  // the outer link classes whose expert all-gather is lossy
+    std::string relayed_gather;  // the outer link classes whose all-gather the raw levels inside relay
     for (const LinkEstimate& ls : links) {
       std::printf("  %-10s alpha %-10s beta %.3g s/B (%s/s)  [%s", ls.name.c_str(),
                   fmt_seconds(ls.model.alpha_s).c_str(), ls.model.beta_s_per_byte,
@@ -286,10 +286,10 @@ int run_plan(const PlanOptions& o) {
         std::printf("  %-10s dense gradients: %s (%.2f of the bytes)\n", "", ls.codecs.dense_grad.c_str(),
                     cc.dense_fraction);
       if (cc.gather_relayed())  // as the planner prices it (expert_gather_hops)
-        lossy_gather += (lossy_gather.empty() ? "" : ", ") + ls.name;
-      else if (!cc.gather_lossy() && !lossy_gather.empty())
+        relayed_gather += (relayed_gather.empty() ? "" : ", ") + ls.name;
+      else if (!cc.gather_coded() && !relayed_gather.empty())
         std::printf("  %-10s expert all-gather: relays what crossed %s as it arrived (docs/compression.md, Relays)\n",
-                    "", lossy_gather.c_str());
+                    "", relayed_gather.c_str());
     }
     const std::string backward = w.backward_pipeline_degree > 0   ? std::to_string(w.backward_pipeline_degree)
                                  : w.backward_pipeline_degree == 0 ? "auto (the best divisor of r)"

@@ -165,18 +165,28 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
     return encode_bit_delta(tensors, packed, out, step);
   }
   const CodecPipeline& pipeline = spec_.pipeline_at(step);
-  // NaN or Inf where the pipeline refuses them (a step the non-finite guard
-  // will skip or stop at): the message goes raw, exactly, as a first one
-  // does, and the reconstruction error leaves it out.
-  const bool non_finite = pipeline.refuses_non_finite() && has_non_finite(packed->data(), packed->size());
-  if (!non_finite) err->signal += sums.signal;
+  const bool sparse = pipeline.is_sparse();
+  bool as_packed = pipeline.is_raw() || first, refused = false;
+  if (!as_packed) {
+    Status encoded = pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr);
+    if (!encoded.is_ok()) {
+      // NaN or Inf where the pipeline refuses them (a step the non-finite
+      // guard will skip or stop at): the message goes raw, exactly, as a
+      // first one does, and the reconstruction error leaves it out.
+      if (!pipeline.refuses_non_finite() || !has_non_finite(packed->data(), packed->size())) return encoded;
+      out->metadata.clear();
+      out->payload.clear();
+      as_packed = refused = true;
+    }
+  }
+  if (!refused) err->signal += sums.signal;
   std::vector<float*> st(tensors.size(), nullptr), vel(tensors.size(), nullptr);
   if (spec_.feedback)
     for (size_t i = 0; i < tensors.size(); ++i) {
       st[i] = state(tensors[i].key).data();
       if (weights) vel[i] = velocity(tensors[i].key);
     }
-  if (pipeline.is_raw() || first || non_finite) {
+  if (as_packed) {
     // Sent as packed, exactly: the receivers hold it all, nothing is carried.
     for (size_t i = 0; i < tensors.size() && spec_.feedback; ++i) {
       const float* row = packed->data() + i * n_;
@@ -191,8 +201,6 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
   // reconstruction error is measured here: a top-k pipeline hands back the
   // entries it kept as the receivers will decode them; anything else the
   // sender decodes from what it sent.
-  const bool sparse = pipeline.is_sparse();
-  XD_RETURN_IF_ERROR(pipeline.encode(packed->data(), {tensors.size(), n_}, out, sparse ? &sparse_ : nullptr));
   const float* r = packed->data();
   // A message that keeps every entry (every sign) is its own dense decode:
   // the dense bookkeeping below, without an entry-by-entry walk.
@@ -245,10 +253,10 @@ Status ExpertStreamCodec::encode_bit_delta(const std::vector<ExpertTensorRef>& t
   for (size_t i = 0; i < tensors.size(); ++i) advance_bits(state(tensors[i].key).data(), packed->data() + i * n_, n_);
   scratch_.resize(packed->size());
   to_byte_planes(packed->data(), packed->size(), reinterpret_cast<uint8_t*>(scratch_.data()));
-  std::memcpy(packed->data(), scratch_.data(), packed->size() * sizeof(float));
   const CodecPipeline& pipeline = spec_.pipeline_at(step);
-  if (pipeline.is_raw()) return Status::ok();  // the planes are the message
-  return pipeline.encode(packed->data(), {tensors.size(), n_}, out);
+  if (!pipeline.is_raw()) return pipeline.encode(scratch_.data(), {tensors.size(), n_}, out);
+  packed->swap(scratch_);  // the planes are the message
+  return Status::ok();
 }
 
 void ExpertStreamCodec::apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded) {

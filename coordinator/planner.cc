@@ -129,7 +129,7 @@ std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<in
     GatherHop hop;
     hop.raw_bytes = exact;
     for (const LossyGroup& g : lossy_groups) hop.raw_bytes += g.bytes;
-    if (codec.gather_lossy() || lossy_groups.empty()) {
+    if (codec.gather_coded() || lossy_groups.empty()) {
       hop.wire_bytes = hop.raw_bytes * codec.gather_fraction;
       hop.codec_s = hop.raw_bytes * codec.gather_s_per_byte;
     } else {

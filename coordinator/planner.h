@@ -69,10 +69,10 @@ struct LinkCodecCost {
   bool gather_against_base = false;                   // sr: the base all-reduce joins the step
   bool gather_delta = false;  // delta:, coded but exact: receivers rebuild the sender's bits
   // Coded on this link class (lossy, or delta:): the level codes all it sends.
-  bool gather_lossy() const { return gather_fraction != 1 || gather_s_per_byte != 0; }
+  bool gather_coded() const { return gather_fraction != 1 || gather_s_per_byte != 0; }
   // What crossed this level is relayed by the raw levels inside it, as it
   // arrived (a lossy codec; delta:'s replicas go on as floats).
-  bool gather_relayed() const { return gather_lossy() && !gather_delta; }
+  bool gather_relayed() const { return gather_coded() && !gather_delta; }
 };
 
 // One level of the HybridEP all-gather of a worker's experts, per AG peer:

@@ -190,7 +190,7 @@ void StepTimeline::plan_levels(const std::vector<int>& domain_sizes) {
     // worker's block and, on a raw level below lossy ones, each lossy
     // block as it arrived (one per origin: ExpertCommunicator's relays);
     // the replica gradients go back a message per peer.
-    const double relayed = codec.gather_lossy() ? 0.0 : relayed_origins;
+    const double relayed = codec.gather_coded() ? 0.0 : relayed_origins;
     const double ag_messages = (s - 1) * (1.0 + relayed), rs_messages = s - 1;
     a2a_chunk_messages_ += a2a_msgs;
     c_.level_messages[l] += layers_ * (2.0 * (r_ + rb_) * a2a_msgs + ag_messages + rs_messages);
