@@ -11,7 +11,10 @@
 //                    return traffic), by rows of the matrix, and as the
 //                    replica-gradient message lays them out: one row a tensor
 //                    ("expert grads/t"), where int8_row and int4_row without a
-//                    scale block have one scale for the whole tensor.
+//                    scale block have one scale for the whole tensor;
+//   delta:           the expert weights as bit differences from the step
+//                    before's (what receivers hold), one message a layer's
+//                    projection; exact (NMSE 0). Only when it trains here.
 // MB/s count fp32 input bytes; memcpy of the same bytes is measured in the same
 // run as the yardstick. Without --checkpoint it first trains the built-in
 // model for --train-steps steps.
@@ -32,6 +35,7 @@
 
 #include "compression/codec.h"
 #include "compression/expert_codec.h"
+#include "compression/expert_stream_codec.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"
 
@@ -112,6 +116,71 @@ Row measure(const Dataset& d, const std::string& spec, bool sr, int reps) {
   return row;
 }
 
+// delta: one message per (layer, projection) of the experts, from receivers
+// that hold `before` (the weights one optimizer step earlier) to `after`:
+// the wire bytes of the step's messages, and the encode and decode time.
+Row measure_delta(const std::string& spec, const std::vector<std::vector<float>>& before,
+                  const std::vector<std::vector<float>>& after, size_t experts_per_message, int reps) {
+  auto parsed = ExpertCodecSpec::parse(spec);
+  if (!parsed) std::fprintf(stderr, "bad codec %s\n", spec.c_str()), std::exit(2);
+  Row row;
+  row.data = "expert weights";
+  row.codec = spec + " (a step)";
+  const size_t n = after.front().size();
+  double best_enc = 1e300, best_dec = 1e300, wire = 0, raw = 0, err = 0;
+  for (int r = 0; r < reps; ++r) {
+    wire = raw = err = 0;
+    double t_enc = 0, t_dec = 0;
+    for (size_t first = 0; first < after.size(); first += experts_per_message) {
+      ExpertStreamCodec sender(*parsed, ExpertStreamCodec::Traffic::kWeights, n);
+      ExpertStreamCodec receiver(*parsed, ExpertStreamCodec::Traffic::kWeights, n);
+      std::vector<std::vector<float>> x(before.begin() + first, before.begin() + first + experts_per_message);
+      std::vector<std::vector<float>> got(experts_per_message, std::vector<float>(n));
+      std::vector<ExpertTensorRef> mine, theirs;
+      for (size_t e = 0; e < experts_per_message; ++e) {
+        mine.push_back({e, x[e].data(), nullptr, 0});
+        theirs.push_back({e, got[e].data(), nullptr, 0});
+      }
+      for (int step = 0; step < 2; ++step) {  // the step before (untimed), then the step
+        if (step == 1)
+          for (size_t e = 0; e < experts_per_message; ++e) x[e] = after[first + e];
+        std::vector<float> packed;
+        EncodedTensor enc;
+        ReconstructionError re;
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = sender.encode(mine, &packed, &enc, &re);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (st.is_ok()) {
+          if (enc.payload.empty()) {
+            receiver.apply(theirs, packed.data());
+          } else {
+            auto record = parse_codec_record(enc.metadata);
+            st = record ? receiver.apply_encoded(theirs, *record, enc.payload.data(), enc.payload.size())
+                        : record.status();
+          }
+        }
+        const auto t2 = std::chrono::steady_clock::now();
+        if (!st.is_ok()) std::fprintf(stderr, "%s: %s\n", spec.c_str(), st.message().c_str()), std::exit(1);
+        if (step == 0) continue;
+        t_enc += std::chrono::duration<double>(t1 - t0).count();
+        t_dec += std::chrono::duration<double>(t2 - t1).count();
+        wire += enc.payload.empty() ? packed.size() * sizeof(float) : enc.payload.size() + enc.metadata.size();
+        raw += experts_per_message * n * sizeof(float);
+        for (size_t e = 0; e < experts_per_message; ++e)
+          if (std::memcmp(got[e].data(), x[e].data(), n * sizeof(float)) != 0) err = 1;
+      }
+    }
+    best_enc = std::min(best_enc, t_enc);
+    best_dec = std::min(best_dec, t_dec);
+  }
+  if (err != 0) std::fprintf(stderr, "%s: a receiver's weights differ from the sender's\n", spec.c_str()), std::exit(1);
+  row.ratio = raw / wire;
+  row.encode_mb_s = raw / best_enc / 1e6;
+  row.decode_mb_s = raw / best_dec / 1e6;
+  row.nmse = 0;
+  return row;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +198,7 @@ int main(int argc, char** argv) {
   }
   // A trained model: from a checkpoint, or trained here.
   TrainConfig cfg = default_train_config();
-  std::vector<float> params;
+  std::vector<float> params, params_before;  // params_before: one step earlier (trained here only)
   if (!checkpoint.empty()) {
     auto ck = load_checkpoint(checkpoint);
     if (!ck) return std::fprintf(stderr, "%s\n", ck.status().message().c_str()), 1;
@@ -143,7 +212,10 @@ int main(int argc, char** argv) {
     std::printf("training the built-in model for %d steps ...\n", train_steps);
     std::fflush(stdout);
     StepStats last;
-    for (int s = 0; s < train_steps; ++s) last = *(*trainer)->step();
+    for (int s = 0; s < train_steps; ++s) {
+      if (s == train_steps - 1) params_before = (*trainer)->model().params();
+      last = *(*trainer)->step();
+    }
     std::printf("trained: loss %.4f\n", last.loss.loss);
     params = (*trainer)->model().params();
   }
@@ -221,6 +293,20 @@ int main(int argc, char** argv) {
                            "topk_sign:1+zstd:1", "block_sign:0.5+zstd:1", "block_sign:0.5:8+zstd:1",
                            "int8_row+zstd:1", "int4_row:128+zstd:1"})
     rows.push_back(measure(experts, spec, true, reps));
+  if (!params_before.empty()) {
+    // The experts of the step before, in the same order as `experts`.
+    ModelWeights<float> wb = layout.bind(params_before.data());
+    std::vector<std::vector<float>> before;
+    for (size_t l = 0; l < wb.layers.size(); ++l)
+      for (int which = 0; which < 3; ++which) {
+        const float* block = which == 0 ? wb.layers[l].w1 : which == 1 ? wb.layers[l].w3 : wb.layers[l].w2;
+        for (size_t e = 0; e < E; ++e) before.emplace_back(block + e * ff * d, block + (e + 1) * ff * d);
+      }
+    for (const char* spec : {"delta:raw", "delta:zstd:1"})
+      rows.push_back(measure_delta(spec, before, experts.tensors, E, reps));
+  } else {
+    std::printf("(no delta: rows: a checkpoint has no step before it)\n");
+  }
   for (Dataset* ds : {&acts, &ograds})
     for (const char* spec : {"raw+zstd:1", "bf16", "bf16+zstd:1", "fp16", "int8_row", "int8_row+zstd:1"})
       rows.push_back(measure(*ds, spec, false, reps));
