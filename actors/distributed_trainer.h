@@ -141,6 +141,7 @@ class DistributedTrainer {
   // `mid` is the one taken when backward began.
   // Returns the busiest link class's transmit time before and after `mid`.
   std::pair<double, double> record_link_figures(const TransportStats& mid, TransportStats now, StepMetrics* m);
+  void record_codec_figures(StepMetrics* m);  // bytes before the codecs, codec time and NMSE
   // Takes this worker's share of a checkpoint (options.resume_dir).
   Status resume(const std::string& dir);
   // Names the tensors whose gradient is not finite on this worker (for the log).

@@ -1,7 +1,8 @@
 // DistributedTrainer's figures of a step (distributed_trainer.h): the
 // bytes each link class carried, per traffic kind and before any codec, the
-// codecs' time and error, and the busiest link's transmit time in each
-// direction; and the phase floor they are judged against.
+// codecs' time and error per link class and traffic kind, and the busiest
+// link's transmit time in each direction; and the phase floor they are
+// judged against.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -20,6 +21,61 @@ double phase_floor_seconds(const StepPhases& p) {
   return std::max(by_phase, bound);
 }
 
+void DistributedTrainer::record_codec_figures(StepMetrics* m) {
+  // Per "link class/traffic" (the codec config's keys): the codecs' wall
+  // time, and the reconstruction error and signal of the lossy ones.
+  std::map<std::string, std::array<double, 3>> figures;
+  auto add = [&](int level, const char* traffic, double seconds, double error, double signal) {
+    std::array<double, 3>& f = figures[opts_.link_names[level] + "/" + traffic];
+    f[0] += seconds, f[1] += error, f[2] += signal;
+  };
+  // Expert tensors: before any codec, and what the codecs cost and lost.
+  const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
+  for (size_t l = 0; l < expert.size(); ++l) {
+    const std::string& name = opts_.link_names[l];
+    const ExpertCodecFigures& f = expert[l];
+    if (f.gather_raw_bytes > 0) m->bytes[name + "/expert_gather_raw"] += f.gather_raw_bytes;
+    if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
+    add(l, "expert_gather", f.gather_codec_s, f.gather_error, f.gather_signal);
+    add(l, "expert_grad", f.grad_codec_s, f.grad_error, f.grad_signal);
+    add(l, "expert_base", f.base_codec_s, f.base_error, f.base_signal);
+  }
+  // The dense gradients before the bf16 cast: the same messages in fp32.
+  // The innermost level is the inner stage's, the others the outer's; a
+  // bf16 stage's reduce-scatter and all-gather both carry them. The outer
+  // stage's casts count at the outermost level.
+  const size_t levels = opts_.link_names.size();
+  for (size_t l = 0; l < levels; ++l) {
+    const bool bf16 = l + 1 == levels ? buckets_->precision().inner_bf16 : buckets_->precision().outer_bf16;
+    for (const char* op : {"/all_reduce", "/reduce_scatter"}) {
+      const auto wire = m->bytes.find(opts_.link_names[l] + op);
+      if (bf16 && wire != m->bytes.end()) m->bytes[wire->first + "_raw"] = 2 * wire->second;
+    }
+  }
+  const detail::CastFigures dense = buckets_->take_cast_figures();
+  add((int)levels - 1, "dense_grad", dense.inner.seconds, dense.inner.error, dense.inner.signal);
+  add(0, "dense_grad", dense.outer.seconds, dense.outer.error, dense.outer.signal);
+  // The token rows before any codec, beside what crossed each link class.
+  const std::vector<TokenCodecFigures> tokens = exchange_->take_token_figures();
+  for (int p = 0; p < world_; ++p) {
+    const int level = link_level(opts_.level_sizes, opts_.rank, p);
+    const TokenCodecFigures& t = tokens[p];
+    if (level < 0) continue;
+    add(level, "dispatch", t.codec_s[0], t.error[0], t.signal[0]);
+    add(level, "combine", t.codec_s[1], t.error[1], t.signal[1]);
+    if (t.raw_bytes[0] == 0 && t.raw_bytes[1] == 0) continue;
+    const std::string& name = opts_.link_names[level];
+    m->bytes[name + "/moe_dispatch_raw"] += t.raw_bytes[0];
+    m->bytes[name + "/moe_combine_raw"] += t.raw_bytes[1];
+  }
+  m->codec_s = 0;
+  for (const auto& [key, f] : figures) {
+    if (f[0] > 0) m->codec_seconds[key] = f[0];
+    if (f[2] > 0) m->nmse[key] = f[1] / f[2];
+    m->codec_s += f[0];
+  }
+}
+
 std::pair<double, double> DistributedTrainer::record_link_figures(const TransportStats& mid, TransportStats now,
                                                                   StepMetrics* m) {
   std::map<int, const LinkStats*> before;
@@ -35,37 +91,7 @@ std::pair<double, double> DistributedTrainer::record_link_figures(const Transpor
       if (d > 0) m->bytes[name + "/" + message_kind_name(static_cast<MessageKind>(k))] += d;
     }
   }
-  m->codec_s = exchange_->take_codec_seconds() + comm_->take_codec_seconds();
-  // Expert tensors before any codec, and what the lossy codecs lost.
-  const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
-  for (size_t l = 0; l < expert.size(); ++l) {
-    const std::string& name = opts_.link_names[l];
-    const ExpertCodecFigures& f = expert[l];
-    if (f.gather_raw_bytes > 0) m->bytes[name + "/expert_gather_raw"] += f.gather_raw_bytes;
-    if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
-    if (f.gather_signal > 0) m->nmse[name + "/expert_gather"] = f.gather_error / f.gather_signal;
-    if (f.grad_signal > 0) m->nmse[name + "/expert_grad"] = f.grad_error / f.grad_signal;
-  }
-  // The dense gradients before the bf16 cast: the same messages in fp32.
-  // The innermost level is the inner stage's, the others the outer's; a
-  // bf16 stage's reduce-scatter and all-gather both carry them.
-  const size_t levels = opts_.link_names.size();
-  for (size_t l = 0; l < levels; ++l) {
-    const bool bf16 = l + 1 == levels ? buckets_->precision().inner_bf16 : buckets_->precision().outer_bf16;
-    for (const char* op : {"/all_reduce", "/reduce_scatter"}) {
-      const auto wire = m->bytes.find(opts_.link_names[l] + op);
-      if (bf16 && wire != m->bytes.end()) m->bytes[wire->first + "_raw"] = 2 * wire->second;
-    }
-  }
-  // The token rows before any codec, beside what crossed each link class.
-  const std::vector<std::array<double, 2>> raw = exchange_->take_raw_bytes();
-  for (int p = 0; p < world_; ++p) {
-    const int level = link_level(opts_.level_sizes, opts_.rank, p);
-    if (level < 0 || (raw[p][0] == 0 && raw[p][1] == 0)) continue;
-    const std::string& name = opts_.link_names[level];
-    m->bytes[name + "/moe_dispatch_raw"] += raw[p][0];
-    m->bytes[name + "/moe_combine_raw"] += raw[p][1];
-  }
+  record_codec_figures(m);
   // Each hop as long as its larger side: over the rows sent, the routing's
   // imbalance on that link class (xdmoe simulate --a2a-imbalance).
   const std::vector<double> peak = exchange_->take_peak_bytes();

@@ -113,13 +113,6 @@ std::vector<ExpertCodecFigures> ExpertCommunicator::take_codec_figures() {
   return out;
 }
 
-double ExpertCommunicator::take_codec_seconds() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const double s = codec_s_;
-  codec_s_ = 0;
-  return s;
-}
-
 void ExpertCommunicator::drain() {
   // The owned-gradient thread's closures follow the receiving actor's.
   for (Actor* a : {actor_.get(), owned_.get()}) {
@@ -154,7 +147,17 @@ Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
     if (codec_options_.base_outer_sign && !base_sign_) base_sign_ = std::make_unique<detail::SignDeltaState>();
     const detail::DenseWirePrecision precision{codec_options_.base_inner_bf16, codec_options_.base_outer_bf16,
                                                codec_options_.base_outer_sign ? base_sign_.get() : nullptr};
-    XD_RETURN_IF_ERROR(detail::dense_all_reduce(inner, outer, precision, tag, sums.data(), sums.size()));
+    detail::CastFigures cast;
+    Status st = detail::dense_all_reduce(inner, outer, precision, tag, sums.data(), sums.size(), &cast);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto [f, c] : {std::pair{&figures_.back(), &cast.inner}, std::pair{&figures_.front(), &cast.outer}}) {
+        f->base_codec_s += c->seconds;
+        f->base_error += c->error;
+        f->base_signal += c->signal;
+      }
+    }
+    XD_RETURN_IF_ERROR(st);
   }
   const float inv = 1.0f / model_->config().num_experts;
   for (float& v : sums) v *= inv;
@@ -292,7 +295,7 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
   (gather ? f.gather_raw_bytes : f.grad_raw_bytes) += x->raw_bytes;
   (gather ? f.gather_error : f.grad_error) += x->error;
   (gather ? f.gather_signal : f.grad_signal) += x->signal;
-  if (!codec.is_raw()) codec_s_ += x->codec_s;
+  if (!codec.is_raw()) (gather ? f.gather_codec_s : f.grad_codec_s) += x->codec_s;
   return Status::ok();
 }
 

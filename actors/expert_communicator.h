@@ -73,6 +73,14 @@ struct ExpertCodecFigures {
   double gather_raw_bytes = 0, grad_raw_bytes = 0;  // what raw floats would have sent
   double gather_error = 0, gather_signal = 0;       // reconstruction NMSE = error / signal
   double grad_error = 0, grad_signal = 0;
+  // Wall seconds in the level's codecs: encoding (or packing inside the
+  // optimizer step) and decoding, the relayed messages at the level they were
+  // first sent at. Raw levels count nothing.
+  double gather_codec_s = 0, grad_codec_s = 0;
+  // The SR base's bf16 all-reduce: its casts' seconds and rounding error
+  // (detail::CastFigures; the inner stage at the innermost level, the outer
+  // stage at the outermost).
+  double base_codec_s = 0, base_error = 0, base_signal = 0;
 };
 
 class ExpertCommunicator {
@@ -89,7 +97,6 @@ class ExpertCommunicator {
   // Blocks until everything started so far (gathers, reduces, the base
   // all-reduce) has run.
   void drain();
-  double take_codec_seconds();
 
   // Weights and gradient buffers of a gathered replica (layer, global expert).
   ExpertParams<float> replica(int layer, int expert);
@@ -278,7 +285,6 @@ class ExpertCommunicator {
 
   mutable std::mutex mu_;
   std::vector<ExpertCodecFigures> figures_;
-  double codec_s_ = 0;
   std::condition_variable cv_;
   bool stopping_ = false;  // the destructor runs: waits for owned gradients end (under mu_)
   std::vector<LayerState> state_;

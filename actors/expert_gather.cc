@@ -74,7 +74,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
   std::vector<Block> blocks;
   for (int layer = 0; layer < layers_; ++layer)
     for (int which = 0; which < 3; ++which) blocks.push_back({own_block(layer, which), layer, which});
-  return [this, blocks = std::move(blocks), codec, prep = &prepared_](size_t begin, size_t end) {
+  return [this, blocks = std::move(blocks), codec, level, prep = &prepared_](size_t begin, size_t end) {
     const size_t n = expert_floats_, span = (size_t)experts_per_worker_ * n;
     double pack_s = 0;
     for (const Block& b : blocks) {
@@ -105,7 +105,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
     }
     if (pack_s > 0) {
       std::lock_guard<std::mutex> lock(mu_);
-      codec_s_ += pack_s;
+      figures_[level].gather_codec_s += pack_s;
     }
   };
 }

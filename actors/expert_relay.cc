@@ -92,7 +92,7 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
     x.raw_bytes += double(r.tensors * expert_floats_ * sizeof(float)) * peers.size();
   }
   // What the peers relay, decoded as at the level it was first sent at.
-  double relay_codec_s = 0;
+  std::vector<double> relay_codec_s(figures_.size(), 0.0);  // per level first sent at
   for (size_t i = 0; i < peers.size(); ++i)
     for (size_t k = 0; k < route.peer_relayed[i].size(); ++k) {
       const RelaySource& source = route.peer_relayed[i][k];
@@ -107,12 +107,12 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
         XD_RETURN_IF_ERROR(
             detail::receive_message(*gather_codecs_[source.level], refs, *msg).with_context(from));
       }
-      relay_codec_s += seconds_since(t0);
+      relay_codec_s[source.level] += seconds_since(t0);
       kept->push_back({source.level, source.origin, refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
     }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    codec_s_ += relay_codec_s;
+    for (size_t at = 0; at < relay_codec_s.size(); ++at) figures_[at].gather_codec_s += relay_codec_s[at];
   }
   // The peers' own messages, then the sends; the level's figures.
   return receive_level(l, &x, /*gather=*/true, [&](int peer) {

@@ -44,7 +44,7 @@ HybridExpertExchange::HybridExpertExchange(Transport* transport, Topology topolo
   }
   std::sort(computed_.begin(), computed_.end());
   for (size_t i = 0; i < computed_.size(); ++i) computed_index_[computed_[i]] = static_cast<int>(i);
-  raw_bytes_.assign(topology_.world_size(), {0.0, 0.0});
+  figures_.assign(topology_.world_size(), TokenCodecFigures{});
   peak_bytes_.assign(topology_.num_levels(), 0.0);
   for (int l = 0; l < topology_.num_levels(); ++l) local_only_ = local_only_ && topology_.a2a_peers(rank_, l).empty();
   // Where each owner's rows go at each level's Dispatch hop: fixed with the
@@ -93,17 +93,10 @@ void HybridExpertExchange::set_codecs(std::vector<CodecPipeline> to_experts, std
   update_direct();
 }
 
-double HybridExpertExchange::take_codec_seconds() {
+std::vector<TokenCodecFigures> HybridExpertExchange::take_token_figures() {
   std::lock_guard<std::mutex> lock(mu_);
-  const double s = codec_s_;
-  codec_s_ = 0;
-  return s;
-}
-
-std::vector<std::array<double, 2>> HybridExpertExchange::take_raw_bytes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::array<double, 2>> out = raw_bytes_;
-  for (auto& b : raw_bytes_) b = {0.0, 0.0};
+  std::vector<TokenCodecFigures> out = figures_;
+  std::fill(figures_.begin(), figures_.end(), TokenCodecFigures{});
   return out;
 }
 
@@ -165,9 +158,9 @@ HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag)
   return r;
 }
 
-void HybridExpertExchange::add_codec_seconds(double s) {
+void HybridExpertExchange::add_codec_seconds(int peer, int direction, double s) {
   std::lock_guard<std::mutex> lock(mu_);
-  codec_s_ += s;
+  figures_[peer].codec_s[direction] += s;
 }
 
 void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {

@@ -53,6 +53,19 @@ struct ExchangeHop;
 struct ExchangeRoute;
 }
 
+// What the token rows exchanged with one peer rank cost, per direction
+// ([0] toward the experts: Dispatch and the backward of Combine; [1] back to
+// the sources).
+struct TokenCodecFigures {
+  std::array<double, 2> raw_bytes{};  // fp32 bytes of the rows sent, before any codec
+  // Wall seconds encoding the rows sent to the peer and decoding the rows
+  // received from it.
+  std::array<double, 2> codec_s{};
+  // A lossy codec's ||x - decoded||^2 and ||x||^2 over the first message of
+  // the direction since the last take (a sample: one decode more a step).
+  std::array<double, 2> error{}, signal{};
+};
+
 class HybridExpertExchange final : public ExpertExchange<float> {
  public:
   // Called on the compute thread: before_replicas, before a layer's
@@ -83,21 +96,19 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   // backward of Combine) and back to their sources (Combine and the backward
   // of Dispatch). Both vectors hold one pipeline per rank of the world.
   void set_codecs(std::vector<CodecPipeline> to_experts, std::vector<CodecPipeline> to_sources);
-  // fp32 bytes of the rows sent since the last call, before any codec, per
-  // peer rank: [0] toward the experts, [1] back to the sources.
-  std::vector<std::array<double, 2>> take_raw_bytes();
+  // What the rows exchanged with each peer rank cost since the last call,
+  // per peer rank (TokenCodecFigures).
+  std::vector<TokenCodecFigures> take_token_figures();
   // Per level since the last call: the sum over this worker's A2A hops of
   // max(row bytes sent, row bytes received), before any codec. With routing
   // that is not uniform a hop lasts as long as its larger side; against the
-  // rows sent (take_raw_bytes) it measures the imbalance.
+  // rows sent (take_token_figures) it measures the imbalance.
   std::vector<double> take_peak_bytes();
   // Per peer rank, the link class its rows cross, of `classes`: the peak
   // bytes are then summed per link class, each hop's peers of a class as one
   // side each way (flat EP's one level spans every class). Before the first
   // exchange; by default the classes are this exchange's levels.
   void set_peer_link_classes(std::vector<int> class_of_peer, int classes);
-  // Seconds spent encoding and decoding token rows since the last call.
-  double take_codec_seconds();
 
   void start_to_experts(const ExchangeTag& tag, std::vector<float> rows, const std::vector<int>& counts,
                         int width) override;
@@ -205,7 +216,13 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void publish(const ExchangeTag& tag, Result result);
   template <typename F>
   void run_inline(const ExchangeTag& tag, F run);
-  void add_codec_seconds(double s);
+  // Adds to the figures of the rows exchanged with `peer` in a direction
+  // (0: toward the experts).
+  void add_codec_seconds(int peer, int direction, double s);
+  // With a lossy codec, once per peer, direction and step: decodes what
+  // `encoded` will deliver and adds its error against `rows` (the NMSE sample).
+  void sample_token_error(int peer, int direction, const CodecPipeline& codec, const float* rows, size_t count,
+                          const EncodedTensor& encoded);
   // The Dispatch's route of the tag's layer and chunk; of a span, the routes
   // of its chunks merged (built by its backward of Combine).
   Route& route(const ExchangeTag& tag);
@@ -214,10 +231,9 @@ class HybridExpertExchange final : public ExpertExchange<float> {
 
   Transport* transport_;
   std::vector<CodecPipeline> codec_to_experts_, codec_to_sources_;  // per rank; empty: raw
-  std::vector<std::array<double, 2>> raw_bytes_;                   // per peer rank; under mu_
+  std::vector<TokenCodecFigures> figures_;                         // per peer rank; under mu_
   std::vector<double> peak_bytes_;                                 // per link class; under mu_
   std::vector<int> peer_class_;  // per rank, fixed before the first exchange; empty: the hop's level
-  double codec_s_ = 0;                                              // under mu_
   Topology topology_;
   std::vector<std::vector<int>> dispatch_member_;  // per level, per owner rank: the hop's member it goes to
   int rank_;

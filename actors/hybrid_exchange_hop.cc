@@ -1,6 +1,7 @@
 // HybridExpertExchange's hops: one level's all-to-all, split into its sends
 // (send_hop) and its receives (receive_hop), so that the compute thread can
 // send at start_* and receive at finish_*, and a comm thread can do both.
+#include <cmath>
 #include <cstring>
 
 #include "actors/detail/exchange_route.h"
@@ -76,6 +77,7 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     for (int k : hop->send_order) staged_ids.push_back((*ids)[k]);
   }
   const bool toward_experts = tag.kind == MessageKind::kMoeDispatch;
+  const int direction = toward_experts ? 0 : 1;
   const std::vector<CodecPipeline>& codecs = toward_experts ? codec_to_experts_ : codec_to_sources_;
   std::vector<std::shared_ptr<Completion>>& sends = h->sends;
   for (int i = 0; i < members; ++i) {
@@ -83,7 +85,7 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     const size_t rows = out_counts[i];
     {
       std::lock_guard<std::mutex> lock(mu_);
-      raw_bytes_[group[i]][toward_experts ? 0 : 1] += double(rows) * width * sizeof(float);
+      figures_[group[i]].raw_bytes[direction] += double(rows) * width * sizeof(float);
     }
     std::vector<OutFrame> frames;
     if (ids) frames.push_back(slice_frame(staged_ids_buffer, out_off[i], out_counts[i]));
@@ -93,8 +95,9 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
       auto encoded = std::make_shared<EncodedTensor>();
       const double t0 = steady_seconds();
       Status st = codec->encode(rows_at, {rows, (uint64_t)width}, encoded.get());
-      add_codec_seconds(steady_seconds() - t0);
+      add_codec_seconds(group[i], direction, steady_seconds() - t0);
       if (st.is_ok()) {
+        if (!codec->is_lossless()) sample_token_error(group[i], direction, *codec, rows_at, rows * width, *encoded);
         frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
                                   std::shared_ptr<const void>(encoded, encoded->payload.data())});
         sends.push_back(
@@ -160,7 +163,7 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
       const double t0 = steady_seconds();
       Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
                                 decoded[i].data(), decoded[i].size());
-      add_codec_seconds(steady_seconds() - t0);
+      add_codec_seconds(group[i], h->tag.kind == MessageKind::kMoeDispatch ? 0 : 1, steady_seconds() - t0);
       XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
     } else {
       if (m->tensor_size(frame) % (sizeof(float) * width) != 0)
@@ -237,6 +240,31 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
     *data = detail::rows_scattered(result_rows, hop->send_order, width);
   }
   return Status::ok();
+}
+
+void HybridExpertExchange::sample_token_error(int peer, int direction, const CodecPipeline& codec,
+                                              const float* rows, size_t count, const EncodedTensor& encoded) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (figures_[peer].signal[direction] > 0) return;  // sampled already
+  }
+  auto record = parse_codec_record(encoded.metadata);
+  std::vector<float> decoded(count);
+  // The codec just wrote this message: failing to read it back is a broken codec.
+  XD_CHECK_MSG(record && decode_tensor(*record, encoded.payload.data(), encoded.payload.size(), decoded.data(),
+                                       count).is_ok(),
+               ("the token codec " + codec.spec() + " cannot decode its own message").c_str());
+  double error = 0, signal = 0;
+  for (size_t k = 0; k < count; ++k) {
+    if (!std::isfinite(rows[k])) continue;  // a codec that takes them keeps them (bf16, fp16)
+    // A value the codec could not hold (beyond fp16's range) counts as lost.
+    const double d = std::isfinite(decoded[k]) ? double(rows[k]) - decoded[k] : double(rows[k]);
+    error += d * d;
+    signal += double(rows[k]) * rows[k];
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  figures_[peer].error[direction] += error;
+  figures_[peer].signal[direction] += signal;
 }
 
 bool HybridExpertExchange::hop_landed(const HopInFlight& h) const {

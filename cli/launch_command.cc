@@ -125,18 +125,24 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   }
   // Encoding and decoding, the busiest worker's, mean over steps: what the codecs cost the cores.
   row("codec time (ms)", [](const RunResult& r) { return cell(r.summary, "mean_codec_s", "%.1f", 1e3); });
-  // Lossy expert codecs: the reconstruction error, mean over steps.
-  std::set<std::string> lossy;
-  for (const auto& r : runs)
-    if (r.summary.contains("mean_nmse"))
-      for (const auto& [k, v] : r.summary["mean_nmse"].items()) lossy.insert(k);
-  for (const std::string& k : lossy)
-    row(("NMSE " + k).c_str(), [&](const RunResult& r) {
-      if (!r.summary.contains("mean_nmse") || !r.summary["mean_nmse"].contains(k)) return std::string("-");
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.3g", r.summary["mean_nmse"][k].get<double>());
-      return std::string(buf);
-    });
+  // One row per key any run's summary has in `field` (per link class and
+  // traffic kind), mean over steps.
+  auto rows_per_key = [&](const char* field, const std::string& prefix, const char* fmt, double scale) {
+    std::set<std::string> keys;
+    for (const auto& r : runs)
+      if (r.summary.contains(field))
+        for (const auto& [k, v] : r.summary[field].items()) keys.insert(k);
+    for (const std::string& k : keys)
+      row((prefix + k).c_str(), [&](const RunResult& r) {
+        if (!r.summary.contains(field) || !r.summary[field].contains(k)) return std::string("-");
+        char buf[32];
+        std::snprintf(buf, sizeof buf, fmt, r.summary[field][k].get<double>() * scale);
+        return std::string(buf);
+      });
+  };
+  rows_per_key("mean_codec_seconds", "codec ms ", "%.1f", 1e3);
+  // Lossy codecs: the reconstruction error.
+  rows_per_key("mean_nmse", "NMSE ", "%.3g", 1.0);
   row("restarts", [](const RunResult& r) { return std::to_string(r.restarts.size()); });
   row("peak RSS/worker (MB)", [](const RunResult& r) { return cell(r.summary, "peak_rss_bytes", "%.0f", 1e-6); });
   // Each run against the one before it and against the first.

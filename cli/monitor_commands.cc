@@ -91,15 +91,6 @@ std::string list_of(const nlohmann::json& s, const char* key) {
   return s.contains(key) ? s[key].dump() : "?";
 }
 
-// The codecs' share of the step: encoding and decoding, on the worker that
-// spent the most on them (nothing when every link is raw). Wall time on the
-// threads that run them: where workers share cores it includes waiting for one.
-void print_codec_time(const nlohmann::json& last_step) {
-  if (last_step.value("codec_s", 0.0) > 0)
-    std::printf("  codecs: %s ms of wall time encoding and decoding (busiest worker)\n",
-                num(last_step, "codec_s", "%.1f", 1e3).c_str());
-}
-
 // One pass's communication (the busiest link's transmit time while it ran),
 // the exposed part of it and the overlap, for the most-waiting worker, and
 // the slowest worker's overlap (the critical path).
@@ -124,6 +115,38 @@ void print_wrapped(std::string line, const std::vector<std::string>& pieces) {
     line += piece;
   }
   std::printf("%s\n", line.c_str());
+}
+
+// The codecs' share of the step: encoding and decoding, on the worker that
+// spent the most on them (nothing when every link is raw), then by link
+// class and traffic kind, and the lossy codecs' reconstruction NMSE. Wall
+// time on the threads that run them: where workers share cores it includes
+// waiting for one.
+void print_codec_time(const nlohmann::json& last_step) {
+  if (last_step.value("codec_s", 0.0) <= 0) return;
+  std::vector<std::string> pieces;
+  const nlohmann::json by_traffic = last_step.value("codec_seconds", nlohmann::json::object());
+  for (auto it = by_traffic.begin(); it != by_traffic.end(); ++it)
+    if (it.value().is_number()) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%.1f", 1e3 * it.value().get<double>());
+      pieces.push_back(it.key() + " " + v + ",");
+    }
+  if (!pieces.empty()) pieces.back().pop_back();
+  print_wrapped("  codecs: " + num(last_step, "codec_s", "%.1f", 1e3) + " ms encoding and decoding (busiest worker)" +
+                    (pieces.empty() ? "" : ";"),
+                pieces);
+  pieces.clear();
+  const nlohmann::json nmse = last_step.value("nmse", nlohmann::json::object());
+  for (auto it = nmse.begin(); it != nmse.end(); ++it)
+    if (it.value().is_number()) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%.1e", it.value().get<double>());
+      pieces.push_back(it.key() + " " + v + ",");
+    }
+  if (pieces.empty()) return;
+  pieces.back().pop_back();
+  print_wrapped("  codec NMSE:", pieces);
 }
 
 // How long the forward waited for each layer's gathered experts (HybridEP;
@@ -242,7 +265,7 @@ void print_status(const nlohmann::json& s) {
 // Per link class: its shaping, the bytes of the last step, how much the
 // codecs shrank the token rows, the expert tensors and the dense gradients
 // (raw / wire; "-" without such traffic or codec), and the worst
-// reconstruction NMSE of its lossy expert codecs. 80 columns.
+// reconstruction NMSE of its lossy codecs. 80 columns.
 void print_links(const nlohmann::json& s, const nlohmann::json& last) {
   std::printf("%-12s %-10s %-9s %-5s %10s %6s %7s %6s %7s\n", "link class", "bandwidth", "latency", "shape",
               "bytes/step", "tokens", "experts", "dense", "NMSE");
@@ -263,7 +286,7 @@ void print_links(const nlohmann::json& s, const nlohmann::json& last) {
     const std::string dense = ratio(get(name + "/all_reduce_raw") + get(name + "/reduce_scatter_raw"),
                                     get(name + "/all_reduce") + get(name + "/reduce_scatter"));
     double worst = -1;
-    for (const char* kind : {"/expert_gather", "/expert_grad"})
+    for (const char* kind : {"/dispatch", "/combine", "/expert_gather", "/expert_grad", "/expert_base", "/dense_grad"})
       if (nmse.contains(name + kind)) worst = std::max(worst, nmse[name + kind].get<double>());
     char error[16] = "-";
     if (worst >= 0) std::snprintf(error, sizeof error, "%.1e", worst);
@@ -348,9 +371,14 @@ int run_metrics(const MonitorFlags& f) {
     for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
       std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());
     if (l.contains("nmse") && !l["nmse"].empty()) {
-      std::printf("%-32s %14s\n", "link class / expert codec", "NMSE");
+      std::printf("%-32s %14s\n", "link class / lossy codec", "NMSE");
       for (auto it = l["nmse"].begin(); it != l["nmse"].end(); ++it)
         std::printf("%-32s %14.4g\n", it.key().c_str(), it.value().get<double>());
+    }
+    if (l.contains("codec_seconds") && !l["codec_seconds"].empty()) {
+      std::printf("%-32s %14s\n", "link class / codec", "ms");
+      for (auto it = l["codec_seconds"].begin(); it != l["codec_seconds"].end(); ++it)
+        std::printf("%-32s %14.2f\n", it.key().c_str(), 1e3 * it.value().get<double>());
     }
   }
   return 0;

@@ -173,6 +173,7 @@ json to_json(const StepMetrics& m) {
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
           {"nmse", m.nmse},
+          {"codec_seconds", m.codec_seconds},
           {"gather_wait_s", m.gather_wait_s},
           {"waits_s", m.waits_s},
           {"link_bursts", m.link_bursts},
@@ -207,6 +208,7 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);
     f.get("nmse", &m.nmse);
+    f.get("codec_seconds", &m.codec_seconds);
     f.get("gather_wait_s", &m.gather_wait_s);
     f.get("waits_s", &m.waits_s);
     f.get("link_bursts", &m.link_bursts);
@@ -220,6 +222,10 @@ Status from_json(const json& j, StepMetrics* out) {
     if (!is_wait_name(name) || !(w >= 0) || !std::isfinite(w))
       return Status::invalid_argument("metrics.waits_s: each wait needs a name 'direction/wait' (a-z and _, "
                                       "1-32 each) and finite seconds >= 0");
+  if (m.codec_seconds.size() > 256) return Status::invalid_argument("metrics.codec_seconds holds more than 256 keys");
+  for (const auto& [key, seconds] : m.codec_seconds)
+    if (!(seconds >= 0) || !std::isfinite(seconds))
+      return Status::invalid_argument("metrics.codec_seconds." + key + " must be finite and >= 0");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

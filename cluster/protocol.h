@@ -46,7 +46,8 @@ namespace xd {
 // compute thread's waits by what it waited for. 11: metrics carry each
 // direction's compute. 12: the assigned expert_parallel carries
 // tokens_once_per_worker. 13: ... as auto, true or false (a JSON string).
-inline constexpr int kProtocolVersion = 13;
+// 14: metrics carry the codecs' time per link class and traffic kind.
+inline constexpr int kProtocolVersion = 14;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -151,9 +152,16 @@ struct StepMetrics {
   double peak_rss_bytes = 0;
   // bytes sent this step per "link class/operation", e.g. "dc/moe_dispatch"
   std::map<std::string, double> bytes;
-  // Reconstruction error of the lossy expert codecs this step, per "link
-  // class/traffic", e.g. "dc/expert_gather": ||x - rebuilt||^2 / ||x||^2.
+  // Reconstruction error of the lossy codecs this step, per "link
+  // class/traffic" (the codec config's keys and expert_base, the SR base's
+  // all-reduce), e.g. "dc/expert_gather": ||x - rebuilt||^2 / ||x||^2. Token
+  // rows: over the first message of each peer and direction (a sample);
+  // bf16 dense gradients and base: the rounding of what this worker sent.
   std::map<std::string, double> nmse;
+  // Wall seconds in the codecs this step, encoding and decoding, per "link
+  // class/traffic" like nmse; they sum to codec_s. Required from protocol
+  // version 14.
+  std::map<std::string, double> codec_seconds;
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;

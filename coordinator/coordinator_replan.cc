@@ -20,6 +20,24 @@ std::string domains_text(const std::vector<int>& d) {
 }
 }  // namespace
 
+std::vector<CodecFractions> Coordinator::Impl::codec_fractions(const StepSummary& s) const {
+  // Bytes on the wire over the fp32 bytes before any codec, summed over the
+  // workers (docs/compression.md, "What the metrics show").
+  auto fraction = [&](const std::string& wire, const std::string& raw) {
+    const auto w = s.bytes.find(wire), r = s.bytes.find(raw);
+    return w != s.bytes.end() && r != s.bytes.end() && r->second > 0 ? w->second / r->second : 0.0;
+  };
+  std::vector<CodecFractions> out;
+  for (const LevelSpec& l : job.cluster.levels) {
+    const std::string& n = l.link.name;
+    out.push_back({fraction(n + "/moe_dispatch", n + "/moe_dispatch_raw"),
+                   fraction(n + "/moe_combine", n + "/moe_combine_raw"),
+                   fraction(n + "/expert_gather", n + "/expert_gather_raw"),
+                   fraction(n + "/expert_grad", n + "/expert_grad_raw")});
+  }
+  return out;
+}
+
 void Coordinator::Impl::consider_replan() {
   const StepSummary* s = metrics.last_complete();
   if (!replanner || !s || s->step <= last_replan_step || state != JobState::kRunning) return;
@@ -27,7 +45,7 @@ void Coordinator::Impl::consider_replan() {
   std::vector<double> imbalance;  // per level; 0 where no token crossed it
   for (const LevelSpec& l : job.cluster.levels) imbalance.push_back(s->a2a_imbalance(l.link.name));
   auto c = replanner->on_step(s->step, s->link_bursts, metrics.latest_step(), job.train.steps, s->step_s,
-                              s->compute_s, imbalance);
+                              s->compute_s, imbalance, codec_fractions(*s));
   if (!c) return;
   plan = replanner->plan();
   plan_inputs = replanner->inputs();

@@ -51,6 +51,16 @@ void Coordinator::Impl::write_summary() {
   j["plan_changes"] = plan_changes_json();
   if (replanner) j["compute_refits"] = replanner->compute_refits();
   if (replanner) j["a2a_imbalance_refits"] = replanner->imbalance_refits();
+  if (replanner) j["codec_refits"] = replanner->codec_refits();
+  if (replanner && !replanner->inputs().link_codecs.empty()) {
+    // Per level, the codec fractions the planner holds now (measured at
+    // start-up, as the last re-fit took them).
+    nlohmann::json fractions = nlohmann::json::array();
+    for (const LinkCodecCost& c : replanner->inputs().link_codecs)
+      fractions.push_back({{"dispatch", c.dispatch_fraction}, {"combine", c.combine_fraction},
+                           {"expert_gather", c.gather_fraction}, {"expert_grad", c.grad_fraction}});
+    j["codec_fractions"] = fractions;
+  }
   if (replanner && !replanner->inputs().a2a_imbalance.empty())
     j["a2a_imbalance"] = replanner->inputs().a2a_imbalance;  // per level, as the last re-fit took it
   // The last fit of each link class (docs/launch.md), bytes/s.
@@ -107,6 +117,7 @@ void Coordinator::Impl::write_summary() {
     j["step_over_cpu_floor"] = mean.step_over_cpu_floor();
     j["bytes_per_step"] = mean.bytes;
     j["mean_nmse"] = mean.nmse;
+    j["mean_codec_seconds"] = mean.codec_seconds;  // per link class and traffic kind
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;
     j["peak_rss_bytes"] = mean.peak_rss_bytes;
   }
@@ -146,6 +157,7 @@ void Coordinator::Impl::write_summary() {
                   mean.cpu_floor_s * 1e3, mean.step_over_cpu_floor());
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
+    for (const auto& [k, v] : mean.codec_seconds) std::printf("  codec ms   %-24s %12.2f\n", k.c_str(), v * 1e3);
     if (!mean.gather_wait_s.empty()) {
       std::printf("  wait for gathered experts per layer (ms):");
       for (double w : mean.gather_wait_s) std::printf(" %.1f", w * 1e3);

@@ -48,6 +48,7 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
   for (const auto& [k, v] : m.nmse) s.nmse[k] = std::max(s.nmse[k], v);
+  for (const auto& [k, v] : m.codec_seconds) s.codec_seconds[k] = std::max(s.codec_seconds[k], v);
   for (const auto& [k, v] : m.link_bursts)
     for (size_t i = 0; i < 3 && i < v.size(); ++i) s.link_bursts[k][i] += v[i];
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
@@ -142,6 +143,7 @@ StepSummary JobMetrics::mean(int skip) const {
     out.predicted_step_s += s.predicted_step_s;
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
+    for (const auto& [k, v] : s.codec_seconds) out.codec_seconds[k] += v;
     for (const auto& [k, v] : s.nmse) {
       out.nmse[k] += v;
       nmse_steps[k]++;
@@ -174,6 +176,7 @@ StepSummary JobMetrics::mean(int skip) const {
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
   for (auto& [k, v] : out.nmse) v /= nmse_steps[k];  // over the steps that reported it
+  for (auto& [k, v] : out.codec_seconds) v /= n;     // a step without the key spent 0 on it
   for (double& w : out.gather_wait_s) w /= n;
   for (auto& [k, v] : out.critical_waits_s) v /= n;  // a step without the key waited 0 for it
   out.step = complete_.back().step;
@@ -219,6 +222,7 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"peak_rss_bytes", s.peak_rss_bytes},
           {"bytes", s.bytes},
           {"nmse", s.nmse},
+          {"codec_seconds", s.codec_seconds},
           {"gather_wait_s", s.gather_wait_s}};
 }
 }  // namespace
@@ -277,7 +281,9 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
          s->cpu_floor_s},
         {"step_over_cpu_floor", "Step time / CPU floor; 1 kept every core of the busiest machine busy with the job.",
          s->step_over_cpu_floor()},
-        {"codec_seconds", "Time a worker spent encoding and decoding token rows and expert tensors in the step.", s->codec_s},
+        {"codec_seconds",
+         "Time a worker spent in the codecs (token rows, expert tensors, bf16 casts) in the step, busiest worker.",
+         s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
     };
@@ -350,14 +356,24 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       }
     }
   }
-  if (s && !s->nmse.empty()) {
-    gauge("codec_nmse", "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy expert codec, worst worker.");
-    for (const auto& [key, v] : s->nmse) {
+  // Per "link/traffic" key: a metric labelled by link class and traffic kind.
+  auto per_traffic = [&](const char* name, const char* help, const std::map<std::string, double>& values) {
+    if (!s || values.empty()) return;
+    gauge(name, help);
+    for (const auto& [key, v] : values) {
       const auto slash = key.find('/');
-      o << "xdmoe_codec_nmse{" << label << ",link=\"" << key.substr(0, slash) << "\",traffic=\""
+      o << "xdmoe_" << name << "{" << label << ",link=\"" << key.substr(0, slash) << "\",traffic=\""
         << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
     }
-  }
+  };
+  per_traffic("codec_nmse",
+              "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy codec, worst worker (token rows: the "
+              "first message of each peer and direction; bf16 dense gradients: the rounding of what is sent).",
+              s ? s->nmse : std::map<std::string, double>{});
+  per_traffic("codec_traffic_seconds",
+              "Time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
+              "busiest worker.",
+              s ? s->codec_seconds : std::map<std::string, double>{});
   gauge("worker_step", "Last step each worker reported.");
   for (const auto& [rank, m] : last_by_rank_)
     o << "xdmoe_worker_step{" << label << ",rank=\"" << rank << "\"} " << m.step << "\n";

@@ -61,6 +61,7 @@ struct StepSummary {
   double peak_rss_bytes = 0;                   // max
   std::map<std::string, double> bytes;         // sum
   std::map<std::string, double> nmse;          // max over workers (mean() averages steps)
+  std::map<std::string, double> codec_seconds;  // per "link class/traffic", max over workers
   std::vector<double> gather_wait_s;           // per layer, max over workers
   // Per link class: {bursts, bytes, seconds} summed over workers (StepMetrics::link_bursts).
   std::map<std::string, std::array<double, 3>> link_bursts;

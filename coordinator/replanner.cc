@@ -26,7 +26,8 @@ Replanner::Replanner(PlannerInputs inputs, Plan plan, std::vector<std::string> l
 
 std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                              int64_t latest_step, int64_t last_step, double step_s,
-                                             double compute_s, const std::vector<double>& a2a_imbalance) {
+                                             double compute_s, const std::vector<double>& a2a_imbalance,
+                                             const std::vector<CodecFractions>& codec_fractions) {
   if (step_s > 0) step_times_[step] = step_s;
   step_times_.erase(step_times_.begin(), step_times_.lower_bound(step - 64));  // a few windows back suffice
   if (auto back = check_switch(step, latest_step, last_step, step_s)) return back;
@@ -38,6 +39,7 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   keep_last(&window_, bursts);
   keep_last(&compute_window_, compute_s);
   keep_last(&imbalance_window_, a2a_imbalance);
+  keep_last(&codec_window_, codec_fractions);
   if (static_cast<int>(window_.size()) < options_.window_steps) return std::nullopt;
 
   // beta from {bursts, bytes, seconds} with the plan's alpha; 0: too few bytes.
@@ -85,7 +87,8 @@ std::optional<PlanChange> Replanner::on_step(int64_t step, const std::map<std::s
   }
   if (far_level < 0) {
     if (auto c = refit_compute(step)) return c;
-    return refit_imbalance(step);
+    if (auto c = refit_imbalance(step)) return c;
+    return refit_codecs(step);
   }
 
   PlanChange c;
@@ -151,6 +154,7 @@ void Replanner::clear_windows() {
   window_.clear();
   compute_window_.clear();
   imbalance_window_.clear();
+  codec_window_.clear();
 }
 
 namespace {
@@ -253,6 +257,70 @@ std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
   inputs_ = next_inputs;
   imbalance_window_.clear();
   ++imbalance_refits_;
+  return c;
+}
+
+namespace {
+
+// A traffic kind's fraction in a measured sample and in the planner's cost,
+// and its codec time there (with the fraction: whether it is coded at all).
+struct CodecKind {
+  const char* name;
+  double CodecFractions::*measured;
+  double LinkCodecCost::*fraction;
+  double LinkCodecCost::*s_per_byte;
+};
+constexpr CodecKind kCodecKinds[] = {
+    {"dispatch", &CodecFractions::dispatch, &LinkCodecCost::dispatch_fraction, &LinkCodecCost::dispatch_s_per_byte},
+    {"combine", &CodecFractions::combine, &LinkCodecCost::combine_fraction, &LinkCodecCost::combine_s_per_byte},
+    {"expert_gather", &CodecFractions::gather, &LinkCodecCost::gather_fraction, &LinkCodecCost::gather_s_per_byte},
+    {"expert_grad", &CodecFractions::grad, &LinkCodecCost::grad_fraction, &LinkCodecCost::grad_s_per_byte},
+};
+
+}  // namespace
+
+std::optional<PlanChange> Replanner::refit_codecs(int64_t step) {
+  const size_t levels = inputs_.link_codecs.size();
+  std::vector<CodecFractions> assumed(levels), fitted(levels);
+  std::string what = "codec bytes measured";
+  bool moved = false;  // some kind's fraction, and with it `what`
+  for (size_t l = 0; l < levels; ++l) {
+    const LinkCodecCost& cost = inputs_.link_codecs[l];
+    for (const CodecKind& k : kCodecKinds) {
+      assumed[l].*k.measured = fitted[l].*k.measured = cost.*k.fraction;
+      // Raw traffic is not fitted: its bytes on the wire are the tensors'.
+      if (cost.*k.fraction == 1 && cost.*k.s_per_byte == 0) continue;
+      // The kind's fraction in each step of the window; a step that sent
+      // none of it leaves it as assumed.
+      std::vector<double> kind;
+      for (const std::vector<CodecFractions>& w : codec_window_)
+        if (l < w.size() && w[l].*k.measured > 0) kind.push_back(w[l].*k.measured);
+      if (kind.size() < codec_window_.size()) continue;
+      const std::optional<double> f = drifted_mean(kind, cost.*k.fraction);
+      if (!f) continue;
+      char one[128];
+      std::snprintf(one, sizeof one, "%s %s %s %.3g (assumed %.3g)", moved ? "," : "",
+                    l < names_.size() ? names_[l].c_str() : std::to_string(l).c_str(), k.name, *f,
+                    cost.*k.fraction);
+      what += one;
+      fitted[l].*k.measured = *f;
+      moved = true;
+    }
+  }
+  if (!moved) return std::nullopt;
+  PlannerInputs next_inputs = inputs_;
+  for (size_t l = 0; l < levels; ++l)
+    for (const CodecKind& k : kCodecKinds) next_inputs.link_codecs[l].*k.fraction = fitted[l].*k.measured;
+  std::optional<Plan> next = predict_current(next_inputs);
+  if (!next) return std::nullopt;
+  PlanChange c = refit_change(step, "codecs", *next);
+  c.assumed_codec_fractions = assumed;
+  c.measured_codec_fractions = fitted;
+  c.reason = what + " of the fp32 bytes; the prediction follows";
+  plan_ = *next;
+  inputs_ = next_inputs;
+  codec_window_.clear();
+  ++codec_refits_;
   return c;
 }
 

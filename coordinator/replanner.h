@@ -21,7 +21,10 @@
 // LINK/moe_peak_raw over the raw token bytes) is re-fitted alike: measured
 // in every step of a window more than compute_tolerance from the assumed
 // (the routing probe's at start-up, else 1), the same way, and the
-// prediction follows it.
+// prediction follows it. So are the coded traffic kinds' wire fractions per
+// link class (the run's bytes on the wire over the fp32 bytes before the
+// codec; the planner measured them at start-up on synthetic tensors, and a
+// codec schedule changes them mid-run).
 // The planner can be wrong: once the new plan has run a few steps, its
 // measured step time is compared with the old plan's under the same link,
 // and the old plan comes back if the new one is more than revert_margin
@@ -75,6 +78,13 @@ struct RunSchedule {
   std::string text() const;
 };
 
+// One step's codec fractions on one link class as the run measured them:
+// per traffic kind, the bytes on the wire over the fp32 bytes before the
+// codec (LinkCodecCost's *_fraction); 0 where the step sent none of it.
+struct CodecFractions {
+  double dispatch = 0, combine = 0, gather = 0, grad = 0;
+};
+
 // One re-plan: what was measured, what each plan predicts, what was done.
 struct PlanChange {
   int64_t at_step = 0;         // the complete step whose measurements triggered it
@@ -95,11 +105,15 @@ struct PlanChange {
   // An A2A imbalance re-fit: per level, F before and after (unchanged
   // where that level did not move).
   std::vector<double> assumed_a2a_imbalance, measured_a2a_imbalance;
+  // A codec re-fit: per level, the fractions before and after (unchanged
+  // where nothing coded crossed).
+  std::vector<CodecFractions> assumed_codec_fractions, measured_codec_fractions;
   // A compute re-fit (the prediction only), whatever the link classes are called.
   bool compute_refit() const { return measured_compute_s > 0; }
   bool imbalance_refit() const { return !measured_a2a_imbalance.empty(); }
-  // Either: the prediction moves, the plan stays.
-  bool model_refit() const { return compute_refit() || imbalance_refit(); }
+  bool codec_refit() const { return !measured_codec_fractions.empty(); }
+  // Any of them: the prediction moves, the plan stays.
+  bool model_refit() const { return compute_refit() || imbalance_refit() || codec_refit(); }
 };
 
 class Replanner {
@@ -114,11 +128,13 @@ class Replanner {
   // `latest_step`: the furthest step any worker reported; `last_step`: the
   // job's train.steps; `step_s`: the step's time, `compute_s` its compute
   // (the slowest worker's; 0: unknown), `a2a_imbalance` per level the
-  // step's measured A2A imbalance (0 or missing: none measured). Returns a
-  // change when it re-planned or re-fitted.
+  // step's measured A2A imbalance (0 or missing: none measured),
+  // `codec_fractions` per level the step's measured codec fractions (missing:
+  // none). Returns a change when it re-planned or re-fitted.
   std::optional<PlanChange> on_step(int64_t step, const std::map<std::string, std::array<double, 3>>& bursts,
                                     int64_t latest_step, int64_t last_step, double step_s = 0,
-                                    double compute_s = 0, const std::vector<double>& a2a_imbalance = {});
+                                    double compute_s = 0, const std::vector<double>& a2a_imbalance = {},
+                                    const std::vector<CodecFractions>& codec_fractions = {});
 
   const Plan& plan() const { return plan_; }
   // The degrees the workers run (the plan's candidate may have been priced
@@ -135,6 +151,7 @@ class Replanner {
   const std::vector<PlanChange>& history() const { return history_; }
   int compute_refits() const { return compute_refits_; }
   int imbalance_refits() const { return imbalance_refits_; }
+  int codec_refits() const { return codec_refits_; }
   // The last fitted bandwidth per class name (bytes/s); absent before a full window.
   const std::map<std::string, double>& measured() const { return measured_; }
 
@@ -148,7 +165,8 @@ class Replanner {
   std::vector<std::map<std::string, std::array<double, 3>>> window_;
   std::vector<double> compute_window_;  // the window's steps' compute
   std::vector<std::vector<double>> imbalance_window_;  // the window's steps' A2A imbalance per level
-  int compute_refits_ = 0, imbalance_refits_ = 0;
+  std::vector<std::vector<CodecFractions>> codec_window_;  // the window's steps' codec fractions per level
+  int compute_refits_ = 0, imbalance_refits_ = 0, codec_refits_ = 0;
   int64_t quiet_until_ = 0;  // no re-plan before this step (a switch in flight)
   std::map<std::string, double> measured_;
   std::vector<PlanChange> history_;
@@ -168,6 +186,7 @@ class Replanner {
   std::optional<double> drifted_mean(const std::vector<double>& window, double assumed) const;
   std::optional<PlanChange> refit_compute(int64_t step);
   std::optional<PlanChange> refit_imbalance(int64_t step);
+  std::optional<PlanChange> refit_codecs(int64_t step);
   // The workers' domains and r predicted under `fitted`; none when those
   // domains are not among its candidates.
   std::optional<Plan> predict_current(PlannerInputs fitted) const;

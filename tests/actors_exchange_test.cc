@@ -79,9 +79,9 @@ void run_round_trip(const std::vector<int>& levels, const std::vector<int>& doma
       ex.to_sources({3, (int)ExchangePhase::kDispatchBackward}, at_experts.data(), at_experts.size() / width, width,
                    &back);
       if (!ex.status().is_ok() || back != rows) err = "backward round trip changed the rows";
-      for (const auto& b : ex.take_raw_bytes()) {
-        raw_toward_experts[r] += b[0];
-        raw_toward_sources[r] += b[1];
+      for (const TokenCodecFigures& f : ex.take_token_figures()) {
+        raw_toward_experts[r] += f.raw_bytes[0];
+        raw_toward_sources[r] += f.raw_bytes[1];
       }
     });
   for (auto& t : threads) t.join();

@@ -929,5 +929,46 @@ TEST(DenseGradients, Bf16OnTheDcLinkHalvesItsBytesAndKeepsEveryReplicatedParamet
   EXPECT_NEAR(loss[1], loss[0], 0.01 * loss[0]) << "bf16 partial sums barely move the loss in 4 steps";
 }
 
+// Bound of bf16's rounding (round to nearest even, 8 significant bits): each
+// value is off by at most 2^-9 of itself, so the NMSE is at most 2^-18.
+constexpr double kBf16Nmse = 1.0 / (1 << 18);
+
+TEST(CodecFigures, EachLossyTrafficKindReportsItsTimeAndErrorUnderItsLinkClassAndRawTrafficReportsNone) {
+  JobConfig job = job_for("raw", "bf16");
+  job.cluster.expert_parallel.domain_sizes = {1, 2};  // token rows cross the DC link
+  LinkCodecs& dc = job.cluster.levels[0].link.codecs;
+  dc.dispatch = "int8_row";
+  dc.combine = "bf16";
+  ASSERT_TRUE(job.validate().is_ok());
+  Workers w = start_workers(job);
+  std::vector<StepMetrics> metrics;
+  for (int step = 0; step < 3; ++step) {
+    step_all(w, &metrics);
+    for (size_t r = 0; r < metrics.size(); ++r) {
+      const StepMetrics& m = metrics[r];
+      const std::string at = "worker " + std::to_string(r) + " step " + std::to_string(step + 1);
+      double sum = 0;
+      for (const auto& [key, seconds] : m.codec_seconds) {
+        EXPECT_TRUE(key == "dc/dispatch" || key == "dc/combine" || key == "dc/dense_grad")
+            << at << ": " << key << " is raw traffic";
+        sum += seconds;
+      }
+      EXPECT_NEAR(sum, m.codec_s, 1e-12) << at;
+      for (const char* key : {"dc/dispatch", "dc/combine", "dc/dense_grad"}) {
+        EXPECT_GT(m.codec_seconds.count(key) ? m.codec_seconds.at(key) : 0.0, 0.0) << at << ": " << key;
+        ASSERT_TRUE(m.nmse.count(key)) << at << ": " << key;
+        EXPECT_GT(m.nmse.at(key), 0.0) << at << ": " << key << " is lossy";
+      }
+      EXPECT_LE(m.nmse.at("dc/combine"), kBf16Nmse) << at;
+      EXPECT_LE(m.nmse.at("dc/dense_grad"), kBf16Nmse) << at;
+      // 8-bit rows with a scale each: coarser than bf16, and far from losing
+      // the rows (an NMSE near 1).
+      EXPECT_GT(m.nmse.at("dc/dispatch"), m.nmse.at("dc/combine")) << at;
+      EXPECT_LT(m.nmse.at("dc/dispatch"), 1e-3) << at;
+      EXPECT_EQ(m.nmse.size(), 3u) << at << ": only the lossy traffic has an error";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xd

@@ -222,6 +222,34 @@ TEST(JobMetrics, PrometheusCarriesTheStepsCommunicationAndEachLayersWaitForGathe
   EXPECT_EQ(ep.prometheus("j", {"running"}).find("xdmoe_gather_wait_seconds"), std::string::npos);
 }
 
+TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkersAndPrometheusLabelsBoth) {
+  JobMetrics metrics(2);
+  StepMetrics a = report(1, 0.4, 0.5), b = report(1, 0.3, 0.2);
+  a.codec_seconds = {{"dc/dispatch", 0.002}, {"dc/dense_grad", 0.001}};
+  b.codec_seconds = {{"dc/dispatch", 0.003}, {"dc/expert_gather", 0.004}};
+  a.nmse = {{"dc/dispatch", 2e-5}};
+  b.nmse = {{"dc/dispatch", 1e-5}, {"dc/dense_grad", 3e-7}};
+  metrics.record(0, a);
+  metrics.record(1, b);
+  const StepSummary& s = *metrics.last_complete();
+  EXPECT_EQ(s.codec_seconds, (std::map<std::string, double>{
+                                 {"dc/dense_grad", 0.001}, {"dc/dispatch", 0.003}, {"dc/expert_gather", 0.004}}));
+  EXPECT_DOUBLE_EQ(s.nmse.at("dc/dispatch"), 2e-5);
+  const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_codec_traffic_seconds{job=\"j\",link=\"dc\",traffic=\"dispatch\"} 0.003\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_codec_nmse{job=\"j\",link=\"dc\",traffic=\"dense_grad\"} 3e-07\n"), std::string::npos)
+      << text;
+  // A step that spent nothing on a key counts 0 in the mean.
+  StepMetrics c = report(2, 0.4, 0.5), d = report(2, 0.3, 0.2);
+  c.codec_seconds = {{"dc/dispatch", 0.001}};
+  metrics.record(0, c);
+  metrics.record(1, d);
+  const StepSummary mean = metrics.mean(0);
+  EXPECT_DOUBLE_EQ(mean.codec_seconds.at("dc/dispatch"), 0.002);
+  EXPECT_DOUBLE_EQ(mean.codec_seconds.at("dc/expert_gather"), 0.002);
+}
+
 // The critical path runs through the slowest worker's compute: its own waits
 // are the communication the schedule left exposed. The faster workers' waits
 // also hold the time they spent waiting out its compute.

@@ -370,6 +370,59 @@ TEST(Replanner, AMeasuredA2AImbalanceMovesThePredictionNotThePlan) {
   }
 }
 
+// A coded traffic kind's wire fraction measured in every step of a window
+// (the run's bytes over the fp32 bytes) replaces the one the planner
+// measured at start-up, and the prediction follows; raw traffic and a
+// fraction within the tolerance move nothing.
+TEST(Replanner, MeasuredCodecFractionsMoveThePredictionAndRawTrafficIsNeverFitted) {
+  const JobConfig job = demo_job("bandwidth: 50mbit, latency: 1ms");
+  PlannerInputs in = planner_inputs_for(job, spec_link_models(job.cluster), ComputeModel{});
+  in.expert_parallel.mode = EpMode::kEp;  // token rows cross the DC link
+  in.link_codecs.assign(2, LinkCodecCost{});
+  in.link_codecs[0].dispatch_fraction = in.link_codecs[0].combine_fraction = 0.5;  // bf16 rows
+  in.link_codecs[0].dispatch_s_per_byte = in.link_codecs[0].combine_s_per_byte = 1e-10;
+  const Plan start = plan_iteration(in);
+  const double compute = planned_compute(start);
+  const int rf = start.choice().pipeline_degree, rb = start.choice().backward_pipeline_degree;
+  const auto link = std::map<std::string, std::array<double, 3>>{{"dc", bursts_at(0.8 * 6.25e6, 1e-3, 40, 8e6)}};
+  // The rows on the wire hold their expert ids too: 0.52 of the fp32 bytes.
+  // The worker level is raw: whatever it shows is not a codec's.
+  const std::vector<CodecFractions> measured = {{0.52, 0.51, 0, 0}, {0.9, 0.9, 0, 0}};
+  Replanner close(in, start, {"dc", "worker"}, {true, true}, rf, rb);
+  for (int64_t step = 1; step <= 6; ++step)
+    EXPECT_FALSE(close.on_step(step, link, step, 100, 0.5, compute, {}, measured)) << step;
+  // bf16 rows with zstd behind them: a third of the bytes, not half.
+  Replanner r(in, start, {"dc", "worker"}, {true, true}, rf, rb);
+  std::optional<PlanChange> c;
+  const double dispatch[] = {0.30, 0.34, 0.35};
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_FALSE(c) << "a change before the window was full";
+    c = r.on_step(step, link, step, 100, 0.5, compute, {}, {{dispatch[step - 1], 0.33, 0, 0}, {0.9, 0.9, 0, 0}});
+  }
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->codec_refit());
+  EXPECT_TRUE(c->model_refit());
+  EXPECT_FALSE(c->switched());
+  EXPECT_EQ(c->link, "codecs");
+  EXPECT_EQ(c->new_domains, start.choice().domain_sizes);
+  ASSERT_EQ(c->measured_codec_fractions.size(), 2u);
+  EXPECT_NEAR(c->measured_codec_fractions[0].dispatch, 0.33, 1e-12);
+  EXPECT_NEAR(c->measured_codec_fractions[0].combine, 0.33, 1e-12);
+  EXPECT_EQ(c->measured_codec_fractions[1].dispatch, 1.0) << "raw traffic keeps its fraction";
+  EXPECT_EQ(c->assumed_codec_fractions[0].dispatch, 0.5);
+  EXPECT_NEAR(r.inputs().link_codecs[0].dispatch_fraction, 0.33, 1e-12);
+  EXPECT_EQ(r.inputs().link_codecs[1].dispatch_fraction, 1.0);
+  EXPECT_LT(c->new_predicted_s, c->old_predicted_s) << "fewer bytes on the slow DC link";
+  EXPECT_DOUBLE_EQ(c->new_predicted_s, r.plan().choice().iteration_s);
+  EXPECT_NE(c->reason.find("dc dispatch 0.33 (assumed 0.5), dc combine 0.33 (assumed 0.5)"), std::string::npos)
+      << c->reason;
+  EXPECT_EQ(r.codec_refits(), 1);
+  EXPECT_TRUE(r.history().empty()) << "a re-fit is no re-plan";
+  // The fitted fractions are the assumption now: the same bytes change nothing.
+  for (int64_t step = 4; step <= 12; ++step)
+    EXPECT_FALSE(r.on_step(step, link, step, 100, 0.5, compute, {}, {{0.33, 0.33, 0, 0}})) << step;
+}
+
 // The same global batch in one process.
 std::vector<double> one_process_losses(const std::string& yaml, int steps) {
   auto job = parse_job_config(yaml, "<test>");

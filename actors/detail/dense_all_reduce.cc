@@ -1,9 +1,11 @@
 #include "actors/detail/dense_all_reduce.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "compression/bfloat16.h"
+#include "common/clock.h"
 #include "compression/codec.h"
 
 namespace xd::detail {
@@ -28,13 +30,43 @@ CollectiveTag stage(const CollectiveTag& tag, uint16_t n, MessageKind traffic) {
   return CollectiveTag(tag.step, tag.layer, static_cast<uint16_t>(tag.phase * 8 + n), tag.traffic.value_or(traffic));
 }
 
+// floats_to_bf16, timed; when `measured` (the values are sent), their
+// rounding error too. Non-finite values are left out of the error: they
+// cross as they are, and the non-finite guard deals with them.
+void cast_to_bf16(const float* in, size_t n, uint16_t* out, StageCast* cast, bool measured = true) {
+  const double t0 = steady_seconds();
+  floats_to_bf16(in, n, out);
+  double error = 0, signal = 0;
+  for (size_t k = 0; measured && k < n; ++k) {
+    if (!std::isfinite(in[k])) continue;
+    const uint32_t bits = uint32_t(out[k]) << 16;  // bf16 is fp32's upper half
+    float rounded;
+    std::memcpy(&rounded, &bits, sizeof rounded);
+    const double d = double(in[k]) - rounded;
+    error += d * d;
+    signal += double(in[k]) * in[k];
+  }
+  cast->add({steady_seconds() - t0, error, signal});
+}
+
+// bf16_to_floats, timed.
+void cast_to_floats(const uint16_t* in, size_t n, float* out, StageCast* cast) {
+  const double t0 = steady_seconds();
+  bf16_to_floats(in, n, out);
+  cast->seconds += steady_seconds() - t0;
+}
+
 // Member i's block of `data` (counts[i] floats) ends, summed over the group,
 // at member i. The partials cross in bf16; the own partial stays fp32.
-Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts) {
+Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts,
+                           StageCast* cast) {
   const int n = c->size(), me = c->index();
   const std::vector<size_t> off = offsets(counts);
   std::vector<uint16_t> send(off.back()), recv(counts[me] * n);
-  floats_to_bf16(data, off.back(), send.data());
+  // The own block is cast alike but never sent: no error counted for it.
+  cast_to_bf16(data, off[me], send.data(), cast);
+  cast_to_bf16(data + off[me], counts[me], send.data() + off[me], cast, /*measured=*/false);
+  cast_to_bf16(data + off[me + 1], off.back() - off[me + 1], send.data() + off[me + 1], cast);
   std::vector<size_t> send_bytes(n), recv_bytes(n, counts[me] * sizeof(uint16_t));
   for (int i = 0; i < n; ++i) send_bytes[i] = counts[i] * sizeof(uint16_t);
   XD_RETURN_IF_ERROR(c->all_to_allv(tag, send.data(), send_bytes, recv.data(), recv_bytes).wait());
@@ -42,7 +74,7 @@ Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* dat
   std::vector<float> partial(counts[me]);
   for (int i = 0; i < n && counts[me] > 0; ++i) {  // a fixed order: the sum is the same on every run
     if (i == me) continue;
-    bf16_to_floats(&recv[i * counts[me]], counts[me], partial.data());
+    cast_to_floats(&recv[i * counts[me]], counts[me], partial.data(), cast);
     for (size_t k = 0; k < counts[me]; ++k) own[k] += partial[k];
   }
   return Status::ok();
@@ -50,15 +82,16 @@ Status bf16_reduce_scatter(Communicator* c, const CollectiveTag& tag, float* dat
 
 // Each member's block, rounded to bf16, goes to everyone; every member,
 // the owner too, ends with the rounded values.
-Status bf16_all_gather(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts) {
+Status bf16_all_gather(Communicator* c, const CollectiveTag& tag, float* data, const std::vector<size_t>& counts,
+                       StageCast* cast) {
   const int me = c->index();
   const std::vector<size_t> off = offsets(counts);
   std::vector<uint16_t> mine(counts[me]), all(off.back());
-  floats_to_bf16(data + off[me], counts[me], mine.data());
+  cast_to_bf16(data + off[me], counts[me], mine.data(), cast);
   std::vector<size_t> bytes(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(uint16_t);
   XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.data(), all.data(), bytes).wait());
-  bf16_to_floats(all.data(), all.size(), data);
+  cast_to_floats(all.data(), all.size(), data, cast);
   return Status::ok();
 }
 
@@ -66,15 +99,15 @@ Status bf16_all_gather(Communicator* c, const CollectiveTag& tag, float* data, c
 // every member's buffer, rounded to bf16, goes to every other, and each sums
 // all of them in member order in fp32, its own rounded too: the same bits
 // everywhere.
-Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count) {
+Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, StageCast* cast) {
   const int n = c->size();
   std::vector<uint16_t> mine(count), all(count * n);
-  floats_to_bf16(data, count, mine.data());
+  cast_to_bf16(data, count, mine.data(), cast);
   XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.data(), all.data(), std::vector<size_t>(n, count * sizeof(uint16_t))).wait());
   std::vector<float> member(count);
-  bf16_to_floats(all.data(), count, data);
+  cast_to_floats(all.data(), count, data, cast);
   for (int i = 1; i < n; ++i) {
-    bf16_to_floats(&all[i * count], count, member.data());
+    cast_to_floats(&all[i * count], count, member.data(), cast);
     for (size_t k = 0; k < count; ++k) data[k] += member[k];
   }
   return Status::ok();
@@ -136,17 +169,22 @@ Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* dat
 }  // namespace
 
 Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePrecision p, const CollectiveTag& tag,
-                        float* data, size_t count) {
+                        float* data, size_t count, CastFigures* figures) {
+  CastFigures unused;
+  StageCast* inner_cast = figures ? &figures->inner : &unused.inner;
+  StageCast* outer_cast = figures ? &figures->outer : &unused.outer;
   if (!p.inner_bf16 && !p.outer_bf16 && !p.outer_sign)
     return hierarchical_all_reduce(inner, outer, tag, data, count).wait();
   // Nothing across: the inner group's all-reduce, in one round when it pays.
   if (outer->size() == 1 && inner->size() > 1 && Communicator::one_shot_all_reduce(inner->size(), count * sizeof(float)))
-    return p.inner_bf16 ? bf16_one_shot(inner, stage(tag, 4, MessageKind::kAllReduce), data, count)
+    return p.inner_bf16 ? bf16_one_shot(inner, stage(tag, 4, MessageKind::kAllReduce), data, count, inner_cast)
                         : inner->ring_all_reduce_now(tag, 10, data, count);
   const std::vector<size_t> counts = split(count, inner->size());
   const std::vector<size_t> off = offsets(counts);
   if (inner->size() > 1) {
-    if (p.inner_bf16) XD_RETURN_IF_ERROR(bf16_reduce_scatter(inner, stage(tag, 0, MessageKind::kReduceScatter), data, counts));
+    if (p.inner_bf16)
+      XD_RETURN_IF_ERROR(
+          bf16_reduce_scatter(inner, stage(tag, 0, MessageKind::kReduceScatter), data, counts, inner_cast));
     else XD_RETURN_IF_ERROR(inner->reduce_scatter_now(tag, 10, data, counts));
   }
   float* shard = data + off[inner->index()];
@@ -156,17 +194,18 @@ Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePreci
       XD_RETURN_IF_ERROR(sign_delta_one_shot(outer, stage(tag, 5, MessageKind::kAllReduce), shard, shard_count,
                                              p.outer_sign));
     } else if (p.outer_bf16 && Communicator::one_shot_all_reduce(outer->size(), shard_count * sizeof(float))) {
-      XD_RETURN_IF_ERROR(bf16_one_shot(outer, stage(tag, 1, MessageKind::kAllReduce), shard, shard_count));
+      XD_RETURN_IF_ERROR(bf16_one_shot(outer, stage(tag, 1, MessageKind::kAllReduce), shard, shard_count, outer_cast));
     } else if (p.outer_bf16) {
       const std::vector<size_t> parts = split(shard_count, outer->size());
-      XD_RETURN_IF_ERROR(bf16_reduce_scatter(outer, stage(tag, 1, MessageKind::kReduceScatter), shard, parts));
-      XD_RETURN_IF_ERROR(bf16_all_gather(outer, stage(tag, 2, MessageKind::kAllReduce), shard, parts));
+      XD_RETURN_IF_ERROR(
+          bf16_reduce_scatter(outer, stage(tag, 1, MessageKind::kReduceScatter), shard, parts, outer_cast));
+      XD_RETURN_IF_ERROR(bf16_all_gather(outer, stage(tag, 2, MessageKind::kAllReduce), shard, parts, outer_cast));
     } else {
       XD_RETURN_IF_ERROR(outer->ring_all_reduce_now(tag, 6, shard, shard_count));
     }
   }
   if (inner->size() > 1) {
-    if (p.inner_bf16) return bf16_all_gather(inner, stage(tag, 3, MessageKind::kAllReduce), data, counts);
+    if (p.inner_bf16) return bf16_all_gather(inner, stage(tag, 3, MessageKind::kAllReduce), data, counts, inner_cast);
     std::vector<size_t> bytes(counts.size());
     for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * sizeof(float);
     return inner->all_gatherv_now(tag, 11, MessageKind::kAllReduce, data, bytes);

@@ -33,8 +33,20 @@ Status GradientBuckets::reduce(uint32_t step, int b) {
   std::vector<float>& buffer = buckets_[b].buffer;
   if ((inner_->size() <= 1 && outer_->size() <= 1) || buffer.empty()) return Status::ok();
   // The layer field of the tag tells the buckets of one step apart.
-  return dense_all_reduce(inner_, outer_, precision_, CollectiveTag(step, static_cast<uint16_t>(b), 1),
-                          buffer.data(), buffer.size());
+  CastFigures cast;
+  Status st = dense_all_reduce(inner_, outer_, precision_, CollectiveTag(step, static_cast<uint16_t>(b), 1),
+                               buffer.data(), buffer.size(), &cast);
+  std::lock_guard<std::mutex> lock(mu_);
+  cast_.inner.add(cast.inner);
+  cast_.outer.add(cast.outer);
+  return st;
+}
+
+CastFigures GradientBuckets::take_cast_figures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CastFigures out = cast_;
+  cast_ = CastFigures{};
+  return out;
 }
 
 void GradientBuckets::start(uint32_t step, int b, const float* grads) {

@@ -45,6 +45,8 @@ class GradientBuckets {
   Status finish(uint32_t step, float* grads, float scale);
   // Seconds finish() blocked since the last call.
   double take_wait_seconds();
+  // The bf16 stages' casts since the last call (dense_all_reduce's figures).
+  CastFigures take_cast_figures();
 
  private:
   struct Bucket {
@@ -62,6 +64,7 @@ class GradientBuckets {
   std::vector<uint32_t> step_of_;  // per bucket, the step it was started for
   double wait_s_ = 0;
   std::mutex mu_;
+  CastFigures cast_;  // under mu_
   std::condition_variable cv_;
   std::vector<Bucket> buckets_;
   static constexpr int kThreads = kDenseBucketThreads;

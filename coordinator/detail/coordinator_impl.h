@@ -94,6 +94,8 @@ class Coordinator::Impl {
   // Feeds the last complete step's link measurements to the replanner and
   // sends the workers a plan update when it re-plans.
   void consider_replan();
+  // The step's measured codec fractions per level, for the replanner.
+  std::vector<CodecFractions> codec_fractions(const StepSummary& s) const;
   // The replanner, once the workers' endpoints are known (assign_all).
   void start_replanner();
   // The backward's r the workers run: the job's, or the planner's choice.
