@@ -223,9 +223,12 @@ Status from_json(const json& j, StepMetrics* out) {
       return Status::invalid_argument("metrics.waits_s: each wait needs a name 'direction/wait' (a-z and _, "
                                       "1-32 each) and finite seconds >= 0");
   if (m.codec_seconds.size() > 256) return Status::invalid_argument("metrics.codec_seconds holds more than 256 keys");
-  for (const auto& [key, seconds] : m.codec_seconds)
+  for (const auto& [key, seconds] : m.codec_seconds) {
+    if (key.empty() || key.size() > 256 || key.find('/') == std::string::npos)
+      return Status::invalid_argument("metrics.codec_seconds: each key is 'link class/traffic', at most 256 bytes");
     if (!(seconds >= 0) || !std::isfinite(seconds))
       return Status::invalid_argument("metrics.codec_seconds." + key + " must be finite and >= 0");
+  }
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

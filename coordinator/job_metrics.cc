@@ -185,6 +185,21 @@ StepSummary JobMetrics::mean(int skip) const {
 }
 
 namespace {
+// A Prometheus label value as the text format wants it: backslash, double
+// quote and newline escaped (link class names come from the job config).
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 nlohmann::json summary_json(const StepSummary& s) {
   return {{"step", s.step},
           {"loss", s.loss},
@@ -246,7 +261,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
   auto gauge = [&](const char* name, const char* help) {
     o << "# HELP xdmoe_" << name << " " << help << "\n# TYPE xdmoe_" << name << " gauge\n";
   };
-  const std::string label = "job=\"" + job + "\"";
+  const std::string label = "job=\"" + label_value(job) + "\"";
   gauge("workers", "Workers of the job by state.");
   std::map<std::string, int> by_state;
   for (const auto& s : states) by_state[s]++;
@@ -352,7 +367,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         const std::string link = key.substr(0, slash);
         std::string opname = slash == std::string::npos ? "" : key.substr(slash + 1);
         if (raw) opname.resize(opname.size() - kRaw.size());
-        o << metric << "{" << label << ",link=\"" << link << "\",op=\"" << opname << "\"} " << v << "\n";
+        o << metric << "{" << label << ",link=\"" << label_value(link) << "\",op=\"" << label_value(opname) << "\"} "
+          << v << "\n";
       }
     }
   }
@@ -362,8 +378,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
     gauge(name, help);
     for (const auto& [key, v] : values) {
       const auto slash = key.find('/');
-      o << "xdmoe_" << name << "{" << label << ",link=\"" << key.substr(0, slash) << "\",traffic=\""
-        << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
+      o << "xdmoe_" << name << "{" << label << ",link=\"" << label_value(key.substr(0, slash)) << "\",traffic=\""
+        << label_value(slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
     }
   };
   per_traffic("codec_nmse",

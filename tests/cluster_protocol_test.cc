@@ -273,6 +273,23 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
     bad_name["waits_s"][bad] = 0.1;
     EXPECT_EQ(from_json(bad_name, &m2).code(), Status::Code::kInvalidArgument) << bad;
   }
+  m.codec_seconds = {{"dc/dispatch", 0.002}, {"dc/dense_grad", 0.001}};
+  ASSERT_TRUE(from_json(json::parse(to_json(m).dump()), &m2).is_ok());
+  EXPECT_EQ(m2.codec_seconds, m.codec_seconds);
+  for (const double bad : {-0.001, std::numeric_limits<double>::infinity()}) {
+    json bad_codec = to_json(m);
+    bad_codec["codec_seconds"]["dc/dispatch"] = bad;
+    EXPECT_NE(from_json(bad_codec, &m2).message().find("metrics.codec_seconds.dc/dispatch"), std::string::npos)
+        << bad;
+  }
+  for (const std::string& bad : std::vector<std::string>{"", "dispatch", std::string(257, '/')}) {
+    json bad_key = to_json(m);
+    bad_key["codec_seconds"][bad] = 0.1;
+    EXPECT_EQ(from_json(bad_key, &m2).code(), Status::Code::kInvalidArgument) << bad;
+  }
+  json no_codec_time = to_json(m);  // a protocol 13 worker's report
+  no_codec_time.erase("codec_seconds");
+  EXPECT_NE(from_json(no_codec_time, &m2).message().find("codec_seconds"), std::string::npos);
   json many = to_json(m);
   for (int i = 0; i < 65; ++i) many["waits_s"]["backward/w" + std::string(1, char('a' + i % 26)) +
                                                std::string(i / 26 + 1, 'x')] = 0.1;

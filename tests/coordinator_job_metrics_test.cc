@@ -240,6 +240,15 @@ TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkers
             std::string::npos) << text;
   EXPECT_NE(text.find("xdmoe_codec_nmse{job=\"j\",link=\"dc\",traffic=\"dense_grad\"} 3e-07\n"), std::string::npos)
       << text;
+  // Link class names come from the job config: label values are escaped.
+  JobMetrics quoted(1);
+  StepMetrics q = report(1, 0.4, 0.5);
+  q.codec_seconds = {{"d\"c\\/dispatch", 0.001}};
+  quoted.record(0, q);
+  const std::string escaped = quoted.prometheus("a\"b", {"running"});
+  EXPECT_NE(escaped.find("xdmoe_codec_traffic_seconds{job=\"a\\\"b\",link=\"d\\\"c\\\\\",traffic=\"dispatch\"} 0.001\n"),
+            std::string::npos)
+      << escaped;
   // A step that spent nothing on a key counts 0 in the mean.
   StepMetrics c = report(2, 0.4, 0.5), d = report(2, 0.3, 0.2);
   c.codec_seconds = {{"dc/dispatch", 0.001}};
