@@ -212,10 +212,7 @@ std::optional<PlanChange> Replanner::refit_compute(int64_t step) {
   std::snprintf(what, sizeof what, "compute measured %.1f ms a step, the plan assumed %.1f ms; the prediction follows",
                 measured * 1e3, assumed * 1e3);
   c.reason = what;
-  plan_ = *next;
-  inputs_ = fitted;
-  compute_window_.clear();
-  ++compute_refits_;
+  adopt_refit(std::move(*next), std::move(fitted), &compute_window_, &compute_refits_);
   return c;
 }
 
@@ -253,10 +250,7 @@ std::optional<PlanChange> Replanner::refit_imbalance(int64_t step) {
     what += one;
   }
   c.reason = what + "; the prediction follows";
-  plan_ = *next;
-  inputs_ = next_inputs;
-  imbalance_window_.clear();
-  ++imbalance_refits_;
+  adopt_refit(std::move(*next), std::move(next_inputs), &imbalance_window_, &imbalance_refits_);
   return c;
 }
 
@@ -317,10 +311,7 @@ std::optional<PlanChange> Replanner::refit_codecs(int64_t step) {
   c.assumed_codec_fractions = assumed;
   c.measured_codec_fractions = fitted;
   c.reason = what + " of the fp32 bytes; the prediction follows";
-  plan_ = *next;
-  inputs_ = next_inputs;
-  codec_window_.clear();
-  ++codec_refits_;
+  adopt_refit(std::move(*next), std::move(next_inputs), &codec_window_, &codec_refits_);
   return c;
 }
 

@@ -36,6 +36,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/planner.h"
@@ -190,6 +191,15 @@ class Replanner {
   // The workers' domains and r predicted under `fitted`; none when those
   // domains are not among its candidates.
   std::optional<Plan> predict_current(PlannerInputs fitted) const;
+  // A re-fit's model becomes the assumption: its plan and inputs; the
+  // window it was fitted from starts over, and `refits` counts it.
+  template <typename Window>
+  void adopt_refit(Plan next, PlannerInputs inputs, Window* window, int* refits) {
+    plan_ = std::move(next);
+    inputs_ = std::move(inputs);
+    window->clear();
+    ++*refits;
+  }
   // A re-fit's change: the current domains and r, predicted as `next` does.
   PlanChange refit_change(int64_t step, const char* what, const Plan& next) const;
   void clear_windows();
