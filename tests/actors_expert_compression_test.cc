@@ -607,6 +607,18 @@ TEST(ExpertCompression, WithSignCodedBaseChangesEveryWorkerStillHoldsTheSameBase
     // a scale per 1024 and a bit per row.
     const double want = step == 0 ? 4.0 * shard : 4.0 * rows + (rows + 7) / 8 + rows * 1024 / 8;
     EXPECT_DOUBLE_EQ(metrics[0].bytes.at("dc/expert_base"), want) << "step " << step + 1;
+    // The copy the other DC holds of this worker's partial: exact at first,
+    // then behind by what the signs left out; the coding's time with it.
+    ASSERT_TRUE(metrics[0].nmse.count("dc/expert_base")) << "step " << step + 1;
+    if (step == 0) {
+      EXPECT_EQ(metrics[0].nmse.at("dc/expert_base"), 0.0);
+    } else {
+      EXPECT_GT(metrics[0].nmse.at("dc/expert_base"), 0.0) << "step " << step + 1;
+    }
+    EXPECT_LT(metrics[0].nmse.at("dc/expert_base"), 0.1) << "step " << step + 1;
+    if (step > 0) {
+      EXPECT_EQ(metrics[0].codec_seconds.count("dc/expert_base"), 1u) << "step " << step + 1;
+    }
   }
 }
 

@@ -114,7 +114,10 @@ Status bf16_one_shot(Communicator* c, const CollectiveTag& tag, float* data, siz
 }
 
 // The outer stage with sign-coded changes (dense_all_reduce.h, outer_sign).
-Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
+// `cast` gains the coding's time and, as its error, how far the copy the
+// members hold of this member's partial is from it.
+Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s,
+                           StageCast* cast) {
   const int n = c->size(), me = c->index();
   if (s->held.size() != static_cast<size_t>(n) || s->held[me].size() != count) {
     // The first exchange: every partial exactly.
@@ -136,7 +139,9 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
     }
     static const CodecPipeline kSigns = *CodecPipeline::parse("block_sign:1:1024");
     EncodedTensor mine;
+    double t0 = steady_seconds();
     XD_RETURN_IF_ERROR(kSigns.encode(change.data(), {rows, kCols}, &mine));
+    cast->seconds += steady_seconds() - t0;
     // Every member's message has this shape, so this record and size.
     auto record = parse_codec_record(mine.metadata);
     if (!record) return record.status();
@@ -144,12 +149,23 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
     std::vector<uint8_t> all(bytes * n);
     XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.payload.data(), all.data(), std::vector<size_t>(n, bytes)).wait());
     std::vector<float> decoded(change.size());
+    t0 = steady_seconds();
     for (int i = 0; i < n; ++i) {
       XD_RETURN_IF_ERROR(decode_tensor(*record, all.data() + i * bytes, bytes, decoded.data(), decoded.size()));
       float* held = s->held[i].data();
       for (size_t k = 0; k < count; ++k) held[k] += decoded[k];
     }
+    cast->seconds += steady_seconds() - t0;
   }
+  double error = 0, signal = 0;
+  for (size_t k = 0; k < count; ++k) {
+    if (!std::isfinite(data[k])) continue;
+    const double d = double(data[k]) - s->held[me][k];
+    error += d * d;
+    signal += double(data[k]) * data[k];
+  }
+  cast->error += error;
+  cast->signal += signal;
   for (size_t k = 0; k < count; ++k) {  // member order: the same bits everywhere
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) sum += s->held[i][k];
@@ -160,8 +176,9 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
 
 // Copies half updated by a failed exchange must not be used again: the next
 // call starts over with an exact exchange.
-Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s) {
-  Status st = sign_delta_exchange(c, tag, data, count, s);
+Status sign_delta_one_shot(Communicator* c, const CollectiveTag& tag, float* data, size_t count, SignDeltaState* s,
+                           StageCast* cast) {
+  Status st = sign_delta_exchange(c, tag, data, count, s, cast);
   if (!st.is_ok()) s->held.clear();
   return st;
 }
@@ -192,7 +209,7 @@ Status dense_all_reduce(Communicator* inner, Communicator* outer, DenseWirePreci
   if (outer->size() > 1) {
     if (p.outer_sign) {
       XD_RETURN_IF_ERROR(sign_delta_one_shot(outer, stage(tag, 5, MessageKind::kAllReduce), shard, shard_count,
-                                             p.outer_sign));
+                                             p.outer_sign, outer_cast));
     } else if (p.outer_bf16 && Communicator::one_shot_all_reduce(outer->size(), shard_count * sizeof(float))) {
       XD_RETURN_IF_ERROR(bf16_one_shot(outer, stage(tag, 1, MessageKind::kAllReduce), shard, shard_count, outer_cast));
     } else if (p.outer_bf16) {

@@ -45,7 +45,9 @@ struct DenseWirePrecision {
 
 // What one stage's bf16 casts cost and lost: the wall seconds of the casts
 // both ways, and over the values this worker rounded to send, the rounding's
-// squared error and their squared sum (NMSE = error / signal).
+// squared error and their squared sum (NMSE = error / signal). With
+// outer_sign: the sign coding's seconds, and the error of the copy the
+// members hold of this worker's partial.
 struct StageCast {
   double seconds = 0, error = 0, signal = 0;
   void add(const StageCast& o) { seconds += o.seconds, error += o.error, signal += o.signal; }
