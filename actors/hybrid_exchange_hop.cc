@@ -27,6 +27,8 @@ OutFrame slice_frame(const std::shared_ptr<std::vector<T>>& buf, size_t first, s
   f.owner = std::shared_ptr<const void>(buf, buf->data());
   return f;
 }
+// TokenCodecFigures' direction of a hop's messages: 0 toward the experts.
+int direction_of(const Tag& tag) { return tag.kind == MessageKind::kMoeDispatch ? 0 : 1; }
 }  // namespace
 
 Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, const std::vector<int>* ids) {
@@ -76,9 +78,8 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     staged_ids.reserve(hop->send_order.size());
     for (int k : hop->send_order) staged_ids.push_back((*ids)[k]);
   }
-  const bool toward_experts = tag.kind == MessageKind::kMoeDispatch;
-  const int direction = toward_experts ? 0 : 1;
-  const std::vector<CodecPipeline>& codecs = toward_experts ? codec_to_experts_ : codec_to_sources_;
+  const int direction = direction_of(tag);
+  const std::vector<CodecPipeline>& codecs = direction == 0 ? codec_to_experts_ : codec_to_sources_;
   std::vector<std::shared_ptr<Completion>>& sends = h->sends;
   for (int i = 0; i < members; ++i) {
     if (!slots[i]) continue;
@@ -106,7 +107,7 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
       }
       // Rows the codec cannot take (NaN or Inf: a step the non-finite guard
       // will skip or stop at) cross raw; the receiver takes either.
-      if (!codec->refuses_non_finite() || !has_non_finite(rows_at, (uint64_t)rows * width))
+      if (!codec->refuses_non_finite(rows_at, (uint64_t)rows * width))
         return st.with_context("MoE exchange: encoding rows for rank " + std::to_string(group[i]));
     }
     frames.push_back(slice_frame(staged_buffer, (size_t)out_off[i] * width, rows * width));
@@ -163,7 +164,7 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
       const double t0 = steady_seconds();
       Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
                                 decoded[i].data(), decoded[i].size());
-      add_codec_seconds(group[i], h->tag.kind == MessageKind::kMoeDispatch ? 0 : 1, steady_seconds() - t0);
+      add_codec_seconds(group[i], direction_of(h->tag), steady_seconds() - t0);
       XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
     } else {
       if (m->tensor_size(frame) % (sizeof(float) * width) != 0)

@@ -150,15 +150,7 @@ Row measure_delta(const std::string& spec, const std::vector<std::vector<float>>
         const auto t0 = std::chrono::steady_clock::now();
         Status st = sender.encode(mine, &packed, &enc, &re);
         const auto t1 = std::chrono::steady_clock::now();
-        if (st.is_ok()) {
-          if (enc.payload.empty()) {
-            receiver.apply(theirs, packed.data());
-          } else {
-            auto record = parse_codec_record(enc.metadata);
-            st = record ? receiver.apply_encoded(theirs, *record, enc.payload.data(), enc.payload.size())
-                        : record.status();
-          }
-        }
+        if (st.is_ok()) st = receiver.receive(theirs, packed, enc);
         const auto t2 = std::chrono::steady_clock::now();
         if (!st.is_ok()) std::fprintf(stderr, "%s: %s\n", spec.c_str(), st.message().c_str()), std::exit(1);
         if (step == 0) continue;

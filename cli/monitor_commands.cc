@@ -117,6 +117,22 @@ void print_wrapped(std::string line, const std::vector<std::string>& pieces) {
   std::printf("%s\n", line.c_str());
 }
 
+// Each number of the object `j[key]` as "KEY VALUE", the value printed with
+// `fmt` after scaling, a comma after every one but the last: pieces for
+// print_wrapped.
+std::vector<std::string> keyed_pieces(const nlohmann::json& j, const char* key, const char* fmt, double scale) {
+  std::vector<std::string> pieces;
+  const nlohmann::json object = j.value(key, nlohmann::json::object());
+  for (auto it = object.begin(); it != object.end(); ++it)
+    if (it.value().is_number()) {
+      char v[32];
+      std::snprintf(v, sizeof v, fmt, scale * it.value().get<double>());
+      pieces.push_back(it.key() + " " + v + ",");
+    }
+  if (!pieces.empty()) pieces.back().pop_back();
+  return pieces;
+}
+
 // The codecs' share of the step: encoding and decoding, on the worker that
 // spent the most on them (nothing when every link is raw), then by link
 // class and traffic kind, and the lossy codecs' reconstruction NMSE. Wall
@@ -124,29 +140,12 @@ void print_wrapped(std::string line, const std::vector<std::string>& pieces) {
 // waiting for one.
 void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) <= 0) return;
-  std::vector<std::string> pieces;
-  const nlohmann::json by_traffic = last_step.value("codec_seconds", nlohmann::json::object());
-  for (auto it = by_traffic.begin(); it != by_traffic.end(); ++it)
-    if (it.value().is_number()) {
-      char v[32];
-      std::snprintf(v, sizeof v, "%.1f", 1e3 * it.value().get<double>());
-      pieces.push_back(it.key() + " " + v + ",");
-    }
-  if (!pieces.empty()) pieces.back().pop_back();
+  const std::vector<std::string> seconds = keyed_pieces(last_step, "codec_seconds", "%.1f", 1e3);
   print_wrapped("  codecs: " + num(last_step, "codec_s", "%.1f", 1e3) + " ms encoding and decoding (busiest worker)" +
-                    (pieces.empty() ? "" : ";"),
-                pieces);
-  pieces.clear();
-  const nlohmann::json nmse = last_step.value("nmse", nlohmann::json::object());
-  for (auto it = nmse.begin(); it != nmse.end(); ++it)
-    if (it.value().is_number()) {
-      char v[32];
-      std::snprintf(v, sizeof v, "%.1e", it.value().get<double>());
-      pieces.push_back(it.key() + " " + v + ",");
-    }
-  if (pieces.empty()) return;
-  pieces.back().pop_back();
-  print_wrapped("  codec NMSE:", pieces);
+                    (seconds.empty() ? "" : ";"),
+                seconds);
+  const std::vector<std::string> nmse = keyed_pieces(last_step, "nmse", "%.1e", 1.0);
+  if (!nmse.empty()) print_wrapped("  codec NMSE:", nmse);
 }
 
 // How long the forward waited for each layer's gathered experts (HybridEP;
@@ -367,19 +366,22 @@ int run_metrics(const MonitorFlags& f) {
                 num(l, "compute_spread_s", "%.1f", 1e3).c_str());
     print_waits(l);
     print_codec_time(l);
-    std::printf("%-32s %14s\n", "link class / operation", "bytes");
-    for (auto it = l["bytes"].begin(); it != l["bytes"].end(); ++it)
-      std::printf("%-32s %14.0f\n", it.key().c_str(), it.value().get<double>());
-    if (l.contains("nmse") && !l["nmse"].empty()) {
-      std::printf("%-32s %14s\n", "link class / lossy codec", "NMSE");
-      for (auto it = l["nmse"].begin(); it != l["nmse"].end(); ++it)
-        std::printf("%-32s %14.4g\n", it.key().c_str(), it.value().get<double>());
-    }
-    if (l.contains("codec_seconds") && !l["codec_seconds"].empty()) {
-      std::printf("%-32s %14s\n", "link class / codec", "ms");
-      for (auto it = l["codec_seconds"].begin(); it != l["codec_seconds"].end(); ++it)
-        std::printf("%-32s %14.2f\n", it.key().c_str(), 1e3 * it.value().get<double>());
-    }
+    // Each object of numbers as a table under its heading; an empty one
+    // only `always` (the bytes, as ever).
+    auto table = [&](const char* key, const char* heading, const char* unit, const char* fmt, double scale,
+                     bool always = false) {
+      const nlohmann::json values = l.value(key, nlohmann::json::object());
+      if (values.empty() && !always) return;
+      std::printf("%-32s %14s\n", heading, unit);
+      for (auto it = values.begin(); it != values.end(); ++it) {
+        char v[32];
+        std::snprintf(v, sizeof v, fmt, scale * it.value().get<double>());
+        std::printf("%-32s %14s\n", it.key().c_str(), v);
+      }
+    };
+    table("bytes", "link class / operation", "bytes", "%.0f", 1.0, /*always=*/true);
+    table("nmse", "link class / lossy codec", "NMSE", "%.4g", 1.0);
+    table("codec_seconds", "link class / codec", "ms", "%.2f", 1e3);
   }
   return 0;
 }

@@ -9,6 +9,10 @@
 namespace xd {
 
 void floats_to_bf16(const float* in, size_t n, uint16_t* out);
+// The same, adding in the same pass the rounding's squared error
+// sum (x - bf16(x))^2 to *error and sum x^2 to *signal, over the finite
+// values (NaN and Inf cross as they are): what a bf16 wire loses.
+void floats_to_bf16(const float* in, size_t n, uint16_t* out, double* error, double* signal);
 void bf16_to_floats(const uint16_t* in, size_t n, float* out);
 
 }  // namespace xd

@@ -182,9 +182,9 @@ bool CodecPipeline::is_lossless() const { return stages_.front().kind == CodecKi
 
 bool CodecPipeline::is_sparse() const { return is_sparse_kind(stages_.front().kind); }
 
-bool CodecPipeline::refuses_non_finite() const {
+bool CodecPipeline::refuses_non_finite(const float* x, uint64_t n) const {
   const CodecKind k = stages_.front().kind;
-  return k != CodecKind::kRaw && k != CodecKind::kBf16 && k != CodecKind::kFp16;
+  return k != CodecKind::kRaw && k != CodecKind::kBf16 && k != CodecKind::kFp16 && has_non_finite(x, n);
 }
 
 bool has_non_finite(const float* x, uint64_t n) {

@@ -77,10 +77,10 @@ class CodecPipeline {
   std::string spec() const;  // parse(spec()) gives the same pipeline
   bool is_raw() const;       // plain raw: nothing to encode
   bool is_lossless() const;  // raw values, any byte codecs: decode gives the input's bits
-  // int8_row, int4_row, topk, topk_sign, block_sign: encode() refuses NaN
-  // and Inf. A sender that must pass them on (a step the non-finite guard
-  // will skip) sends such a tensor raw instead (has_non_finite).
-  bool refuses_non_finite() const;
+  // Whether encode() refuses x[0..n) for holding NaN or Inf (int8_row,
+  // int4_row, topk, topk_sign and block_sign do). A sender that must pass
+  // them on (a step the non-finite guard will skip) sends x raw instead.
+  bool refuses_non_finite(const float* x, uint64_t n) const;
 
   // data holds shape.elements() floats. Errors: a non-finite input where the
   // codec refuses it, a shape beyond kMaxCodecElements, a sparse codec's

@@ -173,7 +173,7 @@ Status ExpertStreamCodec::encode(const std::vector<ExpertTensorRef>& tensors, st
       // NaN or Inf where the pipeline refuses them (a step the non-finite
       // guard will skip or stop at): the message goes raw, exactly, as a
       // first one does, and the reconstruction error leaves it out.
-      if (!pipeline.refuses_non_finite() || !has_non_finite(packed->data(), packed->size())) return encoded;
+      if (!pipeline.refuses_non_finite(packed->data(), packed->size())) return encoded;
       out->metadata.clear();
       out->payload.clear();
       as_packed = refused = true;
@@ -257,6 +257,18 @@ Status ExpertStreamCodec::encode_bit_delta(const std::vector<ExpertTensorRef>& t
   if (!pipeline.is_raw()) return pipeline.encode(scratch_.data(), {tensors.size(), n_}, out);
   packed->swap(scratch_);  // the planes are the message
   return Status::ok();
+}
+
+Status ExpertStreamCodec::receive(const std::vector<ExpertTensorRef>& tensors, const std::vector<float>& packed,
+                                  const EncodedTensor& out) {
+  if (out.payload.empty() && out.metadata.empty()) {
+    if (packed.size() != tensors.size() * n_) return Status::invalid_argument("a raw message of the wrong size");
+    apply(tensors, packed.data());
+    return Status::ok();
+  }
+  auto record = parse_codec_record(out.metadata);
+  if (!record) return record.status();
+  return apply_encoded(tensors, *record, out.payload.data(), out.payload.size());
 }
 
 void ExpertStreamCodec::apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded) {

@@ -91,6 +91,11 @@ class ExpertStreamCodec {
   // than all its entries goes the sparse path.
   Status apply_encoded(const std::vector<ExpertTensorRef>& tensors, const CodecRecord& record, const uint8_t* payload,
                        size_t payload_bytes);
+  // A message encode() made, taken in by a receiver in the same process (no
+  // wire): `packed` when `out` is empty, else `out` decoded. For probes and
+  // benchmarks; the runtime's receivers read the wire (expert_wire_codec.h).
+  Status receive(const std::vector<ExpertTensorRef>& tensors, const std::vector<float>& packed,
+                 const EncodedTensor& out);
   // The dense reference of receive(): `decoded` holds tensors.size() *
   // tensor_floats floats.
   void apply(const std::vector<ExpertTensorRef>& tensors, const float* decoded);

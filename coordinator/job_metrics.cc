@@ -262,6 +262,18 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
     o << "# HELP xdmoe_" << name << " " << help << "\n# TYPE xdmoe_" << name << " gauge\n";
   };
   const std::string label = "job=\"" + label_value(job) + "\"";
+  // Values keyed "a/b": one gauge labelled `first`="a", `second`="b".
+  auto split_key_gauge = [&](const char* name, const char* help, const std::map<std::string, double>& values,
+                             const char* first, const char* second) {
+    if (values.empty()) return;
+    gauge(name, help);
+    for (const auto& [key, v] : values) {
+      const auto slash = key.find('/');
+      o << "xdmoe_" << name << "{" << label << "," << first << "=\"" << label_value(key.substr(0, slash)) << "\","
+        << second << "=\"" << label_value(slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v
+        << "\n";
+    }
+  };
   gauge("workers", "Workers of the job by state.");
   std::map<std::string, int> by_state;
   for (const auto& s : states) by_state[s]++;
@@ -333,15 +345,10 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         o << "xdmoe_" << per_direction[f].name << "{" << label << ",direction=\"" << d.name << "\"} "
           << d.values[f] << "\n";
     }
-    if (!s->critical_waits_s.empty()) {
-      gauge("critical_wait_seconds",
-            "Time the slowest worker's compute (the critical path) waited in the step, by pass and by what for.");
-      for (const auto& [key, v] : s->critical_waits_s) {
-        const auto slash = key.find('/');
-        o << "xdmoe_critical_wait_seconds{" << label << ",direction=\"" << key.substr(0, slash) << "\",wait=\""
-          << (slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
-      }
-    }
+    split_key_gauge("critical_wait_seconds",
+                    "Time the slowest worker's compute (the critical path) waited in the step, by pass and by what "
+                    "for.",
+                    s->critical_waits_s, "direction", "wait");
     if (!s->gather_wait_s.empty()) {
       gauge("gather_wait_seconds",
             "Time the forward waited for a layer's gathered experts (HybridEP), the most-waiting worker.");
@@ -372,24 +379,17 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
       }
     }
   }
-  // Per "link/traffic" key: a metric labelled by link class and traffic kind.
-  auto per_traffic = [&](const char* name, const char* help, const std::map<std::string, double>& values) {
-    if (!s || values.empty()) return;
-    gauge(name, help);
-    for (const auto& [key, v] : values) {
-      const auto slash = key.find('/');
-      o << "xdmoe_" << name << "{" << label << ",link=\"" << label_value(key.substr(0, slash)) << "\",traffic=\""
-        << label_value(slash == std::string::npos ? "" : key.substr(slash + 1)) << "\"} " << v << "\n";
-    }
-  };
-  per_traffic("codec_nmse",
-              "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy codec, worst worker (token rows: the "
-              "first message of each peer and direction; bf16 dense gradients: the rounding of what is sent).",
-              s ? s->nmse : std::map<std::string, double>{});
-  per_traffic("codec_traffic_seconds",
-              "Time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
-              "busiest worker.",
-              s ? s->codec_seconds : std::map<std::string, double>{});
+  if (s) {
+    split_key_gauge("codec_nmse",
+                    "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy codec, worst worker (token rows: "
+                    "the first message of each peer and direction; bf16 dense gradients: the rounding of what is "
+                    "sent).",
+                    s->nmse, "link", "traffic");
+    split_key_gauge("codec_traffic_seconds",
+                    "Time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
+                    "busiest worker.",
+                    s->codec_seconds, "link", "traffic");
+  }
   gauge("worker_step", "Last step each worker reported.");
   for (const auto& [rank, m] : last_by_rank_)
     o << "xdmoe_worker_step{" << label << ",rank=\"" << rank << "\"} " << m.step << "\n";

@@ -84,14 +84,7 @@ std::pair<double, double> measure_bit_delta(const ExpertCodecSpec& spec, int row
     ReconstructionError err;
     const double t0 = steady_seconds();
     if (!sender.encode(mine, &packed, &e, &err).is_ok()) return {1.0, 0.0};
-    Status received = Status::ok();
-    if (e.payload.empty() && e.metadata.empty()) {
-      receiver.apply(theirs, packed.data());
-    } else {
-      auto record = parse_codec_record(e.metadata);
-      received = record ? receiver.apply_encoded(theirs, *record, e.payload.data(), e.payload.size())
-                        : record.status();
-    }
+    const Status received = receiver.receive(theirs, packed, e);
     const double dt = steady_seconds() - t0;
     if (!received.is_ok()) return {1.0, 0.0};
     if (rep == 0) continue;

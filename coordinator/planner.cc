@@ -113,6 +113,15 @@ PlanCandidate evaluate_candidate(const Workload& w, const std::vector<int>& leve
   return best;
 }
 
+double dense_wire_fraction(const std::vector<LinkCodecCost>& link_codecs, int level) {
+  if (link_codecs.empty()) return 1;
+  const int innermost = static_cast<int>(link_codecs.size()) - 1;
+  if (level == innermost) return link_codecs[level].dense_fraction;
+  double outer = 1;
+  for (int l = 0; l < innermost; ++l) outer = std::min(outer, link_codecs[l].dense_fraction);
+  return outer;
+}
+
 std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<int>& domain_sizes,
                                           const std::vector<LinkCodecCost>& link_codecs) {
   // What the worker holds as the AG goes outer to inner: the bytes it got

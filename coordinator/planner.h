@@ -85,6 +85,12 @@ struct LinkCodecCost {
 struct GatherHop {
   double raw_bytes = 0, wire_bytes = 0, codec_s = 0;
 };
+// The dense all-reduce's wire fraction on `level` (link_codecs empty: 1).
+// The runtime runs it in two stages (DistributedTrainer): the innermost
+// level's group with its own dense_grad, and one group across every other
+// level, in bf16 when any of their link classes asks for it.
+double dense_wire_fraction(const std::vector<LinkCodecCost>& link_codecs, int level);
+
 // Per level, outer first; `own_bytes` is the worker's own experts of a
 // layer; link_codecs empty: raw everywhere.
 std::vector<GatherHop> expert_gather_hops(double own_bytes, const std::vector<int>& domain_sizes,

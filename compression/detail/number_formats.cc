@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+
 namespace xd::detail {
 
 namespace {
@@ -61,6 +63,19 @@ namespace xd {
 
 void floats_to_bf16(const float* in, size_t n, uint16_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = detail::float_to_bf16(in[i]);
+}
+
+void floats_to_bf16(const float* in, size_t n, uint16_t* out, double* error, double* signal) {
+  double e = 0, sig = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = detail::float_to_bf16(in[i]);
+    if (!std::isfinite(in[i])) continue;
+    const double d = double(in[i]) - detail::bf16_to_float(out[i]);
+    e += d * d;
+    sig += double(in[i]) * in[i];
+  }
+  *error += e;
+  *signal += sig;
 }
 
 void bf16_to_floats(const uint16_t* in, size_t n, float* out) {

@@ -120,7 +120,6 @@ class StepTimeline {
   std::vector<double> bucket_sent_, bucket_messages_;  // what a worker sends for each bucket, all levels
   Route base_, norm_sum_;
   bool outer_base_bf16_ = false;  // the base crosses the outer stage in bf16 (all_reduce)
-  double outer_dense_fraction_ = 1;  // the dense gradients on the outer stage: bf16 (0.5) if any outer level asks
 
   double expert_fwd_ = 0, expert_bwd_ = 0, bwd_scale_ = 0, attention_fwd_ = 0, qkv_fwd_ = 0;
 
@@ -255,9 +254,7 @@ Route StepTimeline::all_reduce(double bytes, bool base, double times, double* se
     const bool sign = base && bf16 && l < num_levels_ - 1 && w_.base_outer_sign;
     const double fraction = sign ? (1.0 + 33.0 / 1024) / 32
                             : base ? (bf16 ? 0.5 : 1.0)
-                            : link_codecs_.empty()    ? 1.0
-                            : l == num_levels_ - 1    ? link_codecs_[l].dense_fraction
-                                                      : outer_dense_fraction_;
+                                   : dense_wire_fraction(link_codecs_, l);
     if (sf > 1 && shard > 0) {
       const DenseStage stage = sign ? DenseStage::kOneRound : dense_stage(level_sizes_, l, shard);
       if (stage == DenseStage::kOneRound) {
@@ -280,12 +277,8 @@ Route StepTimeline::all_reduce(double bytes, bool base, double times, double* se
 }
 
 void StepTimeline::plan_dense() {
-  // The runtime's outer stage is one group across every outer level, in
-  // bf16 when any of their link classes asks for it (DistributedTrainer).
-  for (int l = 0; l + 1 < num_levels_ && !link_codecs_.empty(); ++l) {
+  for (int l = 0; l + 1 < num_levels_ && !link_codecs_.empty(); ++l)
     outer_base_bf16_ = outer_base_bf16_ || link_codecs_[l].gather_against_base;
-    outer_dense_fraction_ = std::min(outer_dense_fraction_, link_codecs_[l].dense_fraction);
-  }
   // The buckets backward finishes (model/param_layout.h): the LM head's, one
   // per layer, the embedding's (dense_bucket_of_group numbers them).
   std::vector<double> bucket_bytes(layers_ + 2, w_.dense_param_bytes / (layers_ + 2));

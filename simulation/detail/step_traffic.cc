@@ -67,15 +67,7 @@ double StepTraffic::fraction(int level, CommKind kind) const {
     case CommKind::kDispatchBackward: return c.combine_fraction;
     case CommKind::kExpertGather: return c.gather_fraction;
     case CommKind::kReplicaGradients: return c.grad_fraction;
-    case CommKind::kDenseBucket: {
-      // The outer stage is one group across every outer level, in bf16 when
-      // any of their link classes asks for it (as the runtime and planner).
-      const size_t innermost = in_.link_codecs.size() - 1;
-      if (static_cast<size_t>(level) == innermost) return c.dense_fraction;
-      double outer = 1;
-      for (size_t l = 0; l < innermost; ++l) outer = std::min(outer, in_.link_codecs[l].dense_fraction);
-      return outer;
-    }
+    case CommKind::kDenseBucket: return dense_wire_fraction(in_.link_codecs, level);
     case CommKind::kNormSum: return 1;
   }
   return 1;
