@@ -24,10 +24,14 @@ double phase_floor_seconds(const StepPhases& p) {
 void DistributedTrainer::record_codec_figures(StepMetrics* m) {
   // Per "link class/traffic" (the codec config's keys): the codecs' wall
   // time, and the reconstruction error and signal of the lossy ones.
-  std::map<std::string, std::array<double, 3>> figures;
-  auto add = [&](int level, const char* traffic, double seconds, double error, double signal) {
-    std::array<double, 3>& f = figures[opts_.link_names[level] + "/" + traffic];
-    f[0] += seconds, f[1] += error, f[2] += signal;
+  struct Figures {
+    CodecSeconds seconds;
+    double error = 0, signal = 0;
+  };
+  std::map<std::string, Figures> figures;
+  auto add = [&](int level, const char* traffic, CodecSeconds seconds, double error, double signal) {
+    Figures& f = figures[opts_.link_names[level] + "/" + traffic];
+    f.seconds += seconds, f.error += error, f.signal += signal;
   };
   // Expert tensors: before any codec, and what the codecs cost and lost.
   const std::vector<ExpertCodecFigures> expert = comm_->take_codec_figures();
@@ -36,9 +40,9 @@ void DistributedTrainer::record_codec_figures(StepMetrics* m) {
     const ExpertCodecFigures& f = expert[l];
     if (f.gather_raw_bytes > 0) m->bytes[name + "/expert_gather_raw"] += f.gather_raw_bytes;
     if (f.grad_raw_bytes > 0) m->bytes[name + "/expert_grad_raw"] += f.grad_raw_bytes;
-    add(l, "expert_gather", f.gather_codec_s, f.gather_error, f.gather_signal);
-    add(l, "expert_grad", f.grad_codec_s, f.grad_error, f.grad_signal);
-    add(l, "expert_base", f.base_codec_s, f.base_error, f.base_signal);
+    add(l, "expert_gather", f.gather_codec, f.gather_error, f.gather_signal);
+    add(l, "expert_grad", f.grad_codec, f.grad_error, f.grad_signal);
+    add(l, "expert_base", f.base_codec, f.base_error, f.base_signal);
   }
   // The dense gradients before the bf16 cast: the same messages in fp32.
   // The innermost level is the inner stage's, the others the outer's; a
@@ -61,8 +65,8 @@ void DistributedTrainer::record_codec_figures(StepMetrics* m) {
     const int level = link_level(opts_.level_sizes, opts_.rank, p);
     const TokenCodecFigures& t = tokens[p];
     if (level < 0) continue;
-    add(level, "dispatch", t.codec_s[0], t.error[0], t.signal[0]);
-    add(level, "combine", t.codec_s[1], t.error[1], t.signal[1]);
+    add(level, "dispatch", t.codec[0], t.error[0], t.signal[0]);
+    add(level, "combine", t.codec[1], t.error[1], t.signal[1]);
     if (t.raw_bytes[0] == 0 && t.raw_bytes[1] == 0) continue;
     const std::string& name = opts_.link_names[level];
     m->bytes[name + "/moe_dispatch_raw"] += t.raw_bytes[0];
@@ -70,9 +74,13 @@ void DistributedTrainer::record_codec_figures(StepMetrics* m) {
   }
   m->codec_s = 0;
   for (const auto& [key, f] : figures) {
-    if (f[0] > 0) m->codec_seconds[key] = f[0];
-    if (f[2] > 0) m->nmse[key] = f[1] / f[2];
-    m->codec_s += f[0];
+    if (f.seconds.total() > 0) {
+      m->codec_seconds[key] = f.seconds.total();
+      m->codec_encode_seconds[key] = f.seconds.encode;
+      m->codec_decode_seconds[key] = f.seconds.decode;
+    }
+    if (f.signal > 0) m->nmse[key] = f.error / f.signal;
+    m->codec_s += f.seconds.total();
   }
 }
 

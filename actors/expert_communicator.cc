@@ -152,7 +152,7 @@ Status ExpertCommunicator::sync_base(uint32_t step, std::vector<float>& sums) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto [f, c] : {std::pair{&figures_.back(), &cast.inner}, std::pair{&figures_.front(), &cast.outer}}) {
-        f->base_codec_s += c->seconds;
+        f->base_codec += c->seconds;
         f->base_error += c->error;
         f->base_signal += c->signal;
       }
@@ -286,7 +286,7 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
       std::lock_guard<std::mutex> lock(codec_mu_);
       XD_RETURN_IF_ERROR(detail::receive_message(codec, refs, *msg).with_context(from));
     }
-    x->codec_s += seconds_since(t0);
+    x->codec.decode += seconds_since(t0);
     if (kept) kept->push_back({l, peers[i], refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
   }
   for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));
@@ -295,7 +295,7 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
   (gather ? f.gather_raw_bytes : f.grad_raw_bytes) += x->raw_bytes;
   (gather ? f.gather_error : f.grad_error) += x->error;
   (gather ? f.gather_signal : f.grad_signal) += x->signal;
-  if (!codec.is_raw()) (gather ? f.gather_codec_s : f.grad_codec_s) += x->codec_s;
+  if (!codec.is_raw()) (gather ? f.gather_codec : f.grad_codec) += x->codec;
   return Status::ok();
 }
 

@@ -73,14 +73,15 @@ struct ExpertCodecFigures {
   double gather_raw_bytes = 0, grad_raw_bytes = 0;  // what raw floats would have sent
   double gather_error = 0, gather_signal = 0;       // reconstruction NMSE = error / signal
   double grad_error = 0, grad_signal = 0;
-  // Wall seconds in the level's codecs: encoding (or packing inside the
-  // optimizer step) and decoding, the relayed messages at the level they were
-  // first sent at. Raw levels count nothing.
-  double gather_codec_s = 0, grad_codec_s = 0;
+  // Wall seconds in the level's codecs: encoding (packing inside the
+  // optimizer step included) and decoding, the relayed messages at the level
+  // they were first sent at. Raw levels count nothing.
+  CodecSeconds gather_codec, grad_codec;
   // The SR base's bf16 all-reduce: its casts' seconds and rounding error
   // (detail::CastFigures; the inner stage at the innermost level, the outer
   // stage at the outermost).
-  double base_codec_s = 0, base_error = 0, base_signal = 0;
+  CodecSeconds base_codec;
+  double base_error = 0, base_signal = 0;
 };
 
 class ExpertCommunicator {
@@ -146,7 +147,8 @@ class ExpertCommunicator {
     std::vector<std::shared_ptr<RecvSlot>> slots;
     std::vector<std::shared_ptr<Completion>> sends;
     double error = 0, signal = 0;  // what a lossy codec lost (ReconstructionError)
-    double codec_s = 0, raw_bytes = 0;
+    CodecSeconds codec;
+    double raw_bytes = 0;
     Status status;  // of the send
   };
   // One layer's replica-gradient return between its two halves: what the

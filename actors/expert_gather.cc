@@ -105,7 +105,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
     }
     if (pack_s > 0) {
       std::lock_guard<std::mutex> lock(mu_);
-      figures_[level].gather_codec_s += pack_s;
+      figures_[level].gather_codec.encode += pack_s;
     }
   };
 }
@@ -222,7 +222,7 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
   }
   x->error += err.error;
   x->signal += err.signal;
-  x->codec_s += seconds_since(t0);
+  x->codec.encode += seconds_since(t0);
   x->raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
   detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
   for (int p : peers) x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));

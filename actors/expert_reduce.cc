@@ -83,7 +83,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
     }
     x->error += err.error;
     x->signal += err.signal;
-    x->codec_s += seconds_since(t0);
+    x->codec.encode += seconds_since(t0);
     x->raw_bytes += double(packed.size() * sizeof(float));
     detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
     x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));

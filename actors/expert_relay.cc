@@ -112,7 +112,7 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
     }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t at = 0; at < relay_codec_s.size(); ++at) figures_[at].gather_codec_s += relay_codec_s[at];
+    for (size_t at = 0; at < relay_codec_s.size(); ++at) figures_[at].gather_codec.decode += relay_codec_s[at];
   }
   // The peers' own messages, then the sends; the level's figures.
   return receive_level(l, &x, /*gather=*/true, [&](int peer) {

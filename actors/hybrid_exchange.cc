@@ -158,9 +158,9 @@ HybridExpertExchange::Route& HybridExpertExchange::route(const ExchangeTag& tag)
   return r;
 }
 
-void HybridExpertExchange::add_codec_seconds(int peer, int direction, double s) {
+void HybridExpertExchange::add_codec_seconds(int peer, int direction, CodecSeconds s) {
   std::lock_guard<std::mutex> lock(mu_);
-  figures_[peer].codec_s[direction] += s;
+  figures_[peer].codec[direction] += s;
 }
 
 void HybridExpertExchange::publish(const ExchangeTag& tag, Result result) {

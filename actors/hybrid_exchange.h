@@ -59,8 +59,8 @@ struct ExchangeRoute;
 struct TokenCodecFigures {
   std::array<double, 2> raw_bytes{};  // fp32 bytes of the rows sent, before any codec
   // Wall seconds encoding the rows sent to the peer and decoding the rows
-  // received from it.
-  std::array<double, 2> codec_s{};
+  // received from it (the NMSE sample's decode not counted).
+  std::array<CodecSeconds, 2> codec{};
   // A lossy codec's ||x - decoded||^2 and ||x||^2 over the first message of
   // the direction since the last take (a sample: one decode more a step).
   std::array<double, 2> error{}, signal{};
@@ -218,7 +218,7 @@ class HybridExpertExchange final : public ExpertExchange<float> {
   void run_inline(const ExchangeTag& tag, F run);
   // Adds to the figures of the rows exchanged with `peer` in a direction
   // (0: toward the experts).
-  void add_codec_seconds(int peer, int direction, double s);
+  void add_codec_seconds(int peer, int direction, CodecSeconds s);
   // With a lossy codec, once per peer, direction and step: decodes what
   // `encoded` will deliver and adds its error against `rows` (the NMSE sample).
   void sample_token_error(int peer, int direction, const CodecPipeline& codec, const float* rows, size_t count,

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <set>
@@ -54,6 +55,13 @@ std::string cell(const nlohmann::json& s, const char* key, const char* fmt, doub
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, s[key].get<double>() * scale);
   return buf;
+}
+
+// s[field][key], printed with `fmt` after scaling; "-" when missing.
+std::string keyed_cell(const nlohmann::json& s, const char* field, const std::string& key, const char* fmt,
+                       double scale) {
+  if (!s.contains(field) || !s[field].is_object()) return "-";
+  return cell(s[field], key.c_str(), fmt, scale);
 }
 
 void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster) {
@@ -126,21 +134,27 @@ void print_table(const std::vector<RunResult>& runs, const ClusterSpec& cluster)
   // Encoding and decoding, the busiest worker's, mean over steps: what the codecs cost the cores.
   row("codec time (ms)", [](const RunResult& r) { return cell(r.summary, "mean_codec_s", "%.1f", 1e3); });
   // One row per key any run's summary has in `field` (per link class and
-  // traffic kind), mean over steps.
-  auto rows_per_key = [&](const char* field, const std::string& prefix, const char* fmt, double scale) {
+  // traffic kind), mean over steps, each followed by `then(key)`'s rows.
+  auto rows_per_key = [&](const char* field, const std::string& prefix, const char* fmt, double scale,
+                          const std::function<void(const std::string&)>& then = nullptr) {
     std::set<std::string> keys;
     for (const auto& r : runs)
       if (r.summary.contains(field))
         for (const auto& [k, v] : r.summary[field].items()) keys.insert(k);
-    for (const std::string& k : keys)
-      row((prefix + k).c_str(), [&](const RunResult& r) {
-        if (!r.summary.contains(field) || !r.summary[field].contains(k)) return std::string("-");
-        char buf[32];
-        std::snprintf(buf, sizeof buf, fmt, r.summary[field][k].get<double>() * scale);
-        return std::string(buf);
-      });
+    for (const std::string& k : keys) {
+      row((prefix + k).c_str(), [&](const RunResult& r) { return keyed_cell(r.summary, field, k, fmt, scale); });
+      if (then) then(k);
+    }
   };
-  rows_per_key("mean_codec_seconds", "codec ms ", "%.1f", 1e3);
+  // Each key's time, then its parts: encoding (the busiest encoder) and
+  // decoding (the busiest decoder).
+  rows_per_key("mean_codec_seconds", "codec ms ", "%.1f", 1e3, [&](const std::string& k) {
+    row("  encode + decode", [&](const RunResult& r) {
+      const std::string e = keyed_cell(r.summary, "mean_codec_encode_seconds", k, "%.1f", 1e3),
+                        d = keyed_cell(r.summary, "mean_codec_decode_seconds", k, "%.1f", 1e3);
+      return e == "-" && d == "-" ? std::string("-") : e + " + " + d;
+    });
+  });
   // Lossy codecs: the reconstruction error.
   rows_per_key("mean_nmse", "NMSE ", "%.3g", 1.0);
   row("restarts", [](const RunResult& r) { return std::to_string(r.restarts.size()); });

@@ -1,5 +1,6 @@
 // xdmoe status / top / metrics / stop / throttle: talk to a running
 // coordinator's CLI socket. Every table has a --json form.
+#include <array>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -133,14 +134,34 @@ std::vector<std::string> keyed_pieces(const nlohmann::json& j, const char* key, 
   return pieces;
 }
 
+// The time `key` (link class/traffic) spent encoding and decoding in
+// `summary` (a step or a run's mean), in ms: {total, encode, decode}.
+std::array<double, 3> codec_ms(const nlohmann::json& summary, const std::string& key) {
+  auto at = [&](const char* field) {
+    const nlohmann::json m = summary.value(field, nlohmann::json::object());
+    const auto it = m.find(key);
+    return it != m.end() && it->is_number() ? it->get<double>() * 1e3 : 0.0;
+  };
+  return {at("codec_seconds"), at("codec_encode_seconds"), at("codec_decode_seconds")};
+}
+
 // The codecs' share of the step: encoding and decoding, on the worker that
 // spent the most on them (nothing when every link is raw), then by link
-// class and traffic kind, and the lossy codecs' reconstruction NMSE. Wall
-// time on the threads that run them: where workers share cores it includes
-// waiting for one.
+// class and traffic kind, each split into encoding (the busiest encoder) and
+// decoding (the busiest decoder), and the lossy codecs' reconstruction NMSE.
+// Wall time on the threads that run them: where workers share cores it
+// includes waiting for one.
 void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) <= 0) return;
-  const std::vector<std::string> seconds = keyed_pieces(last_step, "codec_seconds", "%.1f", 1e3);
+  std::vector<std::string> seconds;
+  const nlohmann::json keys = last_step.value("codec_seconds", nlohmann::json::object());
+  for (auto it = keys.begin(); it != keys.end(); ++it) {
+    const std::array<double, 3> ms = codec_ms(last_step, it.key());
+    char v[96];
+    std::snprintf(v, sizeof v, " %.1f (%.1f encode + %.1f decode),", ms[0], ms[1], ms[2]);
+    seconds.push_back(it.key() + v);
+  }
+  if (!seconds.empty()) seconds.back().pop_back();
   print_wrapped("  codecs: " + num(last_step, "codec_s", "%.1f", 1e3) + " ms encoding and decoding (busiest worker)" +
                     (seconds.empty() ? "" : ";"),
                 seconds);
@@ -381,7 +402,14 @@ int run_metrics(const MonitorFlags& f) {
     };
     table("bytes", "link class / operation", "bytes", "%.0f", 1.0, /*always=*/true);
     table("nmse", "link class / lossy codec", "NMSE", "%.4g", 1.0);
-    table("codec_seconds", "link class / codec", "ms", "%.2f", 1e3);
+    const nlohmann::json codecs = l.value("codec_seconds", nlohmann::json::object());
+    if (!codecs.empty()) {
+      std::printf("%-32s %14s %14s %14s\n", "link class / codec", "ms", "encode ms", "decode ms");
+      for (auto it = codecs.begin(); it != codecs.end(); ++it) {
+        const std::array<double, 3> ms = codec_ms(l, it.key());
+        std::printf("%-32s %14.2f %14.2f %14.2f\n", it.key().c_str(), ms[0], ms[1], ms[2]);
+      }
+    }
   }
   return 0;
 }

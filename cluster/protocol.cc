@@ -174,6 +174,8 @@ json to_json(const StepMetrics& m) {
           {"bytes", m.bytes},
           {"nmse", m.nmse},
           {"codec_seconds", m.codec_seconds},
+          {"codec_encode_seconds", m.codec_encode_seconds},
+          {"codec_decode_seconds", m.codec_decode_seconds},
           {"gather_wait_s", m.gather_wait_s},
           {"waits_s", m.waits_s},
           {"link_bursts", m.link_bursts},
@@ -209,6 +211,8 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("bytes", &m.bytes);
     f.get("nmse", &m.nmse);
     f.get("codec_seconds", &m.codec_seconds);
+    f.get("codec_encode_seconds", &m.codec_encode_seconds);
+    f.get("codec_decode_seconds", &m.codec_decode_seconds);
     f.get("gather_wait_s", &m.gather_wait_s);
     f.get("waits_s", &m.waits_s);
     f.get("link_bursts", &m.link_bursts);
@@ -222,13 +226,23 @@ Status from_json(const json& j, StepMetrics* out) {
     if (!is_wait_name(name) || !(w >= 0) || !std::isfinite(w))
       return Status::invalid_argument("metrics.waits_s: each wait needs a name 'direction/wait' (a-z and _, "
                                       "1-32 each) and finite seconds >= 0");
-  if (m.codec_seconds.size() > 256) return Status::invalid_argument("metrics.codec_seconds holds more than 256 keys");
-  for (const auto& [key, seconds] : m.codec_seconds) {
-    if (key.empty() || key.size() > 256 || key.find('/') == std::string::npos)
-      return Status::invalid_argument("metrics.codec_seconds: each key is 'link class/traffic', at most 256 bytes");
-    if (!(seconds >= 0) || !std::isfinite(seconds))
-      return Status::invalid_argument("metrics.codec_seconds." + key + " must be finite and >= 0");
+  for (const auto& [field, map] : {std::pair{"codec_seconds", &m.codec_seconds},
+                                    std::pair{"codec_encode_seconds", &m.codec_encode_seconds},
+                                    std::pair{"codec_decode_seconds", &m.codec_decode_seconds}}) {
+    const std::string name = std::string("metrics.") + field;
+    if (map->size() > 256) return Status::invalid_argument(name + " holds more than 256 keys");
+    for (const auto& [key, seconds] : *map) {
+      if (key.empty() || key.size() > 256 || key.find('/') == std::string::npos)
+        return Status::invalid_argument(name + ": each key is 'link class/traffic', at most 256 bytes");
+      if (!(seconds >= 0) || !std::isfinite(seconds))
+        return Status::invalid_argument(name + "." + key + " must be finite and >= 0");
+    }
   }
+  // The two parts name the same traffic as the total.
+  for (const auto* part : {&m.codec_encode_seconds, &m.codec_decode_seconds})
+    for (const auto& [key, seconds] : *part)
+      if (!m.codec_seconds.count(key))
+        return Status::invalid_argument("metrics: codec time of " + key + " has a part but no total in codec_seconds");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

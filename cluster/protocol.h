@@ -47,7 +47,7 @@ namespace xd {
 // direction's compute. 12: the assigned expert_parallel carries
 // tokens_once_per_worker. 13: ... as auto, true or false (a JSON string).
 // 14: metrics carry the codecs' time per link class and traffic kind.
-inline constexpr int kProtocolVersion = 14;
+inline constexpr int kProtocolVersion = 15;
 
 namespace op {
 inline constexpr const char* kRegister = "register";
@@ -162,6 +162,10 @@ struct StepMetrics {
   // class/traffic" like nmse; they sum to codec_s. Required from protocol
   // version 14.
   std::map<std::string, double> codec_seconds;
+  // codec_seconds' two parts, with the same keys: encoding what this worker
+  // sent (packing inside the optimizer step included) and decoding what it
+  // received. Required from protocol version 15.
+  std::map<std::string, double> codec_encode_seconds, codec_decode_seconds;
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.
   std::vector<double> gather_wait_s;

@@ -41,6 +41,17 @@ struct EncodedTensor {
   std::vector<uint8_t> payload;  // the last stage's output
 };
 
+// Wall seconds a sender spent encoding and a receiver decoding, apart: the
+// two run on different workers and threads, and cost differently per byte.
+struct CodecSeconds {
+  double encode = 0, decode = 0;
+  double total() const { return encode + decode; }
+  CodecSeconds& operator+=(const CodecSeconds& o) {
+    encode += o.encode, decode += o.decode;
+    return *this;
+  }
+};
+
 // The entries a sparse payload (topk, topk_sign, block_sign) keeps:
 // ascending flat indices and their decoded values. A receiver adds them
 // where they belong instead of building the dense tensor first (HybridEP's

@@ -118,6 +118,8 @@ void Coordinator::Impl::write_summary() {
     j["bytes_per_step"] = mean.bytes;
     j["mean_nmse"] = mean.nmse;
     j["mean_codec_seconds"] = mean.codec_seconds;  // per link class and traffic kind
+    j["mean_codec_encode_seconds"] = mean.codec_encode_seconds;
+    j["mean_codec_decode_seconds"] = mean.codec_decode_seconds;
     j["gather_wait_s_per_layer"] = mean.gather_wait_s;
     j["peak_rss_bytes"] = mean.peak_rss_bytes;
   }
@@ -157,7 +159,11 @@ void Coordinator::Impl::write_summary() {
                   mean.cpu_floor_s * 1e3, mean.step_over_cpu_floor());
     for (const auto& [k, v] : mean.bytes) std::printf("  bytes/step %-24s %12.0f\n", k.c_str(), v);
     for (const auto& [k, v] : mean.nmse) std::printf("  codec NMSE %-24s %12.4g\n", k.c_str(), v);
-    for (const auto& [k, v] : mean.codec_seconds) std::printf("  codec ms   %-24s %12.2f\n", k.c_str(), v * 1e3);
+    for (const auto& [k, v] : mean.codec_seconds) {
+      auto part = [&](const std::map<std::string, double>& m) { return m.count(k) ? m.at(k) * 1e3 : 0.0; };
+      std::printf("  codec ms   %-24s %12.2f  (encode %.2f, decode %.2f)\n", k.c_str(), v * 1e3,
+                  part(mean.codec_encode_seconds), part(mean.codec_decode_seconds));
+    }
     if (!mean.gather_wait_s.empty()) {
       std::printf("  wait for gathered experts per layer (ms):");
       for (double w : mean.gather_wait_s) std::printf(" %.1f", w * 1e3);

@@ -49,6 +49,8 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
   for (const auto& [k, v] : m.nmse) s.nmse[k] = std::max(s.nmse[k], v);
   for (const auto& [k, v] : m.codec_seconds) s.codec_seconds[k] = std::max(s.codec_seconds[k], v);
+  for (const auto& [k, v] : m.codec_encode_seconds) s.codec_encode_seconds[k] = std::max(s.codec_encode_seconds[k], v);
+  for (const auto& [k, v] : m.codec_decode_seconds) s.codec_decode_seconds[k] = std::max(s.codec_decode_seconds[k], v);
   for (const auto& [k, v] : m.link_bursts)
     for (size_t i = 0; i < 3 && i < v.size(); ++i) s.link_bursts[k][i] += v[i];
   if (s.gather_wait_s.size() < m.gather_wait_s.size()) s.gather_wait_s.resize(m.gather_wait_s.size(), 0.0);
@@ -144,6 +146,8 @@ StepSummary JobMetrics::mean(int skip) const {
     out.peak_rss_bytes = std::max(out.peak_rss_bytes, s.peak_rss_bytes);
     for (const auto& [k, v] : s.bytes) out.bytes[k] += v;
     for (const auto& [k, v] : s.codec_seconds) out.codec_seconds[k] += v;
+    for (const auto& [k, v] : s.codec_encode_seconds) out.codec_encode_seconds[k] += v;
+    for (const auto& [k, v] : s.codec_decode_seconds) out.codec_decode_seconds[k] += v;
     for (const auto& [k, v] : s.nmse) {
       out.nmse[k] += v;
       nmse_steps[k]++;
@@ -176,7 +180,9 @@ StepSummary JobMetrics::mean(int skip) const {
   out.predicted_step_s /= n;
   for (auto& [k, v] : out.bytes) v /= n;
   for (auto& [k, v] : out.nmse) v /= nmse_steps[k];  // over the steps that reported it
-  for (auto& [k, v] : out.codec_seconds) v /= n;     // a step without the key spent 0 on it
+  // A step without the key spent 0 on it.
+  for (auto* codec : {&out.codec_seconds, &out.codec_encode_seconds, &out.codec_decode_seconds})
+    for (auto& [k, v] : *codec) v /= n;
   for (double& w : out.gather_wait_s) w /= n;
   for (auto& [k, v] : out.critical_waits_s) v /= n;  // a step without the key waited 0 for it
   out.step = complete_.back().step;
@@ -238,6 +244,8 @@ nlohmann::json summary_json(const StepSummary& s) {
           {"bytes", s.bytes},
           {"nmse", s.nmse},
           {"codec_seconds", s.codec_seconds},
+          {"codec_encode_seconds", s.codec_encode_seconds},
+          {"codec_decode_seconds", s.codec_decode_seconds},
           {"gather_wait_s", s.gather_wait_s}};
 }
 }  // namespace
@@ -389,6 +397,14 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
                     "Time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
                     "busiest worker.",
                     s->codec_seconds, "link", "traffic");
+    split_key_gauge("codec_encode_seconds",
+                    "Time a worker spent encoding what it sent in the step (packing inside the optimizer step "
+                    "included), per link class and traffic kind, the busiest encoder.",
+                    s->codec_encode_seconds, "link", "traffic");
+    split_key_gauge("codec_decode_seconds",
+                    "Time a worker spent decoding what it received in the step, per link class and traffic kind, the "
+                    "busiest decoder.",
+                    s->codec_decode_seconds, "link", "traffic");
   }
   gauge("worker_step", "Last step each worker reported.");
   for (const auto& [rank, m] : last_by_rank_)

@@ -62,6 +62,8 @@ struct StepSummary {
   std::map<std::string, double> bytes;         // sum
   std::map<std::string, double> nmse;          // max over workers (mean() averages steps)
   std::map<std::string, double> codec_seconds;  // per "link class/traffic", max over workers
+  // Its two parts, each max over workers (so they need not sum to it).
+  std::map<std::string, double> codec_encode_seconds, codec_decode_seconds;
   std::vector<double> gather_wait_s;           // per layer, max over workers
   // Per link class: {bursts, bytes, seconds} summed over workers (StepMetrics::link_bursts).
   std::map<std::string, std::array<double, 3>> link_bursts;

@@ -549,6 +549,16 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
         << "the base crosses the DC link in bf16";
     EXPECT_GT(metrics[0].nmse.at("dc/expert_gather"), 0.0) << "top-k of the residual is lossy";
     EXPECT_GT(metrics[0].bytes.at("dc/expert_gather_raw"), 10 * metrics[0].bytes.at("dc/expert_gather"));
+    // Worker 0 encodes its experts for the other DC and decodes theirs; its
+    // base's shard is cast to bf16 and its peer's cast back.
+    for (const char* key : {"dc/expert_gather", "dc/expert_base"}) {
+      ASSERT_TRUE(metrics[0].codec_encode_seconds.count(key) && metrics[0].codec_decode_seconds.count(key)) << key;
+      EXPECT_GT(metrics[0].codec_encode_seconds.at(key), 0.0) << key;
+      EXPECT_GT(metrics[0].codec_decode_seconds.at(key), 0.0) << key;
+      EXPECT_NEAR(metrics[0].codec_encode_seconds.at(key) + metrics[0].codec_decode_seconds.at(key),
+                  metrics[0].codec_seconds.at(key), 1e-12)
+          << key;
+    }
   }
 }
 
@@ -958,8 +968,17 @@ TEST(CodecFigures, EachLossyTrafficKindReportsItsTimeAndErrorUnderItsLinkClassAn
         sum += seconds;
       }
       EXPECT_NEAR(sum, m.codec_s, 1e-12) << at;
+      EXPECT_EQ(m.codec_encode_seconds.size(), m.codec_seconds.size()) << at;
+      EXPECT_EQ(m.codec_decode_seconds.size(), m.codec_seconds.size()) << at;
       for (const char* key : {"dc/dispatch", "dc/combine", "dc/dense_grad"}) {
         EXPECT_GT(m.codec_seconds.count(key) ? m.codec_seconds.at(key) : 0.0, 0.0) << at << ": " << key;
+        // Every worker both sends and receives each kind: both parts count,
+        // and they are the total's.
+        const double encode = m.codec_encode_seconds.count(key) ? m.codec_encode_seconds.at(key) : 0.0;
+        const double decode = m.codec_decode_seconds.count(key) ? m.codec_decode_seconds.at(key) : 0.0;
+        EXPECT_GT(encode, 0.0) << at << ": " << key << " encodes what it sends";
+        EXPECT_GT(decode, 0.0) << at << ": " << key << " decodes what it receives";
+        EXPECT_NEAR(encode + decode, m.codec_seconds.at(key), 1e-12) << at << ": " << key;
         ASSERT_TRUE(m.nmse.count(key)) << at << ": " << key;
         EXPECT_GT(m.nmse.at(key), 0.0) << at << ": " << key << " is lossy";
       }

@@ -274,8 +274,26 @@ TEST(ControlProtocol, EveryMessageRoundTrips) {
     EXPECT_EQ(from_json(bad_name, &m2).code(), Status::Code::kInvalidArgument) << bad;
   }
   m.codec_seconds = {{"dc/dispatch", 0.002}, {"dc/dense_grad", 0.001}};
+  m.codec_encode_seconds = {{"dc/dispatch", 0.0015}, {"dc/dense_grad", 0.0004}};
+  m.codec_decode_seconds = {{"dc/dispatch", 0.0005}, {"dc/dense_grad", 0.0006}};
   ASSERT_TRUE(from_json(json::parse(to_json(m).dump()), &m2).is_ok());
   EXPECT_EQ(m2.codec_seconds, m.codec_seconds);
+  EXPECT_EQ(m2.codec_encode_seconds, m.codec_encode_seconds);
+  EXPECT_EQ(m2.codec_decode_seconds, m.codec_decode_seconds);
+  for (const char* part : {"codec_encode_seconds", "codec_decode_seconds"}) {
+    json bad_part = to_json(m);
+    bad_part[part]["dc/dispatch"] = -1.0;
+    EXPECT_NE(from_json(bad_part, &m2).message().find(std::string("metrics.") + part + ".dc/dispatch"),
+              std::string::npos)
+        << part;
+    json orphan = to_json(m);  // a part of traffic the total does not name
+    orphan[part]["dc/combine"] = 0.001;
+    EXPECT_NE(from_json(orphan, &m2).message().find("dc/combine has a part but no total"), std::string::npos)
+        << part;
+    json older = to_json(m);  // a protocol 14 worker's report
+    older.erase(part);
+    EXPECT_NE(from_json(older, &m2).message().find(part), std::string::npos) << part;
+  }
   for (const double bad : {-0.001, std::numeric_limits<double>::infinity()}) {
     json bad_codec = to_json(m);
     bad_codec["codec_seconds"]["dc/dispatch"] = bad;

@@ -227,6 +227,11 @@ TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkers
   StepMetrics a = report(1, 0.4, 0.5), b = report(1, 0.3, 0.2);
   a.codec_seconds = {{"dc/dispatch", 0.002}, {"dc/dense_grad", 0.001}};
   b.codec_seconds = {{"dc/dispatch", 0.003}, {"dc/expert_gather", 0.004}};
+  // Each part, the busiest worker's: here a's encoding and b's decoding.
+  a.codec_encode_seconds = {{"dc/dispatch", 0.0018}, {"dc/dense_grad", 0.0005}};
+  a.codec_decode_seconds = {{"dc/dispatch", 0.0002}, {"dc/dense_grad", 0.0005}};
+  b.codec_encode_seconds = {{"dc/dispatch", 0.0010}, {"dc/expert_gather", 0.003}};
+  b.codec_decode_seconds = {{"dc/dispatch", 0.0020}, {"dc/expert_gather", 0.001}};
   a.nmse = {{"dc/dispatch", 2e-5}};
   b.nmse = {{"dc/dispatch", 1e-5}, {"dc/dense_grad", 3e-7}};
   metrics.record(0, a);
@@ -235,7 +240,15 @@ TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkers
   EXPECT_EQ(s.codec_seconds, (std::map<std::string, double>{
                                  {"dc/dense_grad", 0.001}, {"dc/dispatch", 0.003}, {"dc/expert_gather", 0.004}}));
   EXPECT_DOUBLE_EQ(s.nmse.at("dc/dispatch"), 2e-5);
+  EXPECT_EQ(s.codec_encode_seconds, (std::map<std::string, double>{
+                                        {"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.0018}, {"dc/expert_gather", 0.003}}));
+  EXPECT_EQ(s.codec_decode_seconds, (std::map<std::string, double>{
+                                        {"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.002}, {"dc/expert_gather", 0.001}}));
   const std::string text = metrics.prometheus("j", {"running", "running"});
+  EXPECT_NE(text.find("xdmoe_codec_encode_seconds{job=\"j\",link=\"dc\",traffic=\"dispatch\"} 0.0018\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("xdmoe_codec_decode_seconds{job=\"j\",link=\"dc\",traffic=\"dispatch\"} 0.002\n"),
+            std::string::npos) << text;
   EXPECT_NE(text.find("xdmoe_codec_traffic_seconds{job=\"j\",link=\"dc\",traffic=\"dispatch\"} 0.003\n"),
             std::string::npos) << text;
   EXPECT_NE(text.find("xdmoe_codec_nmse{job=\"j\",link=\"dc\",traffic=\"dense_grad\"} 3e-07\n"), std::string::npos)
@@ -257,6 +270,7 @@ TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkers
   const StepSummary mean = metrics.mean(0);
   EXPECT_DOUBLE_EQ(mean.codec_seconds.at("dc/dispatch"), 0.002);
   EXPECT_DOUBLE_EQ(mean.codec_seconds.at("dc/expert_gather"), 0.002);
+  EXPECT_DOUBLE_EQ(mean.codec_encode_seconds.at("dc/expert_gather"), 0.0015);
 }
 
 // The critical path runs through the slowest worker's compute: its own waits

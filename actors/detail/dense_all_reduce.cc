@@ -36,14 +36,15 @@ void cast_to_bf16(const float* in, size_t n, uint16_t* out, StageCast* cast, boo
   double error = 0, signal = 0;
   if (measured) floats_to_bf16(in, n, out, &error, &signal);
   else floats_to_bf16(in, n, out);
-  cast->add({steady_seconds() - t0, error, signal});
+  cast->seconds.encode += steady_seconds() - t0;
+  cast->error += error, cast->signal += signal;
 }
 
 // bf16_to_floats, timed.
 void cast_to_floats(const uint16_t* in, size_t n, float* out, StageCast* cast) {
   const double t0 = steady_seconds();
   bf16_to_floats(in, n, out);
-  cast->seconds += steady_seconds() - t0;
+  cast->seconds.decode += steady_seconds() - t0;
 }
 
 // Member i's block of `data` (counts[i] floats) ends, summed over the group,
@@ -131,7 +132,7 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
     EncodedTensor mine;
     double t0 = steady_seconds();
     XD_RETURN_IF_ERROR(kSigns.encode(change.data(), {rows, kCols}, &mine));
-    cast->seconds += steady_seconds() - t0;
+    cast->seconds.encode += steady_seconds() - t0;
     // Every member's message has this shape, so this record and size.
     auto record = parse_codec_record(mine.metadata);
     if (!record) return record.status();
@@ -145,7 +146,7 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
       float* held = s->held[i].data();
       for (size_t k = 0; k < count; ++k) held[k] += decoded[k];
     }
-    cast->seconds += steady_seconds() - t0;
+    cast->seconds.decode += steady_seconds() - t0;
   }
   double error = 0, signal = 0;
   for (size_t k = 0; k < count; ++k) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "compression/codec.h"
 #include "transport/communicator.h"
 
 namespace xd::detail {
@@ -44,12 +45,13 @@ struct DenseWirePrecision {
 };
 
 // What one stage's bf16 casts cost and lost: the wall seconds of the casts
-// both ways, and over the values this worker rounded to send, the rounding's
+// to bf16 (encode) and back (decode), and over the values this worker rounded to send, the rounding's
 // squared error and their squared sum (NMSE = error / signal). With
 // outer_sign: the sign coding's seconds, and the error of the copy the
 // members hold of this worker's partial.
 struct StageCast {
-  double seconds = 0, error = 0, signal = 0;
+  CodecSeconds seconds;
+  double error = 0, signal = 0;
   void add(const StageCast& o) { seconds += o.seconds, error += o.error, signal += o.signal; }
 };
 struct CastFigures {
