@@ -281,12 +281,12 @@ Status ExpertCommunicator::receive_level(int l, LevelExchange* x, bool gather,
         std::string(gather ? "expert all-gather" : "expert gradient reduce") + " from rank " + std::to_string(peers[i]);
     if (!msg) return msg.status().with_context(from);
     const std::vector<ExpertTensorRef> refs = refs_of(peers[i]);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = thread_cpu_seconds();
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
       XD_RETURN_IF_ERROR(detail::receive_message(codec, refs, *msg).with_context(from));
     }
-    x->codec.decode += seconds_since(t0);
+    x->codec.decode += thread_cpu_seconds() - t0;
     if (kept) kept->push_back({l, peers[i], refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
   }
   for (auto& c : x->sends) XD_RETURN_IF_ERROR(c->wait(timeout_));

@@ -73,7 +73,7 @@ struct ExpertCodecFigures {
   double gather_raw_bytes = 0, grad_raw_bytes = 0;  // what raw floats would have sent
   double gather_error = 0, gather_signal = 0;       // reconstruction NMSE = error / signal
   double grad_error = 0, grad_signal = 0;
-  // Wall seconds in the level's codecs: encoding (packing inside the
+  // CPU seconds in the level's codecs: encoding (packing inside the
   // optimizer step included) and decoding, the relayed messages at the level
   // they were first sent at. Raw levels count nothing.
   CodecSeconds gather_codec, grad_codec;

@@ -90,7 +90,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
           for (size_t q = 0; q < count; ++q) s[q] += w[q];
         }
         if (codec) {
-          const auto t0 = std::chrono::steady_clock::now();
+          const double t0 = thread_cpu_seconds();
           PackedRows& rows = *prep->rows[b.layer];
           const ExpertTensorRef ref{tensor_key(b.layer, expert, b.which), weights_of(b.layer, expert, b.which),
                                     base_of(b.layer, b.which)};
@@ -98,7 +98,7 @@ std::function<void(size_t, size_t)> ExpertCommunicator::packer(uint32_t next_ste
             std::lock_guard<std::mutex> lock(codec_mu_);
             codec->pack(ref, k, count, &rows.packed[((size_t)j * 3 + b.which) * n + k], &rows.sums);
           }
-          pack_s += seconds_since(t0);
+          pack_s += thread_cpu_seconds() - t0;
         }
         at += count;
       }
@@ -213,7 +213,7 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
     ++fused_messages_;
   }
   EncodedTensor encoded;
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = thread_cpu_seconds();
   ReconstructionError err;
   {
     std::lock_guard<std::mutex> lock(codec_mu_);
@@ -222,7 +222,7 @@ Status ExpertCommunicator::send_gather_level(uint32_t step, int layer, int l, Le
   }
   x->error += err.error;
   x->signal += err.signal;
-  x->codec.encode += seconds_since(t0);
+  x->codec.encode += thread_cpu_seconds() - t0;
   x->raw_bytes += double(packed.size() * sizeof(float)) * peers.size();
   detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
   for (int p : peers) x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));

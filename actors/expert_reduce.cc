@@ -73,7 +73,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
   for (int p : peers) {
     std::vector<float> packed;
     EncodedTensor encoded;
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = thread_cpu_seconds();
     ReconstructionError err;
     {
       std::lock_guard<std::mutex> lock(codec_mu_);
@@ -83,7 +83,7 @@ Status ExpertCommunicator::send_reduce_level(uint32_t step, int layer, int l, Le
     }
     x->error += err.error;
     x->signal += err.signal;
-    x->codec.encode += seconds_since(t0);
+    x->codec.encode += thread_cpu_seconds() - t0;
     x->raw_bytes += double(packed.size() * sizeof(float));
     detail::WireMessage w = detail::wire_message(std::move(packed), std::move(encoded));
     x->sends.push_back(transport_->send(p, tag, w.frames, w.metadata, w.flags));

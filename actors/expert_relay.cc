@@ -101,13 +101,13 @@ Status ExpertCommunicator::relay_gather_level(uint32_t step, int layer, int l, s
                                std::to_string(source.origin);
       if (!msg) return msg.status().with_context(from);
       const std::vector<ExpertTensorRef> refs = gather_refs(layer, source.workers);
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = thread_cpu_seconds();
       {
         std::lock_guard<std::mutex> lock(codec_mu_);
         XD_RETURN_IF_ERROR(
             detail::receive_message(*gather_codecs_[source.level], refs, *msg).with_context(from));
       }
-      relay_codec_s[source.level] += seconds_since(t0);
+      relay_codec_s[source.level] += thread_cpu_seconds() - t0;
       kept->push_back({source.level, source.origin, refs.size(), std::make_shared<IncomingMessage>(std::move(*msg))});
     }
   {

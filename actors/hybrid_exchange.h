@@ -58,7 +58,7 @@ struct ExchangeRoute;
 // the sources).
 struct TokenCodecFigures {
   std::array<double, 2> raw_bytes{};  // fp32 bytes of the rows sent, before any codec
-  // Wall seconds encoding the rows sent to the peer and decoding the rows
+  // CPU seconds encoding the rows sent to the peer and decoding the rows
   // received from it (the NMSE sample's decode not counted).
   std::array<CodecSeconds, 2> codec{};
   // A lossy codec's ||x - decoded||^2 and ||x||^2 over the first message of

@@ -94,9 +94,9 @@ Status HybridExpertExchange::send_hop(HopInFlight* h, std::vector<float>* data, 
     const float* rows_at = staged.data() + (size_t)out_off[i] * width;
     if (codec && !codec->is_raw()) {
       auto encoded = std::make_shared<EncodedTensor>();
-      const double t0 = steady_seconds();
+      const double t0 = thread_cpu_seconds();
       Status st = codec->encode(rows_at, {rows, (uint64_t)width}, encoded.get());
-      add_codec_seconds(group[i], direction, {/*encode=*/steady_seconds() - t0, 0});
+      add_codec_seconds(group[i], direction, {/*encode=*/thread_cpu_seconds() - t0, 0});
       if (st.is_ok()) {
         if (!codec->is_lossless()) sample_token_error(group[i], direction, *codec, rows_at, rows * width, *encoded);
         frames.push_back(OutFrame{encoded->payload.data(), encoded->payload.size(),
@@ -161,10 +161,10 @@ Status HybridExpertExchange::receive_hop(HopInFlight* h, std::vector<float>* dat
         return Status::corruption("MoE exchange: compressed rows beyond the message size limit" + from);
       nrows = static_cast<int>(shape->rows);
       decoded[i].resize((size_t)nrows * width);
-      const double t0 = steady_seconds();
+      const double t0 = thread_cpu_seconds();
       Status st = decode_tensor(*record, static_cast<const uint8_t*>(m->tensor_data(frame)), m->tensor_size(frame),
                                 decoded[i].data(), decoded[i].size());
-      add_codec_seconds(group[i], direction_of(h->tag), {0, /*decode=*/steady_seconds() - t0});
+      add_codec_seconds(group[i], direction_of(h->tag), {0, /*decode=*/thread_cpu_seconds() - t0});
       XD_RETURN_IF_ERROR(st.with_context("MoE exchange" + from));
     } else {
       if (m->tensor_size(frame) % (sizeof(float) * width) != 0)

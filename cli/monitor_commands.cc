@@ -149,8 +149,8 @@ std::array<double, 3> codec_ms(const nlohmann::json& summary, const std::string&
 // spent the most on them (nothing when every link is raw), then by link
 // class and traffic kind, each split into encoding (the busiest encoder) and
 // decoding (the busiest decoder), and the lossy codecs' reconstruction NMSE.
-// Wall time on the threads that run them: where workers share cores it
-// includes waiting for one.
+// The coding threads' CPU time: a wait for a core, where workers share
+// cores, is not counted.
 void print_codec_time(const nlohmann::json& last_step) {
   if (last_step.value("codec_s", 0.0) <= 0) return;
   std::vector<std::string> seconds;

@@ -158,7 +158,8 @@ struct StepMetrics {
   // rows: over the first message of each peer and direction (a sample);
   // bf16 dense gradients and base: the rounding of what this worker sent.
   std::map<std::string, double> nmse;
-  // Wall seconds in the codecs this step, encoding and decoding, per "link
+  // CPU seconds in the codecs this step (the coding threads' own, from
+  // protocol version 15), encoding and decoding, per "link
   // class/traffic" like nmse; they sum to codec_s. Required from protocol
   // version 14.
   std::map<std::string, double> codec_seconds;

@@ -2,7 +2,9 @@
 // that are plain doubles (shaping, heartbeats, probes); seconds_since: the
 // seconds from a steady_clock time point to now. unix_seconds: the
 // wall clock, for times compared across processes (a restart's recovery).
-// process_cpu_seconds: CPU time of every thread of this process (probes).
+// process_cpu_seconds: CPU time of every thread of this process (probes);
+// thread_cpu_seconds: of the calling thread only (what a piece of work cost
+// the cores, without the waits for a core or a lock that wall time counts).
 // Thread-safe.
 #pragma once
 
@@ -26,6 +28,12 @@ inline double unix_seconds() {
 inline double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 

@@ -41,8 +41,10 @@ struct EncodedTensor {
   std::vector<uint8_t> payload;  // the last stage's output
 };
 
-// Wall seconds a sender spent encoding and a receiver decoding, apart: the
-// two run on different workers and threads, and cost differently per byte.
+// Seconds a sender spent encoding and a receiver decoding, apart: the two
+// run on different workers and threads, and cost differently per byte. The
+// runtime counts the coding thread's CPU time (thread_cpu_seconds,
+// common/clock.h), so a wait for a core or a lock is not a codec's cost.
 struct CodecSeconds {
   double encode = 0, decode = 0;
   double total() const { return encode + decode; }

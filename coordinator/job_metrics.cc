@@ -317,7 +317,7 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
         {"step_over_cpu_floor", "Step time / CPU floor; 1 kept every core of the busiest machine busy with the job.",
          s->step_over_cpu_floor()},
         {"codec_seconds",
-         "Time a worker spent in the codecs (token rows, expert tensors, bf16 casts) in the step, busiest worker.",
+         "CPU time a worker spent in the codecs (token rows, expert tensors, bf16 casts) in the step, busiest worker.",
          s->codec_s},
         {"predicted_step_seconds", "The planner's prediction for the step.", s->predicted_step_s},
         {"peak_rss_bytes", "Largest peak resident set size of a worker.", s->peak_rss_bytes},
@@ -394,15 +394,15 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
                     "sent).",
                     s->nmse, "link", "traffic");
     split_key_gauge("codec_traffic_seconds",
-                    "Time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
+                    "CPU time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
                     "busiest worker.",
                     s->codec_seconds, "link", "traffic");
     split_key_gauge("codec_encode_seconds",
-                    "Time a worker spent encoding what it sent in the step (packing inside the optimizer step "
+                    "CPU time a worker spent encoding what it sent in the step (packing inside the optimizer step "
                     "included), per link class and traffic kind, the busiest encoder.",
                     s->codec_encode_seconds, "link", "traffic");
     split_key_gauge("codec_decode_seconds",
-                    "Time a worker spent decoding what it received in the step, per link class and traffic kind, the "
+                    "CPU time a worker spent decoding what it received in the step, per link class and traffic kind, the "
                     "busiest decoder.",
                     s->codec_decode_seconds, "link", "traffic");
   }

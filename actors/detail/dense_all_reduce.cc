@@ -32,19 +32,19 @@ CollectiveTag stage(const CollectiveTag& tag, uint16_t n, MessageKind traffic) {
 // floats_to_bf16, timed; when `measured` (the values are sent), with their
 // rounding error.
 void cast_to_bf16(const float* in, size_t n, uint16_t* out, StageCast* cast, bool measured = true) {
-  const double t0 = steady_seconds();
+  const double t0 = thread_cpu_seconds();
   double error = 0, signal = 0;
   if (measured) floats_to_bf16(in, n, out, &error, &signal);
   else floats_to_bf16(in, n, out);
-  cast->seconds.encode += steady_seconds() - t0;
+  cast->seconds.encode += thread_cpu_seconds() - t0;
   cast->error += error, cast->signal += signal;
 }
 
 // bf16_to_floats, timed.
 void cast_to_floats(const uint16_t* in, size_t n, float* out, StageCast* cast) {
-  const double t0 = steady_seconds();
+  const double t0 = thread_cpu_seconds();
   bf16_to_floats(in, n, out);
-  cast->seconds.decode += steady_seconds() - t0;
+  cast->seconds.decode += thread_cpu_seconds() - t0;
 }
 
 // Member i's block of `data` (counts[i] floats) ends, summed over the group,
@@ -130,9 +130,9 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
     }
     static const CodecPipeline kSigns = *CodecPipeline::parse("block_sign:1:1024");
     EncodedTensor mine;
-    double t0 = steady_seconds();
+    double t0 = thread_cpu_seconds();
     XD_RETURN_IF_ERROR(kSigns.encode(change.data(), {rows, kCols}, &mine));
-    cast->seconds.encode += steady_seconds() - t0;
+    cast->seconds.encode += thread_cpu_seconds() - t0;
     // Every member's message has this shape, so this record and size.
     auto record = parse_codec_record(mine.metadata);
     if (!record) return record.status();
@@ -140,13 +140,13 @@ Status sign_delta_exchange(Communicator* c, const CollectiveTag& tag, float* dat
     std::vector<uint8_t> all(bytes * n);
     XD_RETURN_IF_ERROR(c->all_gatherv(tag, mine.payload.data(), all.data(), std::vector<size_t>(n, bytes)).wait());
     std::vector<float> decoded(change.size());
-    t0 = steady_seconds();
+    t0 = thread_cpu_seconds();
     for (int i = 0; i < n; ++i) {
       XD_RETURN_IF_ERROR(decode_tensor(*record, all.data() + i * bytes, bytes, decoded.data(), decoded.size()));
       float* held = s->held[i].data();
       for (size_t k = 0; k < count; ++k) held[k] += decoded[k];
     }
-    cast->seconds.decode += steady_seconds() - t0;
+    cast->seconds.decode += thread_cpu_seconds() - t0;
   }
   double error = 0, signal = 0;
   for (size_t k = 0; k < count; ++k) {
