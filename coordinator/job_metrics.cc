@@ -402,8 +402,8 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
                     "included), per link class and traffic kind, the busiest encoder.",
                     s->codec_encode_seconds, "link", "traffic");
     split_key_gauge("codec_decode_seconds",
-                    "CPU time a worker spent decoding what it received in the step, per link class and traffic kind, the "
-                    "busiest decoder.",
+                    "CPU time a worker spent decoding what it received in the step, per link class and traffic "
+                    "kind, the busiest decoder.",
                     s->codec_decode_seconds, "link", "traffic");
   }
   gauge("worker_step", "Last step each worker reported.");

@@ -240,10 +240,11 @@ TEST(JobMetrics, CodecTimeAndErrorArePerLinkClassAndTrafficKindTheBusiestWorkers
   EXPECT_EQ(s.codec_seconds, (std::map<std::string, double>{
                                  {"dc/dense_grad", 0.001}, {"dc/dispatch", 0.003}, {"dc/expert_gather", 0.004}}));
   EXPECT_DOUBLE_EQ(s.nmse.at("dc/dispatch"), 2e-5);
-  EXPECT_EQ(s.codec_encode_seconds, (std::map<std::string, double>{
-                                        {"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.0018}, {"dc/expert_gather", 0.003}}));
-  EXPECT_EQ(s.codec_decode_seconds, (std::map<std::string, double>{
-                                        {"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.002}, {"dc/expert_gather", 0.001}}));
+  using Seconds = std::map<std::string, double>;
+  EXPECT_EQ(s.codec_encode_seconds,
+            (Seconds{{"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.0018}, {"dc/expert_gather", 0.003}}));
+  EXPECT_EQ(s.codec_decode_seconds,
+            (Seconds{{"dc/dense_grad", 0.0005}, {"dc/dispatch", 0.002}, {"dc/expert_gather", 0.001}}));
   const std::string text = metrics.prometheus("j", {"running", "running"});
   EXPECT_NE(text.find("xdmoe_codec_encode_seconds{job=\"j\",link=\"dc\",traffic=\"dispatch\"} 0.0018\n"),
             std::string::npos) << text;
