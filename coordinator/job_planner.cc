@@ -1,8 +1,10 @@
 #include "coordinator/job_planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "common/clock.h"
 #include "common/rng.h"
@@ -37,9 +39,9 @@ int workers_per_core_set(const JobConfig& job) {
 // coordinator, and a few already contend for the memory bus as the workers do.
 constexpr int kMaxStepProbeCopies = 8;
 
-// Wire fraction and encode + `decodes` decode seconds per raw byte of one
-// pipeline on `rows` random rows of `width` (fastest of three).
-std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width, int decodes = 1) {
+// Wire fraction and encode + decode seconds per raw byte of one pipeline on
+// `rows` random rows of `width` (fastest of three): the token codecs.
+std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, int width) {
   std::vector<float> x(static_cast<size_t>(rows) * width), y(x.size());
   Rng rng(12345);
   for (float& v : x) v = static_cast<float>(rng.normal());
@@ -49,49 +51,63 @@ std::pair<double, double> measure_codec(const CodecPipeline& codec, int rows, in
     const double t0 = steady_seconds();
     if (!codec.encode(x.data(), {static_cast<uint64_t>(rows), static_cast<uint64_t>(width)}, &e).is_ok())
       return {1.0, 0.0};  // cannot happen for a parsed pipeline on finite data
-    for (int d = 0; d < decodes; ++d)
-      if (!decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
-        return {1.0, 0.0};
+    if (!decode_tensor(e.metadata, e.payload.data(), e.payload.size(), y.data(), y.size()).is_ok())
+      return {1.0, 0.0};
     best = std::min(best, steady_seconds() - t0);
   }
   const double raw = double(x.size()) * sizeof(float);
   return {double(e.payload.size() + e.metadata.size()) / raw, best / raw};
 }
 
-// delta: wire fraction and encode + decode seconds per raw byte of one
-// step's message of `rows` tensors of `width` weights: init_std-sized
-// weights, each moved by an AdamW-sized step (about half the peak learning
-// rate, root mean square, as the default job's experts move), through a
-// sender and a receiver that already hold the weights before the step.
-std::pair<double, double> measure_bit_delta(const ExpertCodecSpec& spec, int rows, int width, double init_std,
-                                            double learning_rate) {
-  ExpertStreamCodec sender(spec, ExpertStreamCodec::Traffic::kWeights, width);
-  ExpertStreamCodec receiver(spec, ExpertStreamCodec::Traffic::kWeights, width);
-  std::vector<float> w(static_cast<size_t>(rows) * width), got(w.size());
+// Wire fraction and encode + decode seconds per raw byte of one message of
+// `rows` tensors of `width` through an expert codec as the runtime runs it
+// (ExpertStreamCodec): the sender packs each row against the base and what
+// the receivers hold (weights) or adds the error it carried (gradients),
+// encodes, and with feedback decodes its own message; the receiver applies
+// it. Weights are init_std-sized (the base, with sr:, `base_std`-sized: the
+// mean of independently drawn experts), each message after the first moved
+// by an AdamW-sized step (about half the peak learning rate, root mean
+// square, as the default job's experts move); gradients are fresh each
+// message. The first message is not timed: weights go whole then, and the
+// state is built. `step` picks the pipeline of a scheduled spec. Fastest of
+// three messages.
+std::pair<double, double> measure_expert_stream(const ExpertCodecSpec& spec, ExpertStreamCodec::Traffic traffic,
+                                                int rows, int width, double init_std, double base_std,
+                                                double learning_rate, uint64_t step) {
+  const bool weights = traffic == ExpertStreamCodec::Traffic::kWeights;
+  ExpertStreamCodec sender(spec, traffic, width);
+  ExpertStreamCodec receiver(spec, traffic, width);
+  const size_t n = static_cast<size_t>(rows) * width;
+  std::vector<float> x(n), got(n, 0.0f), base(n, 0.0f);
   Rng rng(12345);
-  for (float& v : w) v = static_cast<float>(init_std * rng.normal());
+  for (float& v : x) v = static_cast<float>((weights ? init_std : 1e-3) * rng.normal());
+  if (spec.against_base)
+    for (float& v : base) v = static_cast<float>(base_std * rng.normal());
   std::vector<ExpertTensorRef> mine(rows), theirs(rows);
   for (int i = 0; i < rows; ++i) {
-    mine[i] = {static_cast<uint64_t>(i), w.data() + size_t(i) * width, nullptr, 0};
-    theirs[i] = {static_cast<uint64_t>(i), got.data() + size_t(i) * width, nullptr, 0};
+    const float* b = spec.against_base ? base.data() + size_t(i) * width : nullptr;
+    mine[i] = {static_cast<uint64_t>(i), x.data() + size_t(i) * width, b, 0};
+    theirs[i] = {static_cast<uint64_t>(i), got.data() + size_t(i) * width, b, 0};
   }
   double best = 1e300, fraction = 1.0;
-  for (int rep = 0; rep < 4; ++rep) {  // the first sends the weights whole
+  for (int rep = 0; rep < 4; ++rep) {
     if (rep > 0)
-      for (float& v : w) v += static_cast<float>(0.5 * learning_rate * rng.normal());
+      for (float& v : x) v = weights ? v + static_cast<float>(0.5 * learning_rate * rng.normal())
+                                     : static_cast<float>(1e-3 * rng.normal());
+    if (!weights) std::fill(got.begin(), got.end(), 0.0f);  // the receiver adds the decoded gradients
     std::vector<float> packed;
     EncodedTensor e;
     ReconstructionError err;
     const double t0 = steady_seconds();
-    if (!sender.encode(mine, &packed, &e, &err).is_ok()) return {1.0, 0.0};
+    if (!sender.encode(mine, &packed, &e, &err, nullptr, step).is_ok()) return {1.0, 0.0};
     const Status received = receiver.receive(theirs, packed, e);
     const double dt = steady_seconds() - t0;
-    if (!received.is_ok()) return {1.0, 0.0};
+    if (!received.is_ok()) return {1.0, 0.0};  // cannot happen for a parsed spec on finite data
     if (rep == 0) continue;
     best = std::min(best, dt);
-    fraction = e.payload.empty() ? 1.0 : double(e.payload.size() + e.metadata.size()) / (w.size() * sizeof(float));
+    fraction = e.payload.empty() ? 1.0 : double(e.payload.size() + e.metadata.size()) / (n * sizeof(float));
   }
-  return {fraction, best / (w.size() * sizeof(float))};
+  return {fraction, best / (n * sizeof(float))};
 }
 
 std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector<LinkEstimate>* links) {
@@ -107,28 +123,27 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
     if (!measured.count(spec)) measured[spec] = measure_codec(*p, rows, width);
     return measured[spec];
   };
-  // Expert tensors: one expert's w1, w3, w2 as rows. A lossy expert codec is
-  // decoded twice: by the receiver, and by the sender (error feedback, NMSE).
+  // Expert tensors: one expert's w1, w3, w2 as rows, through the codec as
+  // the runtime runs it (measure_expert_stream).
   const ModelConfig& mc = job.train.model;
   const int expert_width = mc.expert_intermediate_size * mc.hidden_size;
-  std::map<std::string, std::pair<double, double>> measured_experts;
-  auto pipeline_cost = [&](const CodecPipeline& p) -> std::pair<double, double> {
-    if (p.is_raw()) return {1.0, 0.0};
-    const std::string key = p.spec();
-    if (!measured_experts.count(key)) measured_experts[key] = measure_codec(p, 3, expert_width, 2);
+  const double base_std = mc.init_std / std::sqrt(double(std::max(1, mc.num_experts)));
+  using Traffic = ExpertStreamCodec::Traffic;
+  std::map<std::tuple<std::string, Traffic, uint64_t>, std::pair<double, double>> measured_experts;
+  auto stream_cost = [&](const ExpertCodecSpec& e, Traffic traffic, uint64_t step) -> std::pair<double, double> {
+    if (e.is_raw()) return {1.0, 0.0};
+    const auto key = std::make_tuple(e.spec(), traffic, step);
+    if (!measured_experts.count(key))
+      measured_experts[key] = measure_expert_stream(e, traffic, 3, expert_width, mc.init_std, base_std,
+                                                    job.train.optimizer.learning_rate, step);
     return measured_experts[key];
   };
   // A scheduled spec (pipelines by training step) is priced as its mean over
   // the job's steps.
-  auto expert_cost = [&](const std::string& spec) -> std::pair<double, double> {
+  auto expert_cost = [&](const std::string& spec, Traffic traffic) -> std::pair<double, double> {
     auto e = ExpertCodecSpec::parse(spec);
     if (!e) return {1.0, 0.0};
-    if (e->bit_delta) {
-      if (!measured_experts.count(spec))
-        measured_experts[spec] =
-            measure_bit_delta(*e, 3, expert_width, mc.init_std, job.train.optimizer.learning_rate);
-      return measured_experts[spec];
-    }
+    if (e->bit_delta) return stream_cost(*e, traffic, 0);
     const double steps = std::max(1.0, double(job.train.steps));
     std::pair<double, double> mean{0.0, 0.0};
     // Segment i runs from the i-th switch (step 0 first) to the next one.
@@ -137,7 +152,11 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
       const double from = double(first);
       const double to = i == e->later.size() ? steps : std::min(steps, double(e->later[i].from_step));
       if (to <= from) continue;
-      const auto [f, s] = pipeline_cost(e->pipeline_at(first));
+      if (e->pipeline_at(first).is_raw()) {  // a raw segment sends the floats: no codec time
+        mean.first += (to - from) / steps;
+        continue;
+      }
+      const auto [f, s] = stream_cost(*e, traffic, first);
       mean.first += f * (to - from) / steps;
       mean.second += s * (to - from) / steps;
     }
@@ -148,8 +167,8 @@ std::vector<LinkCodecCost> measure_link_codecs(const JobConfig& job, std::vector
     const LinkCodecs& c = job.cluster.levels[l].link.codecs;
     const auto [df, ds] = cost(c.dispatch);
     const auto [cf, cs] = cost(c.combine);
-    const auto [gf, gs] = expert_cost(c.expert_gather);
-    const auto [rf, rs] = expert_cost(c.expert_grad);
+    const auto [gf, gs] = expert_cost(c.expert_gather, Traffic::kWeights);
+    const auto [rf, rs] = expert_cost(c.expert_grad, Traffic::kGradients);
     LinkCodecCost cc{df, cf, ds * slowdown, cs * slowdown};
     cc.gather_fraction = gf;
     cc.gather_s_per_byte = gs * slowdown;

@@ -107,6 +107,27 @@ TEST_F(Cli, PlanTakesTheMedianOfTheStepProbesWindows) {
   EXPECT_DOUBLE_EQ(j.at("even_expert_load_iteration_s").get<double>(), chosen.at("iteration_s").get<double>());
 }
 
+// The expert codecs are priced through the stream codec as the runtime runs
+// it: the demo's SR codecs (4-bit rows with a scale per 128, zstd) leave
+// about an eighth of the fp32 bytes and cost time; the raw inner level
+// neither.
+TEST_F(Cli, PlanPricesTheSrExpertCodecsOnTheDcLinkAndLeavesTheRawLevelFree) {
+  auto [code, out] = run("(" + bin + " plan --farskip --sr-codecs --no-probe --json 2>/dev/null)");
+  ASSERT_EQ(code, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  const nlohmann::json& links = j.at("levels");
+  ASSERT_EQ(links.size(), 2u) << out;
+  for (const char* kind : {"expert_gather", "expert_grad"}) {
+    const double fraction = links[0].at("codec_wire_fraction").at(kind).get<double>();
+    EXPECT_GT(fraction, 0.10) << kind << ": 4 bits a value and the scales";
+    EXPECT_LT(fraction, 0.20) << kind;
+    EXPECT_GT(links[0].at("codec_s_per_byte").at(kind).get<double>(), 0.0) << kind;
+    EXPECT_EQ(links[1].at("codec_wire_fraction").at(kind).get<double>(), 1.0) << kind << " inside a DC";
+    EXPECT_EQ(links[1].at("codec_s_per_byte").at(kind).get<double>(), 0.0) << kind << " inside a DC";
+  }
+}
+
 // In EP the busiest worker's experts compute more than the mean (routing at
 // the initial weights is uneven); nothing overlapped, even loads would make
 // the step shorter.
