@@ -388,23 +388,30 @@ std::string JobMetrics::prometheus(const std::string& job, const std::vector<std
     }
   }
   if (s) {
-    split_key_gauge("codec_nmse",
-                    "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy codec, worst worker (token rows: "
-                    "the first message of each peer and direction; bf16 dense gradients: the rounding of what is "
-                    "sent).",
-                    s->nmse, "link", "traffic");
-    split_key_gauge("codec_traffic_seconds",
-                    "CPU time a worker spent encoding and decoding in the step, per link class and traffic kind, the "
-                    "busiest worker.",
-                    s->codec_seconds, "link", "traffic");
-    split_key_gauge("codec_encode_seconds",
-                    "CPU time a worker spent encoding what it sent in the step (packing inside the optimizer step "
-                    "included), per link class and traffic kind, the busiest encoder.",
-                    s->codec_encode_seconds, "link", "traffic");
-    split_key_gauge("codec_decode_seconds",
-                    "CPU time a worker spent decoding what it received in the step, per link class and traffic "
-                    "kind, the busiest decoder.",
-                    s->codec_decode_seconds, "link", "traffic");
+    // Per link class and traffic kind, the busiest (or worst) worker's.
+    const struct {
+      const char* name;
+      const char* help;
+      const std::map<std::string, double>& values;
+    } per_traffic[] = {
+        {"codec_nmse",
+         "Reconstruction error ||x - rebuilt||^2 / ||x||^2 of a lossy codec, worst worker (token rows: the first "
+         "message of each peer and direction; bf16 dense gradients: the rounding of what is sent).",
+         s->nmse},
+        {"codec_traffic_seconds",
+         "CPU time a worker spent encoding and decoding in the step, per link class and traffic kind, the busiest "
+         "worker.",
+         s->codec_seconds},
+        {"codec_encode_seconds",
+         "CPU time a worker spent encoding what it sent in the step (packing inside the optimizer step included), per "
+         "link class and traffic kind, the busiest encoder.",
+         s->codec_encode_seconds},
+        {"codec_decode_seconds",
+         "CPU time a worker spent decoding what it received in the step, per link class and traffic kind, the "
+         "busiest decoder.",
+         s->codec_decode_seconds},
+    };
+    for (const auto& g : per_traffic) split_key_gauge(g.name, g.help, g.values, "link", "traffic");
   }
   gauge("worker_step", "Last step each worker reported.");
   for (const auto& [rank, m] : last_by_rank_)
