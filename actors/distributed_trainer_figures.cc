@@ -22,8 +22,9 @@ double phase_floor_seconds(const StepPhases& p) {
 }
 
 void DistributedTrainer::record_codec_figures(StepMetrics* m) {
-  // Per "link class/traffic" (the codec config's keys): the codecs' wall
-  // time, and the reconstruction error and signal of the lossy ones.
+  // Per "link class/traffic" (the codec config's keys): the codecs' CPU
+  // time, encoding and decoding apart, and the reconstruction error and
+  // signal of the lossy ones.
   struct Figures {
     CodecSeconds seconds;
     double error = 0, signal = 0;

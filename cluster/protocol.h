@@ -47,6 +47,7 @@ namespace xd {
 // direction's compute. 12: the assigned expert_parallel carries
 // tokens_once_per_worker. 13: ... as auto, true or false (a JSON string).
 // 14: metrics carry the codecs' time per link class and traffic kind.
+// 15: ... split into encoding and decoding, as the coding threads' CPU time.
 inline constexpr int kProtocolVersion = 15;
 
 namespace op {
@@ -158,8 +159,8 @@ struct StepMetrics {
   // rows: over the first message of each peer and direction (a sample);
   // bf16 dense gradients and base: the rounding of what this worker sent.
   std::map<std::string, double> nmse;
-  // CPU seconds in the codecs this step (the coding threads' own, from
-  // protocol version 15), encoding and decoding, per "link
+  // CPU seconds in the codecs this step (the coding threads' own; wall
+  // seconds before protocol version 15), encoding and decoding, per "link
   // class/traffic" like nmse; they sum to codec_s. Required from protocol
   // version 14.
   std::map<std::string, double> codec_seconds;

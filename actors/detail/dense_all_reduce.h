@@ -45,8 +45,9 @@ struct DenseWirePrecision {
 };
 
 // What one stage's bf16 casts cost and lost: the CPU seconds of the casts
-// to bf16 (encode) and back (decode), and over the values this worker rounded to send, the rounding's
-// squared error and their squared sum (NMSE = error / signal). With
+// to bf16 (encode) and back (decode), and over the values this worker
+// rounded to send, the rounding's squared error and their squared sum
+// (NMSE = error / signal). With
 // outer_sign: the sign coding's seconds, and the error of the copy the
 // members hold of this worker's partial.
 struct StageCast {
