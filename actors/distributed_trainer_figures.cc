@@ -76,7 +76,6 @@ void DistributedTrainer::record_codec_figures(StepMetrics* m) {
   m->codec_s = 0;
   for (const auto& [key, f] : figures) {
     if (f.seconds.total() > 0) {
-      m->codec_seconds[key] = f.seconds.total();
       m->codec_encode_seconds[key] = f.seconds.encode;
       m->codec_decode_seconds[key] = f.seconds.decode;
     }

@@ -138,9 +138,10 @@ std::vector<std::string> keyed_pieces(const nlohmann::json& j, const char* key, 
 // `summary` (a step or a run's mean), in ms: {total, encode, decode}.
 std::array<double, 3> codec_ms(const nlohmann::json& summary, const std::string& key) {
   auto at = [&](const char* field) {
-    const nlohmann::json m = summary.value(field, nlohmann::json::object());
-    const auto it = m.find(key);
-    return it != m.end() && it->is_number() ? it->get<double>() * 1e3 : 0.0;
+    const auto m = summary.find(field);
+    if (m == summary.end() || !m->is_object()) return 0.0;
+    const auto it = m->find(key);
+    return it != m->end() && it->is_number() ? it->get<double>() * 1e3 : 0.0;
   };
   return {at("codec_seconds"), at("codec_encode_seconds"), at("codec_decode_seconds")};
 }

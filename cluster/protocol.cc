@@ -173,7 +173,6 @@ json to_json(const StepMetrics& m) {
           {"peak_rss_bytes", m.peak_rss_bytes},
           {"bytes", m.bytes},
           {"nmse", m.nmse},
-          {"codec_seconds", m.codec_seconds},
           {"codec_encode_seconds", m.codec_encode_seconds},
           {"codec_decode_seconds", m.codec_decode_seconds},
           {"gather_wait_s", m.gather_wait_s},
@@ -210,7 +209,6 @@ Status from_json(const json& j, StepMetrics* out) {
     f.get("peak_rss_bytes", &m.peak_rss_bytes);
     f.get("bytes", &m.bytes);
     f.get("nmse", &m.nmse);
-    f.get("codec_seconds", &m.codec_seconds);
     f.get("codec_encode_seconds", &m.codec_encode_seconds);
     f.get("codec_decode_seconds", &m.codec_decode_seconds);
     f.get("gather_wait_s", &m.gather_wait_s);
@@ -226,8 +224,7 @@ Status from_json(const json& j, StepMetrics* out) {
     if (!is_wait_name(name) || !(w >= 0) || !std::isfinite(w))
       return Status::invalid_argument("metrics.waits_s: each wait needs a name 'direction/wait' (a-z and _, "
                                       "1-32 each) and finite seconds >= 0");
-  for (const auto& [field, map] : {std::pair{"codec_seconds", &m.codec_seconds},
-                                    std::pair{"codec_encode_seconds", &m.codec_encode_seconds},
+  for (const auto& [field, map] : {std::pair{"codec_encode_seconds", &m.codec_encode_seconds},
                                     std::pair{"codec_decode_seconds", &m.codec_decode_seconds}}) {
     const std::string name = std::string("metrics.") + field;
     if (map->size() > 256) return Status::invalid_argument(name + " holds more than 256 keys");
@@ -238,11 +235,6 @@ Status from_json(const json& j, StepMetrics* out) {
         return Status::invalid_argument(name + "." + key + " must be finite and >= 0");
     }
   }
-  // The two parts name the same traffic as the total.
-  for (const auto* part : {&m.codec_encode_seconds, &m.codec_decode_seconds})
-    for (const auto& [key, seconds] : *part)
-      if (!m.codec_seconds.count(key))
-        return Status::invalid_argument("metrics: codec time of " + key + " has a part but no total in codec_seconds");
   for (const auto& [name, b] : m.link_bursts)
     if (b.size() != 3 || !(b[0] >= 0) || !(b[1] >= 0) || !(b[2] >= 0))
       return Status::invalid_argument("metrics.link_bursts." + name + " must be [bursts, bytes, seconds] >= 0");

@@ -47,7 +47,7 @@ namespace xd {
 // direction's compute. 12: the assigned expert_parallel carries
 // tokens_once_per_worker. 13: ... as auto, true or false (a JSON string).
 // 14: metrics carry the codecs' time per link class and traffic kind.
-// 15: ... split into encoding and decoding, as the coding threads' CPU time.
+// 15: ... as encoding and decoding apart, the coding threads' CPU time.
 inline constexpr int kProtocolVersion = 15;
 
 namespace op {
@@ -159,14 +159,11 @@ struct StepMetrics {
   // rows: over the first message of each peer and direction (a sample);
   // bf16 dense gradients and base: the rounding of what this worker sent.
   std::map<std::string, double> nmse;
-  // CPU seconds in the codecs this step (the coding threads' own; wall
-  // seconds before protocol version 15), encoding and decoding, per "link
-  // class/traffic" like nmse; they sum to codec_s. Required from protocol
-  // version 14.
-  std::map<std::string, double> codec_seconds;
-  // codec_seconds' two parts, with the same keys: encoding what this worker
-  // sent (packing inside the optimizer step included) and decoding what it
-  // received. Required from protocol version 15.
+  // CPU seconds in the codecs this step (the coding threads' own), per "link
+  // class/traffic" like nmse: encoding what this worker sent (packing inside
+  // the optimizer step included) and decoding what it received. Together
+  // they sum to codec_s. Required from protocol version 15 (14 sent one
+  // total per key, in wall seconds).
   std::map<std::string, double> codec_encode_seconds, codec_decode_seconds;
   // Time the compute thread waited for each layer's gathered experts (the
   // async communicator's receive queue); empty without replicas.

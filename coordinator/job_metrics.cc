@@ -48,7 +48,11 @@ void JobMetrics::record(int rank, const StepMetrics& m, const std::string& host)
   s.peak_rss_bytes = std::max(s.peak_rss_bytes, m.peak_rss_bytes);
   for (const auto& [k, v] : m.bytes) s.bytes[k] += v;
   for (const auto& [k, v] : m.nmse) s.nmse[k] = std::max(s.nmse[k], v);
-  for (const auto& [k, v] : m.codec_seconds) s.codec_seconds[k] = std::max(s.codec_seconds[k], v);
+  // Per key, the busiest worker's total, and each part's busiest worker.
+  std::map<std::string, double> codec_total;
+  for (const auto* part : {&m.codec_encode_seconds, &m.codec_decode_seconds})
+    for (const auto& [k, v] : *part) codec_total[k] += v;
+  for (const auto& [k, v] : codec_total) s.codec_seconds[k] = std::max(s.codec_seconds[k], v);
   for (const auto& [k, v] : m.codec_encode_seconds) s.codec_encode_seconds[k] = std::max(s.codec_encode_seconds[k], v);
   for (const auto& [k, v] : m.codec_decode_seconds) s.codec_decode_seconds[k] = std::max(s.codec_decode_seconds[k], v);
   for (const auto& [k, v] : m.link_bursts)

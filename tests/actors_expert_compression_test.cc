@@ -555,9 +555,6 @@ TEST(ExpertCompression, EveryWorkerHoldsABitIdenticalBaseAfterEveryStepAndItIsTh
       ASSERT_TRUE(metrics[0].codec_encode_seconds.count(key) && metrics[0].codec_decode_seconds.count(key)) << key;
       EXPECT_GT(metrics[0].codec_encode_seconds.at(key), 0.0) << key;
       EXPECT_GT(metrics[0].codec_decode_seconds.at(key), 0.0) << key;
-      EXPECT_NEAR(metrics[0].codec_encode_seconds.at(key) + metrics[0].codec_decode_seconds.at(key),
-                  metrics[0].codec_seconds.at(key), 1e-12)
-          << key;
     }
   }
 }
@@ -619,7 +616,7 @@ TEST(ExpertCompression, WithSignCodedBaseChangesEveryWorkerStillHoldsTheSameBase
     }
     EXPECT_LT(metrics[0].nmse.at("dc/expert_base"), 0.1) << "step " << step + 1;
     if (step > 0) {
-      EXPECT_EQ(metrics[0].codec_seconds.count("dc/expert_base"), 1u) << "step " << step + 1;
+      EXPECT_EQ(metrics[0].codec_encode_seconds.count("dc/expert_base"), 1u) << "step " << step + 1;
     }
   }
 }
@@ -962,23 +959,20 @@ TEST(CodecFigures, EachLossyTrafficKindReportsItsTimeAndErrorUnderItsLinkClassAn
       const StepMetrics& m = metrics[r];
       const std::string at = "worker " + std::to_string(r) + " step " + std::to_string(step + 1);
       double sum = 0;
-      for (const auto& [key, seconds] : m.codec_seconds) {
-        EXPECT_TRUE(key == "dc/dispatch" || key == "dc/combine" || key == "dc/dense_grad")
-            << at << ": " << key << " is raw traffic";
-        sum += seconds;
-      }
+      for (const auto* part : {&m.codec_encode_seconds, &m.codec_decode_seconds})
+        for (const auto& [key, seconds] : *part) {
+          EXPECT_TRUE(key == "dc/dispatch" || key == "dc/combine" || key == "dc/dense_grad")
+              << at << ": " << key << " is raw traffic";
+          sum += seconds;
+        }
       EXPECT_NEAR(sum, m.codec_s, 1e-12) << at;
-      EXPECT_EQ(m.codec_encode_seconds.size(), m.codec_seconds.size()) << at;
-      EXPECT_EQ(m.codec_decode_seconds.size(), m.codec_seconds.size()) << at;
+      EXPECT_EQ(m.codec_encode_seconds.size(), m.codec_decode_seconds.size()) << at;
       for (const char* key : {"dc/dispatch", "dc/combine", "dc/dense_grad"}) {
-        EXPECT_GT(m.codec_seconds.count(key) ? m.codec_seconds.at(key) : 0.0, 0.0) << at << ": " << key;
-        // Every worker both sends and receives each kind: both parts count,
-        // and they are the total's.
+        // Every worker both sends and receives each kind: both parts count.
         const double encode = m.codec_encode_seconds.count(key) ? m.codec_encode_seconds.at(key) : 0.0;
         const double decode = m.codec_decode_seconds.count(key) ? m.codec_decode_seconds.at(key) : 0.0;
         EXPECT_GT(encode, 0.0) << at << ": " << key << " encodes what it sends";
         EXPECT_GT(decode, 0.0) << at << ": " << key << " decodes what it receives";
-        EXPECT_NEAR(encode + decode, m.codec_seconds.at(key), 1e-12) << at << ": " << key;
         ASSERT_TRUE(m.nmse.count(key)) << at << ": " << key;
         EXPECT_GT(m.nmse.at(key), 0.0) << at << ": " << key << " is lossy";
       }
